@@ -1,0 +1,148 @@
+// The allocation ledger: the only place that changes free capacity. A placement is committed
+// all-or-nothing and never overcommits CPU, memory, GPU share, GPU memory or MIG slices;
+// releasing restores exactly what was taken.
+//
+// Thread safety: not internally synchronised. One owner (the scheduling loop, the simulator)
+// mutates it; concurrent submitters go through that owner.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/quantity.h"
+#include "common/status.h"
+#include "model/gpu_catalog.h"
+#include "model/mig.h"
+#include "model/node.h"
+
+namespace gpupool {
+
+using NodeIndex = uint32_t;
+using AllocationId = uint64_t;
+using ModelId = uint16_t;
+
+// Dynamic state of one GPU.
+struct GpuState {
+  int32_t free_share = 1000;  // milli-GPU
+  int64_t free_memory = 0;    // MiB
+  int32_t tasks = 0;
+  bool healthy = true;
+  bool mig_enabled = false;
+  MigLayout mig;
+  // Usable for new placements: healthy, and its node schedulable.
+  bool usable() const { return healthy; }
+};
+
+// Dynamic state of one node. Fields the placement policies read are kept up to date
+// incrementally, so a score never has to walk the allocations.
+struct NodeState {
+  int64_t free_cpu = 0;     // mCPU
+  int64_t free_memory = 0;  // MiB
+  int32_t tasks = 0;
+  ModelId model = 0;        // interned GPU model of the node (see Ledger::model_name)
+  bool healthy = true;
+  bool cordoned = false;
+  // Bumped on every change to this node; caches keyed by it stay valid while it is unchanged.
+  uint64_t generation = 0;
+  std::vector<GpuState> gpus;
+  int64_t free_gpu_share = 0;   // Σ free_share over healthy, non-MIG GPUs
+  int32_t fully_free_gpus = 0;  // healthy, non-MIG GPUs with free_share == 1000 and no tasks
+  // GpuClustering's tags of the GPU tasks on the node: share tasks, and tasks by GPU count.
+  int32_t share_tasks = 0;
+  std::vector<int32_t> tasks_by_gpu_count;  // index k: tasks using k GPUs (k >= 1, not share)
+
+  bool schedulable() const { return healthy && !cordoned; }
+};
+
+struct GpuGrant {
+  int gpu = 0;
+  MilliGpu share{0};
+  MiB memory{0};
+  std::optional<MigInstance> mig;
+  bool operator==(const GpuGrant&) const = default;
+};
+
+// Everything one task takes on one node.
+struct Placement {
+  NodeIndex node = 0;
+  MilliCpu cpu{0};
+  MiB memory{0};
+  std::vector<GpuGrant> gpus;
+  // True for a share task (one GPU, less than all of it) — GpuClustering's "share" tag.
+  bool share_task = false;
+  bool operator==(const Placement&) const = default;
+};
+
+class Ledger {
+ public:
+  explicit Ledger(GpuCatalog catalog = GpuCatalog::Builtin());
+  // Copying would leave node_model_spec_ pointing into the source's catalog.
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+  Ledger(Ledger&&) = default;
+  Ledger& operator=(Ledger&&) = default;
+
+  // Adds a node; validates the spec. Names are unique.
+  Result<NodeIndex> AddNode(NodeSpec spec);
+
+  size_t node_count() const { return specs_.size(); }
+  const NodeSpec& spec(NodeIndex n) const { return specs_[n]; }
+  const NodeState& state(NodeIndex n) const { return states_[n]; }
+  const std::vector<NodeState>& states() const { return states_; }
+  std::optional<NodeIndex> FindNode(const std::string& name) const;
+  const GpuCatalog& catalog() const { return catalog_; }
+
+  // Interned GPU models (ModelId -> name). Id 0 is "" (a node without GPUs).
+  const std::string& model_name(ModelId id) const { return model_names_[id]; }
+  std::optional<ModelId> FindModel(const std::string& name) const;
+  size_t model_count() const { return model_names_.size(); }
+
+  // Commits a placement or changes nothing. Fails with InvalidArgument for a malformed placement
+  // (unknown node or GPU, negative amounts, a GPU twice) and ResourceExhausted when it does not
+  // fit (names the resource).
+  Result<AllocationId> Commit(const Placement& placement);
+  // Returns exactly what the allocation took. NotFound for an unknown id.
+  Status Release(AllocationId id);
+  const Placement* Find(AllocationId id) const;
+  size_t allocation_count() const { return allocations_.size(); }
+  const std::unordered_map<AllocationId, Placement>& allocations() const { return allocations_; }
+
+  // Health and cordon. An unhealthy GPU keeps its allocations but takes no new ones.
+  Status SetCordoned(NodeIndex node, bool cordoned);
+  Status SetNodeHealthy(NodeIndex node, bool healthy);
+  Status SetGpuHealthy(NodeIndex node, int gpu, bool healthy);
+  // Turns MIG mode on or off. Fails when the model is not MIG-capable or the GPU is in use.
+  Status SetMigEnabled(NodeIndex node, int gpu, bool enabled);
+
+  // Totals over the non-MIG GPUs of all nodes (what the traces' metrics count).
+  int64_t total_gpu_share() const { return total_gpu_share_; }
+  int64_t used_gpu_share() const { return used_gpu_share_; }
+  int total_gpus() const { return total_gpus_; }
+
+  // Recomputes every free amount and counter from the node specs and the live allocations and
+  // compares with the incremental state; also checks no amount is negative or above capacity.
+  Status CheckInvariants() const;
+
+ private:
+  Status CheckFits(const Placement& p) const;
+  void Apply(const Placement& p, int sign);
+  ModelId InternModel(const std::string& name);
+  void RecountNode(NodeState& s) const;
+
+  GpuCatalog catalog_;
+  std::vector<NodeSpec> specs_;
+  std::vector<NodeState> states_;
+  std::vector<const GpuModelSpec*> node_model_spec_;  // per node; nullptr when not in the catalog
+  std::unordered_map<std::string, NodeIndex> by_name_;
+  std::vector<std::string> model_names_;
+  std::unordered_map<AllocationId, Placement> allocations_;
+  AllocationId next_id_ = 1;
+  int64_t total_gpu_share_ = 0;
+  int64_t used_gpu_share_ = 0;
+  int total_gpus_ = 0;
+};
+
+}  // namespace gpupool

@@ -1,0 +1,121 @@
+#include "sched/framework.h"
+
+#include <algorithm>
+
+namespace gpupool {
+
+void ScorePlugin::Normalize(std::span<int64_t> scores) const {
+  for (auto& s : scores) s = std::clamp<int64_t>(s, 0, 100);
+}
+
+void FittingGpus(const NodeState& node, const PreparedTask& task, std::vector<int>& out) {
+  out.clear();
+  for (size_t i = 0; i < node.gpus.size(); ++i) {
+    const GpuState& g = node.gpus[i];
+    if (!g.healthy || g.mig_enabled) continue;
+    if (g.free_share >= task.share && g.free_memory >= task.gpu_memory) out.push_back(static_cast<int>(i));
+  }
+}
+
+int BestFitGpu(const NodeState& node, const PreparedTask& task) {
+  int best = -1;
+  int32_t best_free = 0;
+  for (size_t i = 0; i < node.gpus.size(); ++i) {
+    const GpuState& g = node.gpus[i];
+    if (!g.healthy || g.mig_enabled) continue;
+    if (g.free_share < task.share || g.free_memory < task.gpu_memory) continue;
+    if (best < 0 || g.free_share < best_free) {
+      best = static_cast<int>(i);
+      best_free = g.free_share;
+    }
+  }
+  return best;
+}
+
+int BestSingleGpu(const NodeSpec& spec, const NodeState& node, const PreparedTask& task) {
+  const int best = BestFitGpu(node, task);
+  if (best < 0 || !spec.topology.has_nvlink()) return best;
+  const int32_t best_free = node.gpus[static_cast<size_t>(best)].free_share;
+  int chosen = best;
+  int64_t chosen_capital = -1;
+  std::vector<int> fit;
+  FittingGpus(node, task, fit);
+  for (int g : fit) {
+    if (node.gpus[static_cast<size_t>(g)].free_share != best_free) continue;
+    const int taken[] = {g};
+    const int64_t capital = NvlinkCapital(spec, node, taken);
+    if (capital > chosen_capital) {
+      chosen_capital = capital;
+      chosen = g;
+    }
+  }
+  return chosen;
+}
+
+std::vector<int> TopologyBestSet(const NodeSpec& spec, const NodeState& node, const PreparedTask& task) {
+  std::vector<int> fit;
+  FittingGpus(node, task, fit);
+  const auto k = static_cast<size_t>(task.gpu_count);
+  if (fit.size() < k || k == 0) return {};
+  if (fit.size() == k) return fit;
+  if (k == 1) return {BestSingleGpu(spec, node, task)};
+  // Exhaustive over k-subsets in lexicographic order; bounded (C(16,8) = 12,870 sets at most).
+  if (fit.size() > 16 || spec.topology.gpu_count() != static_cast<int>(node.gpus.size())) {
+    return std::vector<int>(fit.begin(), fit.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  std::vector<size_t> idx(k);
+  for (size_t i = 0; i < k; ++i) idx[i] = i;
+  std::vector<int> best;
+  int best_score = -1;
+  int64_t best_left = 0;
+  std::vector<int> set(k);
+  while (true) {
+    int64_t left = 0;
+    for (size_t i = 0; i < k; ++i) {
+      set[i] = fit[idx[i]];
+      left += node.gpus[static_cast<size_t>(set[i])].free_share - task.share;
+    }
+    const int score = spec.topology.SetScore(set);
+    if (score > best_score || (score == best_score && left < best_left)) {
+      best = set;
+      best_score = score;
+      best_left = left;
+    }
+    // Next combination.
+    size_t i = k;
+    while (i > 0 && idx[i - 1] == fit.size() - k + (i - 1)) --i;
+    if (i == 0) break;
+    ++idx[i - 1];
+    for (size_t j = i; j < k; ++j) idx[j] = idx[j - 1] + 1;
+  }
+  return best;
+}
+
+std::optional<GpuGrant> SelectMigGrant(const Ledger& ledger, NodeIndex node, const PreparedTask& task) {
+  const NodeSpec& spec = ledger.spec(node);
+  if (spec.gpus.empty() || task.request == nullptr) return std::nullopt;
+  const GpuModelSpec* model = ledger.catalog().Find(spec.gpus.front().model);
+  if (model == nullptr || !model->mig) return std::nullopt;
+  const MigProfile* profile = model->mig->Find(task.request->mig_profile);
+  if (profile == nullptr) return std::nullopt;
+  const NodeState& s = ledger.state(node);
+  std::optional<GpuGrant> best;
+  int best_used = -1;
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    const GpuState& g = s.gpus[i];
+    if (!g.healthy || !g.mig_enabled) continue;
+    const auto start = g.mig.FindPlacement(*model->mig, *profile);
+    if (!start) continue;
+    const int used = g.mig.used_compute_slices(*model->mig);
+    if (used > best_used) {
+      best_used = used;
+      GpuGrant grant;
+      grant.gpu = static_cast<int>(i);
+      grant.mig = MigInstance{profile->driver_id, *start};
+      best = grant;
+    }
+  }
+  return best;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,140 @@
+// The pipeline runner. One Scheduler serves one Ledger; it is not thread-safe (the owner — the
+// scheduling loop or the simulator — calls it from one thread).
+//
+// Decisions are deterministic: the same ledger state, task, tie-break ranks and Rng state give the
+// same placement. Ties among equal total scores go to the node with the lowest tie-break rank.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "model/ledger.h"
+#include "model/workload.h"
+#include "sched/framework.h"
+#include "sched/profile.h"
+#include "sched/registry.h"
+
+namespace gpupool {
+
+// Why a task did not fit: per-reason node counts. ToString():
+//   "0/1213 nodes fit: 900 insufficient GPU share, 313 GPU model not allowed"
+struct Diagnosis {
+  int total_nodes = 0;
+  int feasible_nodes = 0;
+  std::vector<std::pair<std::string, int>> reasons;  // most frequent first
+  std::string ToString() const;
+};
+
+struct Decision {
+  bool placed = false;
+  Placement placement;
+  Diagnosis diagnosis;  // filled when not placed; total/feasible always
+  Status error;         // a selector/plugin error (Internal); OK otherwise
+};
+
+struct JobResult {
+  bool placed = false;
+  std::vector<AllocationId> allocations;  // one per placed task, in task order
+  std::vector<Placement> placements;
+  Diagnosis diagnosis;  // the first task that did not fit
+  Status status;        // why the job was not placed (Unschedulable, permit or bind failure)
+};
+
+class Scheduler {
+ public:
+  // Builds every plugin of `profile`. The ledger and rng must outlive the scheduler.
+  static Result<std::unique_ptr<Scheduler>> Create(const Profile& profile, const PluginRegistry& registry,
+                                                   Ledger& ledger, Rng& rng, PluginInit init = {});
+
+  // Tie-break ranks, one per node (a permutation is typical; lower wins). Default: node index.
+  Status SetTieBreakRanks(std::vector<uint32_t> ranks);
+  // Draws a fresh random permutation of ranks from the scheduler's Rng.
+  void ShuffleTieBreakRanks();
+
+  // Filter, score and select only; changes nothing.
+  Decision Decide(const TaskRequest& task);
+  // Decide, then commit to the ledger (reserve). Unschedulable with the diagnosis when it does
+  // not fit.
+  Result<AllocationId> Place(const TaskRequest& task, Decision* decision = nullptr);
+  // A whole job: every task is reserved in turn; if fewer than the gang size fit, or a permit
+  // plugin or the binder refuses, every reservation is rolled back and nothing changes.
+  JobResult ScheduleJob(const Job& job, Binder* binder = nullptr);
+
+  // The reasons every node gives for not taking `task` (empty string: fits), for "why pending".
+  std::vector<std::string> ExplainNodes(const TaskRequest& task);
+
+  const Profile& profile() const { return profile_; }
+  Ledger& ledger() { return ledger_; }
+
+  // Counters for benchmarks and metrics.
+  struct Stats {
+    uint64_t decisions = 0;
+    uint64_t score_cache_hits = 0;
+    uint64_t score_cache_misses = 0;
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  Scheduler(Profile profile, Ledger& ledger, Rng& rng);
+
+  void Prepare(const TaskRequest& task, PreparedTask& out);
+  void RefreshClusterView();
+  void RunFilters(const PreparedTask& task);
+  Diagnosis MakeDiagnosis() const;
+  // Raw scores of one plugin for the feasible nodes, using the cache when allowed.
+  void ScoreWith(size_t plugin, const PreparedTask& task, std::vector<int64_t>& out);
+  Result<std::vector<GpuGrant>> SelectGpus(const PreparedTask& task, NodeIndex node);
+
+  struct ShapeKey {
+    int64_t cpu, memory, share, gpu_memory;
+    int32_t gpu_count, models_id, mig_id;
+    bool operator==(const ShapeKey&) const = default;
+  };
+  struct ShapeKeyHash {
+    size_t operator()(const ShapeKey& k) const;
+  };
+  struct CacheEntry {
+    uint64_t generation = ~uint64_t{0};
+    int64_t score = 0;
+  };
+  struct ScoreSlot {
+    std::unique_ptr<ScorePlugin> plugin;
+    int64_t weight = 1;
+    uint32_t fields = 0;
+    std::unordered_map<ShapeKey, uint32_t, ShapeKeyHash> shapes;
+    std::vector<std::vector<CacheEntry>> cache;  // [shape][node]
+  };
+
+  Profile profile_;
+  Ledger& ledger_;
+  Rng& rng_;
+  ClusterView view_;
+  size_t view_nodes_ = 0;
+
+  std::vector<std::unique_ptr<FilterPlugin>> filters_;
+  std::vector<int> filter_reason_base_;
+  std::vector<std::string> reason_names_;
+  std::vector<ScoreSlot> scores_;
+  std::unique_ptr<GpuSelector> owned_selector_;
+  GpuSelector* selector_ = nullptr;  // owned_selector_, or a score plugin that also selects GPUs
+  std::vector<std::unique_ptr<PermitPlugin>> permits_;
+  std::vector<uint32_t> ranks_;
+
+  std::unordered_map<std::string, int32_t> string_ids_;  // model lists and MIG names in shape keys
+
+  // Scratch reused across decisions.
+  PreparedTask prepared_;
+  std::vector<NodeIndex> all_nodes_;
+  std::vector<NodeIndex> feasible_;
+  ReasonCounter reasons_;
+  std::vector<int64_t> raw_;
+  std::vector<int64_t> total_;
+  Stats stats_;
+};
+
+}  // namespace gpupool

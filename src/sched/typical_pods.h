@@ -1,0 +1,53 @@
+// Typical pods and GPU fragmentation, as defined by the FGD paper (Weng et al., USENIX ATC'23)
+// and pinned down precisely in the trace README's §5 and §6 (see docs/design.md).
+//
+// A typical workload is the set of most frequent task shapes with their weights. The
+// fragmentation of a node is the GPU share that the typical tasks, weighted, could not use.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/ledger.h"
+#include "model/workload.h"
+
+namespace gpupool {
+
+struct TypicalPod {
+  int64_t cpu = 0;                  // mCPU
+  int64_t share = 0;                // per-GPU milli-GPU (0: CPU-only)
+  int gpu_count = 0;
+  std::vector<std::string> models;  // acceptable GPU models; empty: any
+  double weight = 0;
+};
+
+// The typical workload of `tasks`: group by (cpu, share, gpu count, model list joined by '|'),
+// sort by count descending then key descending, keep keys until the running count reaches
+// `coverage` of all tasks, weight = (count/N)/(cum/N). Memory is not part of the key.
+std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, double coverage = 0.95);
+
+// A typical workload resolved against a ledger's interned models, ready for fast evaluation.
+class FragmentationModel {
+ public:
+  FragmentationModel() = default;
+  explicit FragmentationModel(std::vector<TypicalPod> pods) : pods_(std::move(pods)) {}
+
+  const std::vector<TypicalPod>& pods() const { return pods_; }
+
+  // Fragmentation (milli-GPU, weighted) of a node of GPU model `model` with `free_cpu` mCPU and
+  // per-GPU free shares `free` (healthy, non-MIG GPUs only). Buckets q1 + q2 + q4 + xl + xr + na,
+  // each summed in typical-pod order, then added in that order.
+  double NodeFragment(const Ledger& ledger, ModelId model, int64_t free_cpu, std::span<const int32_t> free) const;
+
+ private:
+  // access[model id][pod]: the pod may use GPUs of that model.
+  const std::vector<uint8_t>& AccessFor(const Ledger& ledger, ModelId model) const;
+
+  std::vector<TypicalPod> pods_;
+  mutable std::vector<std::vector<uint8_t>> access_;
+  mutable std::vector<uint8_t> access_ready_;
+};
+
+}  // namespace gpupool
