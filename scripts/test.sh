@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs every test: the unit tests, the same tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and smoke runs of the CLI and the benchmark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+bash scripts/setup.sh
+
+echo "== build (RelWithDebInfo, -Werror)"
+bash scripts/build.sh build -DGPUPOOL_BUILD_TESTS=ON -DGPUPOOL_BUILD_BENCH=ON
+echo "== unit tests"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+echo "== unit tests under ASan + UBSan"
+bash scripts/build.sh build-asan -DGPUPOOL_SANITIZE=ON -DGPUPOOL_BUILD_TESTS=ON -DGPUPOOL_BUILD_BENCH=OFF
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+echo "== CLI smoke"
+./build/gpupool version
+./build/gpupool policies
+./build/gpupool profile check examples/profiles/fgd-topology.yaml
+if ./build/gpupool profile check examples/profiles/does-not-exist.yaml 2>/dev/null; then
+  echo "profile check accepted a missing file" >&2
+  exit 1
+fi
+./build/gpupool demo --policy bestfit --policy fgd
+
+echo "== benchmark smoke (figures live in docs/performance.md)"
+./build/place_bench --benchmark_filter='BM_Place/fgd/openb/90' --benchmark_min_time=0.05
+
+echo "test.sh: all passed"

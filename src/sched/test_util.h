@@ -1,0 +1,163 @@
+// Helpers for the scheduler's unit tests: fluent task builders, small hand-made clusters and a
+// scheduler built for a named policy over them.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/rng.h"
+#include "model/gpu_catalog.h"
+#include "model/ledger.h"
+#include "model/node.h"
+#include "model/topology.h"
+#include "model/workload.h"
+#include "sched/profile.h"
+#include "sched/registry.h"
+#include "sched/scheduler.h"
+#include "sched/typical_pods.h"
+
+namespace gpupool::testing {
+
+// Task("4c").Cpu(4000).Mem(1024).Gpus(1, 500).Models({"T4"}) — reads like the request it builds.
+class Task {
+ public:
+  Task& Cpu(int64_t milli) {
+    r_.cpu = MilliCpu(milli);
+    return *this;
+  }
+  Task& Mem(int64_t mib) {
+    r_.memory = MiB(mib);
+    return *this;
+  }
+  // `count` GPUs with `share` milli-GPU each.
+  Task& Gpus(int count, int64_t share) {
+    r_.gpu_count = count;
+    r_.gpu_share = MilliGpu(share);
+    return *this;
+  }
+  Task& GpuMem(int64_t mib) {
+    r_.gpu_memory = MiB(mib);
+    return *this;
+  }
+  Task& Models(std::vector<std::string> models) {
+    r_.gpu_models = std::move(models);
+    return *this;
+  }
+  Task& Mig(std::string profile) {
+    r_.gpu_count = 1;
+    r_.gpu_share = MilliGpu(0);
+    r_.mig_profile = std::move(profile);
+    return *this;
+  }
+  TaskRequest Build() const { return r_; }
+  operator TaskRequest() const { return r_; }  // NOLINT
+
+ private:
+  TaskRequest r_;
+};
+
+inline TypicalPod Typical(int64_t cpu, int64_t share, int count, double weight, std::vector<std::string> models = {}) {
+  TypicalPod p;
+  p.cpu = cpu;
+  p.share = share;
+  p.gpu_count = count;
+  p.models = std::move(models);
+  p.weight = weight;
+  return p;
+}
+
+// A ledger of hand-made nodes and a scheduler over it. Not movable: the scheduler keeps references
+// to the ledger and the Rng.
+class TestCluster {
+ public:
+  explicit TestCluster(uint64_t seed = 1) : rng_(seed) {}
+  TestCluster(const TestCluster&) = delete;
+  TestCluster& operator=(const TestCluster&) = delete;
+
+  // A node with `gpus` GPUs of `model` on a flat topology.
+  NodeIndex AddNode(const std::string& name, int64_t cpu, int64_t memory, int gpus, const std::string& model = "T4") {
+    auto n = ledger_.AddNode(MakeNode(name, MilliCpu(cpu), MiB(memory), gpus, model, ledger_.catalog()));
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    return n.ok() ? *n : 0;
+  }
+  // A node built from a machine preset ("pcie-4gpu-nvlink-pairs", "dgx-h100", ...).
+  NodeIndex AddMachine(const std::string& name, int64_t cpu, int64_t memory, const std::string& preset) {
+    auto machine = MachinePreset(preset);
+    EXPECT_TRUE(machine.ok()) << machine.status().ToString();
+    auto spec = MakeNodeFromMachine(name, MilliCpu(cpu), MiB(memory), *machine, ledger_.catalog());
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+    auto n = ledger_.AddNode(std::move(spec).value());
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    return n.ok() ? *n : 0;
+  }
+  NodeIndex AddSpec(NodeSpec spec) {
+    auto n = ledger_.AddNode(std::move(spec));
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    return n.ok() ? *n : 0;
+  }
+
+  // Commits a pre-existing task straight to the ledger: `cpu` mCPU, `memory` MiB and the given
+  // (GPU index, share) grants. A single grant of less than a whole GPU is a share task.
+  AllocationId Commit(NodeIndex node, int64_t cpu, std::vector<std::pair<int, int64_t>> gpus = {},
+                      int64_t memory = 0) {
+    Placement p;
+    p.node = node;
+    p.cpu = MilliCpu(cpu);
+    p.memory = MiB(memory);
+    for (const auto& [gpu, share] : gpus) p.gpus.push_back(GpuGrant{gpu, MilliGpu(share), MiB(0), std::nullopt});
+    p.share_task = gpus.size() == 1 && gpus.front().second < kWholeGpu.units();
+    auto id = ledger_.Commit(p);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : 0;
+  }
+
+  void SetTypicalPods(std::vector<TypicalPod> pods) { typical_ = std::move(pods); }
+
+  // Builds the scheduler of a named policy (ProfileForPolicy) with the default registry.
+  Scheduler& Build(const std::string& policy) {
+    auto profile = ProfileForPolicy(policy);
+    EXPECT_TRUE(profile.ok()) << profile.status().ToString();
+    return BuildProfile(*profile, DefaultRegistry());
+  }
+  Scheduler& BuildProfile(const Profile& profile, const PluginRegistry& registry) {
+    PluginInit init;
+    init.typical_pods = &typical_;
+    auto s = Scheduler::Create(profile, registry, ledger_, rng_, init);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    sched_ = std::move(s).value();
+    return *sched_;
+  }
+
+  Ledger& ledger() { return ledger_; }
+  Rng& rng() { return rng_; }
+  Scheduler& sched() { return *sched_; }
+  ModelId model_of(NodeIndex n) const { return ledger_.state(n).model; }
+
+ private:
+  Ledger ledger_;
+  SeededRng rng_;
+  std::vector<TypicalPod> typical_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+// The GPU indices of a placement, in grant order.
+inline std::vector<int> GpuIndices(const Placement& p) {
+  std::vector<int> out;
+  for (const GpuGrant& g : p.gpus) out.push_back(g.gpu);
+  return out;
+}
+
+// Decides `task` and checks it was placed, on `node`, on exactly `gpus` (in grant order).
+inline void ExpectPlaced(Scheduler& s, const TaskRequest& task, NodeIndex node, std::vector<int> gpus) {
+  const Decision d = s.Decide(task);
+  ASSERT_TRUE(d.error.ok()) << d.error.ToString();
+  ASSERT_TRUE(d.placed) << d.diagnosis.ToString();
+  EXPECT_EQ(d.placement.node, node);
+  EXPECT_EQ(GpuIndices(d.placement), gpus);
+}
+
+}  // namespace gpupool::testing
