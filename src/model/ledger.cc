@@ -33,9 +33,13 @@ std::optional<NodeIndex> Ledger::FindNode(const std::string& name) const {
 void Ledger::RecountNode(NodeState& s) const {
   s.free_gpu_share = 0;
   s.fully_free_gpus = 0;
+  s.usable_gpus = 0;
+  s.max_free_share = 0;
   for (const GpuState& g : s.gpus) {
     if (!g.healthy || g.mig_enabled) continue;
+    ++s.usable_gpus;
     s.free_gpu_share += g.free_share;
+    s.max_free_share = std::max(s.max_free_share, g.free_share);
     if (g.free_share == kWholeGpu.units()) ++s.fully_free_gpus;
   }
 }
@@ -49,7 +53,12 @@ Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
   s.free_cpu = spec.cpu.units();
   s.free_memory = spec.memory.units();
   s.healthy = spec.healthy;
-  s.model = spec.gpus.empty() ? ModelId{0} : InternModel(spec.gpus.front().model);
+  s.max_tasks = spec.max_tasks;
+  // Intern the catalog's canonical name, so a spec that spells an alias ("A100-SXM4-80GB") shares
+  // its ModelId with nodes and requests that use the canonical name.
+  const GpuModelSpec* model_spec = spec.gpus.empty() ? nullptr : catalog_.Find(spec.gpus.front().model);
+  s.model = spec.gpus.empty() ? ModelId{0}
+                              : InternModel(model_spec != nullptr ? model_spec->name : spec.gpus.front().model);
   s.gpus.reserve(spec.gpus.size());
   for (const GpuDevice& d : spec.gpus) {
     GpuState g;
@@ -65,7 +74,7 @@ Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
   }
   RecountNode(s);
   const auto index = static_cast<NodeIndex>(specs_.size());
-  node_model_spec_.push_back(spec.gpus.empty() ? nullptr : catalog_.Find(spec.gpus.front().model));
+  node_model_spec_.push_back(model_spec);
   by_name_.emplace(spec.name, index);
   specs_.push_back(std::move(spec));
   states_.push_back(std::move(s));
@@ -332,7 +341,8 @@ Status Ledger::CheckInvariants() const {
       e.gpus[i].mig_enabled = s.gpus[i].mig_enabled;
     }
     RecountNode(e);
-    if (s.free_gpu_share != e.free_gpu_share || s.fully_free_gpus != e.fully_free_gpus) {
+    if (s.free_gpu_share != e.free_gpu_share || s.fully_free_gpus != e.fully_free_gpus ||
+        s.usable_gpus != e.usable_gpus || s.max_free_share != e.max_free_share || s.max_tasks != spec.max_tasks) {
       return Status::Internal(fmt::format("{}: GPU share summary drifted", where));
     }
     if (s.share_tasks != e.share_tasks) return Status::Internal(fmt::format("{}: share task count drifted", where));

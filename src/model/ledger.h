@@ -39,20 +39,25 @@ struct GpuState {
 // Dynamic state of one node. Fields the placement policies read are kept up to date
 // incrementally, so a score never has to walk the allocations.
 struct NodeState {
+  // Hot fields first: the filters and caches read these for every node of every decision, so
+  // they share one cache line; the vectors come last.
   int64_t free_cpu = 0;     // mCPU
   int64_t free_memory = 0;  // MiB
-  int32_t tasks = 0;
-  ModelId model = 0;        // interned GPU model of the node (see Ledger::model_name)
-  bool healthy = true;
-  bool cordoned = false;
   // Bumped on every change to this node; caches keyed by it stay valid while it is unchanged.
   uint64_t generation = 0;
-  std::vector<GpuState> gpus;
   int64_t free_gpu_share = 0;   // Σ free_share over healthy, non-MIG GPUs
-  int32_t fully_free_gpus = 0;  // healthy, non-MIG GPUs with free_share == 1000 and no tasks
+  int32_t tasks = 0;
+  int32_t max_tasks = 0;        // copy of the spec's limit (0: none), so filters stay in this struct
+  int32_t fully_free_gpus = 0;  // healthy, non-MIG GPUs with free_share == 1000
+  int32_t usable_gpus = 0;      // healthy, non-MIG GPUs
+  int32_t max_free_share = 0;   // largest free_share among them (0 when none)
+  ModelId model = 0;            // interned GPU model of the node (see Ledger::model_name)
+  bool healthy = true;
+  bool cordoned = false;
   // GpuClustering's tags of the GPU tasks on the node: share tasks, and tasks by GPU count.
   int32_t share_tasks = 0;
   std::vector<int32_t> tasks_by_gpu_count;  // index k: tasks using k GPUs (k >= 1, not share)
+  std::vector<GpuState> gpus;
 
   bool schedulable() const { return healthy && !cordoned; }
 };

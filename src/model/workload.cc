@@ -9,12 +9,16 @@ Status ValidateTaskRequest(const TaskRequest& r) {
   if (r.memory.units() < 0) return Status::InvalidArgument("memory must not be negative");
   if (r.gpu_count < 0) return Status::InvalidArgument(fmt::format("gpu count must not be negative, got {}", r.gpu_count));
   if (r.gpu_count == 0) {
-    if (!r.gpu_share.is_zero() || !r.gpu_memory.is_zero() || r.wants_mig()) {
-      return Status::InvalidArgument("a task without GPUs cannot ask for GPU share, GPU memory or a MIG profile");
+    if (!r.gpu_share.is_zero() || !r.gpu_memory.is_zero() || r.wants_mig() || !r.gpu_models.empty()) {
+      return Status::InvalidArgument(
+          "a task without GPUs cannot ask for GPU share, GPU memory, GPU models or a MIG profile");
     }
     return Status::Ok();
   }
   if (r.gpu_memory.units() < 0) return Status::InvalidArgument("GPU memory must not be negative");
+  for (const auto& m : r.gpu_models) {
+    if (m.empty()) return Status::InvalidArgument("an acceptable GPU model name is empty");
+  }
   if (r.wants_mig()) {
     if (r.gpu_count != 1) {
       return Status::InvalidArgument(
@@ -28,9 +32,6 @@ Status ValidateTaskRequest(const TaskRequest& r) {
   if (r.gpu_share.units() < 1 || r.gpu_share > kWholeGpu) {
     return Status::InvalidArgument(
         fmt::format("GPU share must be between 1 and 1000 milli-GPU per GPU, got {}", r.gpu_share.units()));
-  }
-  for (const auto& m : r.gpu_models) {
-    if (m.empty()) return Status::InvalidArgument("an acceptable GPU model name is empty");
   }
   return Status::Ok();
 }

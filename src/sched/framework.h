@@ -102,8 +102,9 @@ class ScorePlugin {
   virtual void PreScore(const ClusterView& /*view*/, const PreparedTask& /*task*/,
                         std::span<const NodeIndex> /*feasible*/) {}
   // Raw score of one feasible node; higher is better. May memoise internally (hence non-const),
-  // but the result must be a function of the node's state, the declared fields and the plugin's
-  // configuration only (unless kUncacheable).
+  // but the result must be a function of the node's state, the declared fields, the plugin's
+  // configuration and the static node set (specs) only — unless kUncacheable. The pipeline drops
+  // its cache whenever a node is added.
   virtual int64_t Score(const ClusterView& view, const PreparedTask& task, NodeIndex node) = 0;
   // Maps raw scores of all feasible nodes into [0, 100]. Default: clamp.
   virtual void Normalize(std::span<int64_t> scores) const;

@@ -109,12 +109,11 @@ void Scheduler::RefreshClusterView() {
     max_cpu = std::max(max_cpu, spec.cpu.units());
     max_gpu = std::max<int64_t>(max_gpu, static_cast<int64_t>(spec.gpus.size()) * kWholeGpu.units());
   }
-  if (max_cpu != view_.max_node_cpu || max_gpu != view_.max_node_gpu_share) {
-    // The normalisation constants changed: every cached score is stale.
-    for (auto& slot : scores_) {
-      slot.shapes.clear();
-      slot.cache.clear();
-    }
+  // Scores may read cluster-wide facts (the normalisation constants, the best topology of any
+  // node), so a change in the node set makes every cached score stale.
+  for (auto& slot : scores_) {
+    slot.shapes.clear();
+    slot.cache.clear();
   }
   view_.max_node_cpu = max_cpu;
   view_.max_node_gpu_share = max_gpu;

@@ -4,23 +4,26 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/rng.h"
+#include "common/value.h"
 #include "model/gpu_catalog.h"
 #include "model/ledger.h"
 #include "model/node.h"
 #include "model/topology.h"
 #include "model/workload.h"
+#include "sched/framework.h"
 #include "sched/profile.h"
 #include "sched/registry.h"
 #include "sched/scheduler.h"
 #include "sched/typical_pods.h"
 
-namespace gpupool::testing {
+namespace gpupool::testutil {
 
 // Task("4c").Cpu(4000).Mem(1024).Gpus(1, 500).Models({"T4"}) — reads like the request it builds.
 class Task {
@@ -60,7 +63,8 @@ class Task {
   TaskRequest r_;
 };
 
-inline TypicalPod Typical(int64_t cpu, int64_t share, int count, double weight, std::vector<std::string> models = {}) {
+inline TypicalPod Typical(int64_t cpu, int64_t share, int count, double weight,
+                          std::vector<std::string> models = {}) {
   TypicalPod p;
   p.cpu = cpu;
   p.share = share;
@@ -79,7 +83,8 @@ class TestCluster {
   TestCluster& operator=(const TestCluster&) = delete;
 
   // A node with `gpus` GPUs of `model` on a flat topology.
-  NodeIndex AddNode(const std::string& name, int64_t cpu, int64_t memory, int gpus, const std::string& model = "T4") {
+  NodeIndex AddNode(const std::string& name, int64_t cpu, int64_t memory, int gpus,
+                    const std::string& model = "T4") {
     auto n = ledger_.AddNode(MakeNode(name, MilliCpu(cpu), MiB(memory), gpus, model, ledger_.catalog()));
     EXPECT_TRUE(n.ok()) << n.status().ToString();
     return n.ok() ? *n : 0;
@@ -108,7 +113,8 @@ class TestCluster {
     p.node = node;
     p.cpu = MilliCpu(cpu);
     p.memory = MiB(memory);
-    for (const auto& [gpu, share] : gpus) p.gpus.push_back(GpuGrant{gpu, MilliGpu(share), MiB(0), std::nullopt});
+    for (const auto& [gpu, share] : gpus)
+      p.gpus.push_back(GpuGrant{gpu, MilliGpu(share), MiB(0), std::nullopt});
     p.share_task = gpus.size() == 1 && gpus.front().second < kWholeGpu.units();
     auto id = ledger_.Commit(p);
     EXPECT_TRUE(id.ok()) << id.status().ToString();
@@ -132,6 +138,7 @@ class TestCluster {
     return *sched_;
   }
 
+  const std::vector<TypicalPod>& typical_pods() const { return typical_; }
   Ledger& ledger() { return ledger_; }
   Rng& rng() { return rng_; }
   Scheduler& sched() { return *sched_; }
@@ -151,6 +158,57 @@ inline std::vector<int> GpuIndices(const Placement& p) {
   return out;
 }
 
+// The pipeline's cluster view of `ledger`: the normalisation maxima as the scheduler computes them
+// (largest node CPU, largest GPU count x 1000).
+inline ClusterView ViewOf(const Ledger& ledger, Rng* rng) {
+  ClusterView v;
+  v.ledger = &ledger;
+  v.rng = rng;
+  for (NodeIndex i = 0; i < ledger.node_count(); ++i) {
+    v.max_node_cpu = std::max(v.max_node_cpu, ledger.spec(i).cpu.units());
+    v.max_node_gpu_share =
+        std::max<int64_t>(v.max_node_gpu_share, static_cast<int64_t>(ledger.spec(i).gpus.size()) * 1000);
+  }
+  return v;
+}
+
+// `task` as the pipeline prepares it (model names resolved against the ledger).
+inline PreparedTask PrepareTask(const Ledger& ledger, const TaskRequest& task) {
+  PreparedTask t;
+  t.request = &task;
+  t.cpu = task.cpu.units();
+  t.memory = task.memory.units();
+  t.gpu_count = task.gpu_count;
+  t.mig = task.wants_mig();
+  t.share = t.mig ? 0 : task.gpu_share.units();
+  t.gpu_memory = task.gpu_memory.units();
+  t.share_task = task.is_share();
+  if (!task.gpu_models.empty()) {
+    t.allowed_models.assign(ledger.model_count(), 0);
+    for (const std::string& name : task.gpu_models) {
+      if (auto id = ledger.FindModel(name)) t.allowed_models[*id] = 1;
+    }
+  }
+  return t;
+}
+
+// Raw scores (before normalisation) of the score plugin `name` for `task` on `nodes`, which must
+// all be feasible for it.
+inline std::vector<int64_t> RawScores(TestCluster& c, const std::string& name, const TaskRequest& task,
+                                      const std::vector<NodeIndex>& nodes, const Value& args = Value()) {
+  PluginInit init;
+  init.typical_pods = &c.typical_pods();
+  auto plugin = DefaultRegistry().MakeScore(name, args, init);
+  EXPECT_TRUE(plugin.ok()) << plugin.status().ToString();
+  if (!plugin.ok()) return {};
+  const ClusterView view = ViewOf(c.ledger(), &c.rng());
+  const PreparedTask t = PrepareTask(c.ledger(), task);
+  (*plugin)->PreScore(view, t, nodes);
+  std::vector<int64_t> out;
+  for (NodeIndex n : nodes) out.push_back((*plugin)->Score(view, t, n));
+  return out;
+}
+
 // Decides `task` and checks it was placed, on `node`, on exactly `gpus` (in grant order).
 inline void ExpectPlaced(Scheduler& s, const TaskRequest& task, NodeIndex node, std::vector<int> gpus) {
   const Decision d = s.Decide(task);
@@ -160,4 +218,4 @@ inline void ExpectPlaced(Scheduler& s, const TaskRequest& task, NodeIndex node, 
   EXPECT_EQ(GpuIndices(d.placement), gpus);
 }
 
-}  // namespace gpupool::testing
+}  // namespace gpupool::testutil

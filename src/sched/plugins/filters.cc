@@ -48,14 +48,12 @@ class NodeResourcesFilter final : public FilterPlugin {
   }
   void Filter(const ClusterView& view, const PreparedTask& task, std::vector<NodeIndex>& nodes, int base,
               ReasonCounter& counter) const override {
-    const Ledger& ledger = *view.ledger;
-    const auto& states = ledger.states();
+    const auto& states = view.ledger->states();
     KeepIf(nodes, base, counter, [&](NodeIndex n) {
       const NodeState& s = states[n];
       if (s.free_cpu < task.cpu) return 0;
       if (s.free_memory < task.memory) return 1;
-      const int max_tasks = ledger.spec(n).max_tasks;
-      if (max_tasks > 0 && s.tasks >= max_tasks) return 2;
+      if (s.max_tasks > 0 && s.tasks >= s.max_tasks) return 2;
       return -1;
     });
   }
@@ -93,6 +91,12 @@ class GpuFitFilter final : public FilterPlugin {
     const auto& states = view.ledger->states();
     KeepIf(nodes, base, counter, [&](NodeIndex n) {
       const NodeState& s = states[n];
+      // Fast paths from the ledger's per-node summary (no walk over the GPUs).
+      if (task.gpu_memory == 0) {
+        if (s.usable_gpus < task.gpu_count) return 0;
+        if (task.gpu_count == 1) return s.max_free_share >= task.share ? -1 : 1;
+        if (task.share == kWholeGpu.units()) return s.fully_free_gpus >= task.gpu_count ? -1 : 1;
+      }
       int usable = 0, share_ok = 0, both_ok = 0;
       for (const GpuState& g : s.gpus) {
         if (!g.healthy || g.mig_enabled) continue;

@@ -181,11 +181,7 @@ class UtilisationScore final : public ScorePlugin {
     };
     add(w_.cpu, spec.cpu.units(), s.free_cpu, t.cpu);
     add(w_.memory, spec.memory.units(), s.free_memory, t.memory);
-    int64_t gpu_cap = 0;
-    for (const GpuState& g : s.gpus) {
-      if (g.healthy && !g.mig_enabled) gpu_cap += kWholeGpu.units();
-    }
-    add(w_.gpu, gpu_cap, s.free_gpu_share, t.gpu_count * t.share);
+    add(w_.gpu, s.usable_gpus * kWholeGpu.units(), s.free_gpu_share, t.gpu_count * t.share);
     const auto packed = weights > 0 ? static_cast<int64_t>(100.0 * sum / weights) : 0;
     return spread_ ? 100 - packed : packed;
   }

@@ -1,12 +1,18 @@
-// Topology: keep NVLink-connected GPU sets whole for the tasks that need them.
+// Topology: give multi-GPU tasks the best-connected GPU sets, and keep NVLink-connected sets
+// whole for the tasks that need them.
 //
-// For a multi-GPU task, quality q = (link score of the best free k-set on the node) / (link score
-// of the best k-set on the empty node): 1 when the task can get the node's best-connected set.
-// For every GPU task, loss l = NVLink capital the placement destroys / the node's NVLink capital
-// when empty (NvlinkCapital: NVLink links between fully free GPUs). A share task that lands on a
-// GPU already in use destroys none; a single whole GPU whose partners are busy destroys none.
-//   S = trunc(100 * (0.5 q + 0.5 (1 - l))); CPU and MIG tasks: 0 (no opinion).
-// On nodes without NVLink l = 0, and q compares PCIe levels only.
+// NVLink capital of a node: 100 per NVLink link over pairs of fully free GPUs (NvlinkCapital).
+// lost = the capital the placement destroys; C0 = the node's capital when empty.
+//   multi-GPU task (k >= 2): S = floor(75 * best / ideal) + floor(25 * (C0 - lost) / C0), where
+//     best = link score of the set the task would get here (TopologyBestSet) and ideal = the best
+//     k-set score on any node of the cluster when empty; so an NVLink pair beats a PCIe pair
+//     anywhere in the cluster, and among equal sets the node that loses least wins.
+//   one GPU (whole or share): S = floor(100 * (C0 - lost) / C0): a share that lands on a GPU in
+//     use destroys nothing, and a lone GPU goes before one half of a free NVLink pair.
+//   C0 = 0 (no NVLink): the capital term is full (25 or 100). CPU and MIG tasks: 0 (no opinion).
+// Integer arithmetic throughout, so equal situations score equal.
+// Assumptions: link scores are comparable across nodes (same scoring convention everywhere); a
+// multi-GPU task's speed is dominated by its slowest links, which the set score tracks.
 #include <algorithm>
 #include <map>
 
@@ -42,47 +48,56 @@ class TopologyScore final : public ScorePlugin {
 
   int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
     if (!t.wants_gpu() || t.mig) return 0;
-    const NodeSpec& spec = view.ledger->spec(node);
-    const NodeState& s = view.ledger->state(node);
+    const Ledger& ledger = *view.ledger;
+    const NodeSpec& spec = ledger.spec(node);
+    const NodeState& s = ledger.state(node);
     std::vector<int> set;
-    double quality = 1.0;
     if (t.gpu_count == 1) {
       const int g = BestSingleGpu(spec, s, t);
       if (g >= 0) set.push_back(g);
     } else {
       set = TopologyBestSet(spec, s, t);
-      const int ideal = IdealSetScore(view.ledger, node, t.gpu_count);
-      if (ideal > 0) quality = static_cast<double>(spec.topology.SetScore(set)) / ideal;
     }
-    double loss = 0;
-    const int64_t empty_capital = EmptyCapital(view.ledger, node);
+    const int64_t empty_capital = EmptyCapital(ledger, node);
+    const int64_t capital_weight = t.gpu_count == 1 ? 100 : 25;
+    int64_t capital_term = capital_weight;
     if (empty_capital > 0) {
-      loss = static_cast<double>(NvlinkCapital(spec, s) - NvlinkCapital(spec, s, set)) /
-             static_cast<double>(empty_capital);
+      const int64_t lost = NvlinkCapital(spec, s) - NvlinkCapital(spec, s, set);
+      capital_term = capital_weight * (empty_capital - lost) / empty_capital;
     }
-    return static_cast<int64_t>(100.0 * (0.5 * quality + 0.5 * (1.0 - loss)));
+    if (t.gpu_count == 1) return capital_term;
+    const int64_t ideal = ClusterIdeal(ledger, t.gpu_count);
+    const int64_t quality_term = ideal > 0 ? 75 * spec.topology.SetScore(set) / ideal : 75;
+    return quality_term + capital_term;
   }
 
  private:
-  // Topology is static per node, so these are computed once per (node, k).
-  int IdealSetScore(const Ledger* ledger, NodeIndex node, int k) {
-    auto key = std::make_pair(node, k);
-    auto it = ideal_.find(key);
+  // Topology is static, so these are computed once (per node count: adding nodes recomputes).
+  int64_t ClusterIdeal(const Ledger& ledger, int k) {
+    if (ideal_nodes_ != ledger.node_count()) {
+      ideal_.clear();
+      ideal_nodes_ = ledger.node_count();
+    }
+    auto it = ideal_.find(k);
     if (it != ideal_.end()) return it->second;
-    const NodeSpec& spec = ledger->spec(node);
-    NodeState empty;
-    empty.gpus.resize(spec.gpus.size());
+    int64_t best = 0;
     PreparedTask whole;
     whole.gpu_count = k;
     whole.share = kWholeGpu.units();
-    const int score = spec.topology.SetScore(TopologyBestSet(spec, empty, whole));
-    ideal_.emplace(key, score);
-    return score;
+    for (NodeIndex n = 0; n < ledger.node_count(); ++n) {
+      const NodeSpec& spec = ledger.spec(n);
+      if (static_cast<int>(spec.gpus.size()) < k) continue;
+      NodeState empty;
+      empty.gpus.resize(spec.gpus.size());
+      best = std::max<int64_t>(best, spec.topology.SetScore(TopologyBestSet(spec, empty, whole)));
+    }
+    ideal_.emplace(k, best);
+    return best;
   }
-  int64_t EmptyCapital(const Ledger* ledger, NodeIndex node) {
-    if (empty_capital_.size() < ledger->node_count()) empty_capital_.resize(ledger->node_count(), -1);
+  int64_t EmptyCapital(const Ledger& ledger, NodeIndex node) {
+    if (empty_capital_.size() < ledger.node_count()) empty_capital_.resize(ledger.node_count(), -1);
     if (empty_capital_[node] < 0) {
-      const NodeSpec& spec = ledger->spec(node);
+      const NodeSpec& spec = ledger.spec(node);
       NodeState empty;
       empty.gpus.resize(spec.gpus.size());
       empty_capital_[node] = NvlinkCapital(spec, empty);
@@ -90,7 +105,8 @@ class TopologyScore final : public ScorePlugin {
     return empty_capital_[node];
   }
 
-  std::map<std::pair<NodeIndex, int>, int> ideal_;
+  std::map<int, int64_t> ideal_;  // k -> best k-set score of any empty node
+  size_t ideal_nodes_ = 0;
   std::vector<int64_t> empty_capital_;
 };
 
