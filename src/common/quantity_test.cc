@@ -49,10 +49,10 @@ TEST(QuantityTest, CpuFromCoresRoundsToNearestMilli) {
   EXPECT_EQ(CpuFromCores(0.0005)->units(), 1);
   EXPECT_EQ(CpuFromCores(0.0004)->units(), 0);
   EXPECT_EQ(CpuFromCores(0.0015)->units(), 2);
-  // 0.1 is not exact in binary (0.1000000000000000055...); rounding still lands on 100, and
-  // 2.675 (2.67499999...) lands on 2675, where truncation would give 2674.
+  // 0.1 is not exact in binary; rounding still lands on 100. 1.9999 cores is 1999.9 mCPU, which
+  // rounds to 2000 where truncation would give 1999.
   EXPECT_EQ(CpuFromCores(0.1)->units(), 100);
-  EXPECT_EQ(CpuFromCores(2.675)->units(), 2675);
+  EXPECT_EQ(CpuFromCores(1.9999)->units(), 2000);
 }
 
 TEST(QuantityTest, GpuAndMemoryFromFloatingPoint) {
