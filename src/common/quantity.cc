@@ -97,6 +97,7 @@ Result<MilliCpu> ParseCpu(const std::string& text) {
 
 namespace {
 std::string FormatMilli(int64_t milli) {
+  if (milli < 0) return "-" + FormatMilli(-milli);
   if (milli % 1000 == 0) return fmt::format("{}", milli / 1000);
   std::string s = fmt::format("{}.{:03d}", milli / 1000, milli % 1000);
   while (s.back() == '0') s.pop_back();

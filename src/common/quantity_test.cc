@@ -1,11 +1,11 @@
 #include "common/quantity.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace gpupool {
 namespace {
@@ -115,8 +115,8 @@ TEST(QuantityTest, ParseMemoryRoundsUpToWholeMiB) {
   EXPECT_EQ(ParseMemory("1")->units(), 1);        // one byte still takes a MiB
   EXPECT_EQ(ParseMemory("1Ki")->units(), 1);
   EXPECT_EQ(ParseMemory("2k")->units(), 1);
-  EXPECT_EQ(ParseMemory("1048576")->units(), 1);  // exactly 1 MiB of bytes
-  EXPECT_EQ(ParseMemory("1048577")->units(), 2);  // one byte more
+  EXPECT_EQ(ParseMemory("1048576")->units(), 1);   // exactly 1 MiB of bytes
+  EXPECT_EQ(ParseMemory("1048577")->units(), 2);   // one byte more
   EXPECT_EQ(ParseMemory("1.1Gi")->units(), 1127);  // 1126.4 MiB
   EXPECT_EQ(ParseMemory("1T")->units(), 953675);   // 1e12 B = 953674.3 MiB
 }
@@ -213,10 +213,21 @@ TEST(QuantityTest, FormatParseRoundTrips) {
     ASSERT_TRUE(back.ok()) << FormatMemory(MiB(mib)) << ": " << back.status().ToString();
     ASSERT_EQ(back->units(), mib) << FormatMemory(MiB(mib));
   }
-  for (int64_t mib : {int64_t{1024} * 1024, int64_t{3} * 1024 * 1024, int64_t{1024} * 1024 + 1024, int64_t{1} << 33}) {
+  for (int64_t mib :
+       {int64_t{1024} * 1024, int64_t{3} * 1024 * 1024, int64_t{1024} * 1024 + 1024, int64_t{1} << 33}) {
     ASSERT_EQ(ParseMemory(FormatMemory(MiB(mib)))->units(), mib) << mib;
   }
 }
 
+}  // namespace
+}  // namespace gpupool
+
+namespace gpupool {
+namespace {
+TEST(QuantityFormatTest, NegativeAmountsKeepTheirSign) {
+  EXPECT_EQ(FormatCpu(MilliCpu(-1500)), "-1.5");
+  EXPECT_EQ(FormatGpu(MilliGpu(-250)), "-0.25");
+  EXPECT_EQ(FormatCpu(MilliCpu(-2000)), "-2");
+}
 }  // namespace
 }  // namespace gpupool

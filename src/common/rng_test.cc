@@ -1,5 +1,7 @@
 #include "common/rng.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <deque>
@@ -7,8 +9,6 @@
 #include <map>
 #include <numeric>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace gpupool {
 namespace {

@@ -1,11 +1,11 @@
 #include "common/status.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
-
-#include <gtest/gtest.h>
 
 #include "common/value.h"
 
@@ -180,7 +180,9 @@ TEST(MacroTest, AssignOrReturnPropagatesTheFirstError) {
   EXPECT_EQ(r2.status().code(), StatusCode::kInvalidArgument);
 }
 
-Result<std::unique_ptr<int>> MakeBox(int v) { return std::make_unique<int>(v); }
+Result<std::unique_ptr<int>> MakeBox(int v) {
+  return std::make_unique<int>(v);
+}
 
 Result<int> UnboxPlusOne(int v) {
   ASSIGN_OR_RETURN(std::unique_ptr<int> box, MakeBox(v));

@@ -57,8 +57,9 @@ Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
   // Intern the catalog's canonical name, so a spec that spells an alias ("A100-SXM4-80GB") shares
   // its ModelId with nodes and requests that use the canonical name.
   const GpuModelSpec* model_spec = spec.gpus.empty() ? nullptr : catalog_.Find(spec.gpus.front().model);
-  s.model = spec.gpus.empty() ? ModelId{0}
-                              : InternModel(model_spec != nullptr ? model_spec->name : spec.gpus.front().model);
+  if (!spec.gpus.empty()) {
+    s.model = InternModel(model_spec != nullptr ? model_spec->name : spec.gpus.front().model);
+  }
   s.gpus.reserve(spec.gpus.size());
   for (const GpuDevice& d : spec.gpus) {
     GpuState g;

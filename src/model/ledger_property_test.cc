@@ -10,6 +10,8 @@
 //     generation only grows);
 //   - generations never decrease, grow on every change of a node, and only on that node.
 // All draws come from SeededRng with fixed seeds, so every run is the same run.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
@@ -18,8 +20,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/rng.h"
 #include "model/gpu_catalog.h"
@@ -73,9 +73,9 @@ struct LedgerSnap {
 
 std::ostream& operator<<(std::ostream& os, const NodeSnap& n) {
   os << "{cpu " << n.free_cpu << " mem " << n.free_memory << " tasks " << n.tasks << " healthy " << n.healthy
-     << " cordoned " << n.cordoned << " free_gpu_share " << n.free_gpu_share << " fully_free " << n.fully_free_gpus
-     << " usable " << n.usable_gpus << " max_free " << n.max_free_share << " share_tasks " << n.share_tasks
-     << " by_count [";
+     << " cordoned " << n.cordoned << " free_gpu_share " << n.free_gpu_share << " fully_free "
+     << n.fully_free_gpus << " usable " << n.usable_gpus << " max_free " << n.max_free_share
+     << " share_tasks " << n.share_tasks << " by_count [";
   for (int32_t c : n.tasks_by_gpu_count) os << c << ' ';
   os << "] gpus [";
   for (const GpuSnap& g : n.gpus) {
@@ -107,9 +107,20 @@ std::vector<int32_t> Trimmed(std::vector<int32_t> v) {
 }
 
 NodeSnap SnapNode(const NodeState& s) {
-  NodeSnap n{s.free_cpu,       s.free_memory,     s.tasks,       s.max_tasks,      s.model,
-             s.healthy,        s.cordoned,        s.free_gpu_share, s.fully_free_gpus, s.usable_gpus,
-             s.max_free_share, s.share_tasks,     Trimmed(s.tasks_by_gpu_count), {}};
+  NodeSnap n{s.free_cpu,
+             s.free_memory,
+             s.tasks,
+             s.max_tasks,
+             s.model,
+             s.healthy,
+             s.cordoned,
+             s.free_gpu_share,
+             s.fully_free_gpus,
+             s.usable_gpus,
+             s.max_free_share,
+             s.share_tasks,
+             Trimmed(s.tasks_by_gpu_count),
+             {}};
   for (const GpuState& g : s.gpus) {
     n.gpus.push_back(
         {g.free_share, g.free_memory, g.tasks, g.healthy, g.mig_enabled, SortedInstances(g.mig.instances())});
@@ -118,8 +129,8 @@ NodeSnap SnapNode(const NodeState& s) {
 }
 
 LedgerSnap Snap(const Ledger& ledger) {
-  LedgerSnap s{{}, ledger.allocation_count(), ledger.used_gpu_share(), ledger.total_gpu_share(),
-               ledger.total_gpus()};
+  LedgerSnap s{
+      {}, ledger.allocation_count(), ledger.used_gpu_share(), ledger.total_gpu_share(), ledger.total_gpus()};
   for (const NodeState& n : ledger.states()) s.nodes.push_back(SnapNode(n));
   return s;
 }
@@ -235,7 +246,8 @@ class Model {
   // Whether a new MIG instance fits next to `existing`, from the catalog's profile table: a valid
   // start inside the GPU, no shared memory slice, compute slices within the total, the profile's
   // instance limit, and one media-extensions instance at most.
-  bool MigFits(const MigGeometry& geo, const std::vector<MigInstance>& existing, const MigInstance& want) const {
+  bool MigFits(const MigGeometry& geo, const std::vector<MigInstance>& existing,
+               const MigInstance& want) const {
     const MigProfile* p = ProfileById(geo, want.profile_id);
     if (p == nullptr) return false;
     if (want.start < 0 || want.start >= 8 || (p->valid_starts & (1u << want.start)) == 0) return false;
@@ -246,7 +258,8 @@ class Model {
     for (const MigInstance& e : existing) {
       const MigProfile* q = ProfileById(geo, e.profile_id);
       if (q == nullptr) return false;  // cannot happen: the model only holds committed instances
-      const bool disjoint = e.start + q->memory_slices <= want.start || want.start + p->memory_slices <= e.start;
+      const bool disjoint =
+          e.start + q->memory_slices <= want.start || want.start + p->memory_slices <= e.start;
       if (!disjoint) return false;
       compute += q->compute_slices;
       same += q->driver_id == p->driver_id ? 1 : 0;
@@ -403,15 +416,17 @@ void ExpectMatchesModel(const Ledger& ledger, const Model& model, const std::str
 
 constexpr int kMigProfileIds[] = {19, 20, 15, 14, 9, 5, 0};
 
-// A random amount in [0, hi], skewed small; now and then exactly `exact`, or above `hi`.
+// A random CPU or memory amount: mostly small against the node's capacity (so a node holds many
+// tasks), sometimes anything up to what is free, exactly what is free, more than is free, or a
+// negative (malformed) amount.
 int64_t RandomAmount(Rng& rng, int64_t free, int64_t capacity) {
   const uint64_t r = rng.Uniform(100);
-  if (r < 60) return static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(free / 4 + 1)));
-  if (r < 80) return static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(free + 1)));
-  if (r < 88) return free;                 // exactly what is left
-  if (r < 96) return free + 1 + static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(capacity / 2 + 1)));
+  if (r < 70) return static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(capacity / 16 + 1)));
+  if (r < 82) return static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(free + 1)));
+  if (r < 85) return free;
+  if (r < 95) return free + 1 + static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(capacity / 2 + 1)));
   if (r < 98) return capacity;
-  return -1 - static_cast<int64_t>(rng.Uniform(10));  // negative: malformed
+  return -1 - static_cast<int64_t>(rng.Uniform(10));
 }
 
 int64_t RandomShare(Rng& rng) {
@@ -423,9 +438,9 @@ int64_t RandomShare(Rng& rng) {
     case 4: return 1000;
     case 5: return 1 + static_cast<int64_t>(rng.Uniform(999));
     case 6: return 1 + static_cast<int64_t>(rng.Uniform(300));
-    case 7: return rng.Uniform(20) == 0 ? 0 : 700;       // zero share: malformed
-    case 8: return rng.Uniform(20) == 0 ? -100 : 300;    // negative: malformed
-    default: return rng.Uniform(10) == 0 ? 1001 : 50;    // above a whole GPU: never fits
+    case 7: return rng.Uniform(20) == 0 ? 0 : 700;     // zero share: malformed
+    case 8: return rng.Uniform(20) == 0 ? -100 : 300;  // negative: malformed
+    default: return rng.Uniform(10) == 0 ? 1001 : 50;  // above a whole GPU: never fits
   }
 }
 
@@ -602,8 +617,8 @@ class LedgerPropertyTest : public ::testing::TestWithParam<uint64_t> {
  protected:
   void SetUp() override {
     for (const NodeDef& d : Cluster()) {
-      NodeSpec spec = MakeNode(d.name, MilliCpu(d.cores * 1000), MiB(d.gib * 1024), d.gpus, d.model,
-                               ledger_.catalog());
+      NodeSpec spec =
+          MakeNode(d.name, MilliCpu(d.cores * 1000), MiB(d.gib * 1024), d.gpus, d.model, ledger_.catalog());
       spec.max_tasks = d.max_tasks;
       Result<NodeIndex> n = ledger_.AddNode(spec);
       ASSERT_TRUE(n.ok()) << n.status().ToString();
@@ -645,7 +660,8 @@ class LedgerPropertyTest : public ::testing::TestWithParam<uint64_t> {
     Result<AllocationId> id = ledger_.Commit(p);
     ASSERT_EQ(id.ok(), expect_fit) << where << " (" << kKindNames[kind] << "): model says "
                                    << (expect_fit ? "fits" : "does not fit") << ", ledger says "
-                                   << id.status().ToString() << "\n" << before;
+                                   << id.status().ToString() << "\n"
+                                   << before;
     if (!id.ok()) {
       ++stats_.commit_failed[kind];
       const StatusCode code = id.status().code();
@@ -654,7 +670,8 @@ class LedgerPropertyTest : public ::testing::TestWithParam<uint64_t> {
           << where << ": " << id.status().ToString();
       ASSERT_FALSE(id.status().message().empty()) << where;
       // Failed: byte-for-byte the same state, generations included.
-      ASSERT_EQ(Snap(ledger_), before) << where << ": failed commit changed the ledger: " << id.status().ToString();
+      ASSERT_EQ(Snap(ledger_), before)
+          << where << ": failed commit changed the ledger: " << id.status().ToString();
       ASSERT_EQ(Generations(ledger_), gens) << where << ": failed commit bumped a generation";
       ASSERT_NO_FATAL_FAILURE(AfterStep(where, before, gens, -1));
       return;
@@ -682,7 +699,8 @@ class LedgerPropertyTest : public ::testing::TestWithParam<uint64_t> {
     const std::vector<uint64_t> gens = Generations(ledger_);
     if (model_.live().empty() || rng.Uniform(10) == 0) {
       // An id that is not live: never issued, or already released.
-      const AllocationId bogus = rng.Uniform(2) == 0 ? AllocationId{0} : AllocationId{1000000 + rng.Uniform(1000)};
+      const AllocationId bogus =
+          rng.Uniform(2) == 0 ? AllocationId{0} : AllocationId{1000000 + rng.Uniform(1000)};
       AllocationId id = bogus;
       if (!released_.empty() && rng.Uniform(2) == 0) id = released_[rng.Uniform(released_.size())];
       const Status st = ledger_.Release(id);
@@ -748,8 +766,8 @@ class LedgerPropertyTest : public ::testing::TestWithParam<uint64_t> {
         const bool capable = model_.Geometry(n) != nullptr;
         const bool expect_ok = want == current || ((capable || !want) && idle);
         const Status st = ledger_.SetMigEnabled(n, static_cast<int>(i), want);
-        ASSERT_EQ(st.ok(), expect_ok) << where << ": MIG " << want << " on node " << n << " GPU " << i << ": "
-                                      << st.ToString();
+        ASSERT_EQ(st.ok(), expect_ok)
+            << where << ": MIG " << want << " on node " << n << " GPU " << i << ": " << st.ToString();
         if (!st.ok()) {
           ASSERT_EQ(st.code(), StatusCode::kFailedPrecondition) << where;
           ++stats_.mig_toggles_refused;
@@ -782,8 +800,11 @@ TEST_P(LedgerPropertyTest, RandomOperationsKeepTheLedgerExact) {
   constexpr int kSteps = 3000;
   for (int step = 0; step < kSteps; ++step) {
     const std::string where = "seed " + std::to_string(GetParam()) + " step " + std::to_string(step);
+    // Alternate filling and draining phases, so the cluster is sometimes nearly full (commits
+    // that do not fit) and sometimes nearly empty.
+    const bool filling = (step / 400) % 2 == 0;
     const uint64_t r = rng.Uniform(100);
-    if (r < 62) {
+    if (r < (filling ? 82u : 30u)) {
       ASSERT_NO_FATAL_FAILURE(StepCommit(rng, where));
     } else if (r < 92) {
       ASSERT_NO_FATAL_FAILURE(StepRelease(rng, where));
@@ -811,10 +832,11 @@ TEST_P(LedgerPropertyTest, RandomOperationsKeepTheLedgerExact) {
     summary += std::string(kKindNames[k]) + " " + std::to_string(stats_.commit_ok[k]) + " ok / " +
                std::to_string(stats_.commit_failed[k]) + " failed; ";
   }
-  summary += "releases " + std::to_string(stats_.releases) + ", bogus " + std::to_string(stats_.bogus_releases) +
-             ", round trips " + std::to_string(stats_.round_trips) + ", toggles " + std::to_string(stats_.toggles) +
-             ", MIG toggles " + std::to_string(stats_.mig_toggles_ok) + " ok / " +
-             std::to_string(stats_.mig_toggles_refused) + " refused, max live " + std::to_string(stats_.max_live);
+  summary += "releases " + std::to_string(stats_.releases) + ", bogus " +
+             std::to_string(stats_.bogus_releases) + ", round trips " + std::to_string(stats_.round_trips) +
+             ", toggles " + std::to_string(stats_.toggles) + ", MIG toggles " +
+             std::to_string(stats_.mig_toggles_ok) + " ok / " + std::to_string(stats_.mig_toggles_refused) +
+             " refused, max live " + std::to_string(stats_.max_live);
   RecordProperty("coverage", summary);
   for (int k = 0; k < kKindCount; ++k) {
     if (k != kGarbage) {
@@ -822,7 +844,7 @@ TEST_P(LedgerPropertyTest, RandomOperationsKeepTheLedgerExact) {
     }
     EXPECT_GE(stats_.commit_failed[k], 40) << kKindNames[k] << "; " << summary;
   }
-  EXPECT_GE(stats_.releases, 300) << summary;
+  EXPECT_GE(stats_.releases, 200) << summary;
   EXPECT_GE(stats_.round_trips, 50) << summary;
   EXPECT_GE(stats_.mig_toggles_ok, 3) << summary;
   EXPECT_GE(stats_.mig_toggles_refused, 3) << summary;

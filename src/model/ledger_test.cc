@@ -1,13 +1,13 @@
 #include "model/ledger.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "model/gpu_catalog.h"
 #include "model/node.h"
@@ -18,18 +18,19 @@ namespace {
 // ---- Helpers ----------------------------------------------------------------------------------
 
 // MIG profile ids of the builtin catalog (driver ids; the same on every MIG-capable model).
-constexpr int k1g = 19;     // 1 compute, 1 memory slice, starts 0..6, up to 7
-constexpr int k1gMe = 20;   // 1g with the media engines, at most one per GPU
-constexpr int k2g = 14;     // 2 compute, 2 memory slices, starts 0, 2, 4
-constexpr int k3g = 9;      // 3 compute, 4 memory slices, starts 0, 4
-constexpr int k4g = 5;      // 4 compute, 4 memory slices, start 0
-constexpr int k7g = 0;      // the whole GPU, start 0
+constexpr int k1g = 19;    // 1 compute, 1 memory slice, starts 0..6, up to 7
+constexpr int k1gMe = 20;  // 1g with the media engines, at most one per GPU
+constexpr int k2g = 14;    // 2 compute, 2 memory slices, starts 0, 2, 4
+constexpr int k3g = 9;     // 3 compute, 4 memory slices, starts 0, 4
+constexpr int k4g = 5;     // 4 compute, 4 memory slices, start 0
+constexpr int k7g = 0;     // the whole GPU, start 0
 
 constexpr int64_t kA100Memory = 81920;  // MiB
 constexpr int64_t kT4Memory = 15360;
 
 // A node of `gpus` GPUs of `model` with `cores` CPU cores and `gib` GiB of memory.
-NodeSpec Node(const std::string& name, int gpus, const std::string& model, int64_t cores = 32, int64_t gib = 256) {
+NodeSpec Node(const std::string& name, int gpus, const std::string& model, int64_t cores = 32,
+              int64_t gib = 256) {
   static const GpuCatalog catalog = GpuCatalog::Builtin();
   return MakeNode(name, MilliCpu(cores * 1000), MiB(gib * 1024), gpus, model, catalog);
 }
@@ -107,9 +108,9 @@ struct LedgerSnap {
 
 std::ostream& operator<<(std::ostream& os, const NodeSnap& n) {
   os << "{cpu " << n.free_cpu << " mem " << n.free_memory << " tasks " << n.tasks << " healthy " << n.healthy
-     << " cordoned " << n.cordoned << " free_gpu_share " << n.free_gpu_share << " fully_free " << n.fully_free_gpus
-     << " usable " << n.usable_gpus << " max_free " << n.max_free_share << " share_tasks " << n.share_tasks
-     << " by_count [";
+     << " cordoned " << n.cordoned << " free_gpu_share " << n.free_gpu_share << " fully_free "
+     << n.fully_free_gpus << " usable " << n.usable_gpus << " max_free " << n.max_free_share
+     << " share_tasks " << n.share_tasks << " by_count [";
   for (int32_t c : n.tasks_by_gpu_count) os << c << ' ';
   os << "] gpus [";
   for (const GpuSnap& g : n.gpus) {
@@ -129,9 +130,20 @@ std::ostream& operator<<(std::ostream& os, const LedgerSnap& s) {
 }
 
 NodeSnap SnapNode(const NodeState& s) {
-  NodeSnap n{s.free_cpu,       s.free_memory,     s.tasks,       s.max_tasks,      s.model,
-             s.healthy,        s.cordoned,        s.free_gpu_share, s.fully_free_gpus, s.usable_gpus,
-             s.max_free_share, s.share_tasks,     s.tasks_by_gpu_count, {}};
+  NodeSnap n{s.free_cpu,
+             s.free_memory,
+             s.tasks,
+             s.max_tasks,
+             s.model,
+             s.healthy,
+             s.cordoned,
+             s.free_gpu_share,
+             s.fully_free_gpus,
+             s.usable_gpus,
+             s.max_free_share,
+             s.share_tasks,
+             s.tasks_by_gpu_count,
+             {}};
   while (!n.tasks_by_gpu_count.empty() && n.tasks_by_gpu_count.back() == 0) n.tasks_by_gpu_count.pop_back();
   for (const GpuState& g : s.gpus) {
     std::vector<MigInstance> mig = g.mig.instances();
@@ -144,8 +156,8 @@ NodeSnap SnapNode(const NodeState& s) {
 }
 
 LedgerSnap Snap(const Ledger& ledger) {
-  LedgerSnap s{{}, ledger.allocation_count(), ledger.used_gpu_share(), ledger.total_gpu_share(),
-               ledger.total_gpus()};
+  LedgerSnap s{
+      {}, ledger.allocation_count(), ledger.used_gpu_share(), ledger.total_gpu_share(), ledger.total_gpus()};
   for (const NodeState& n : ledger.states()) s.nodes.push_back(SnapNode(n));
   return s;
 }
@@ -400,7 +412,8 @@ TEST_F(LedgerTest, MalformedPlacementsAreRejected) {
               "GPU 1 appears twice");
   CommitFails(Place(n, -1, 1024), StatusCode::kInvalidArgument, "negative CPU or memory");
   CommitFails(Place(n, 1000, -1), StatusCode::kInvalidArgument, "negative CPU or memory");
-  CommitFails(Place(n, 1000, 1024, {Share(0, -500)}), StatusCode::kInvalidArgument, "negative amount on GPU 0");
+  CommitFails(Place(n, 1000, 1024, {Share(0, -500)}), StatusCode::kInvalidArgument,
+              "negative amount on GPU 0");
   CommitFails(Place(n, 1000, 1024, {Share(0, 500, -1)}), StatusCode::kInvalidArgument, "negative amount");
   // A grant of zero share would hold a GPU without taking any of it.
   CommitFails(Place(n, 1000, 1024, {Share(2, 0)}), StatusCode::kInvalidArgument, "zero GPU share on GPU 2");
@@ -409,7 +422,8 @@ TEST_F(LedgerTest, MalformedPlacementsAreRejected) {
 
 TEST_F(LedgerTest, CpuAndMemoryExhaustionNameTheResource) {
   const NodeIndex n = Add(Node("n", 1, "T4", 4, 16));
-  CommitFails(Place(n, 4001, 1024), StatusCode::kResourceExhausted, "insufficient CPU: asks 4001m, 4000m free");
+  CommitFails(Place(n, 4001, 1024), StatusCode::kResourceExhausted,
+              "insufficient CPU: asks 4001m, 4000m free");
   CommitFails(Place(n, 1000, 16 * 1024 + 1), StatusCode::kResourceExhausted,
               "insufficient memory: asks 16385 MiB, 16384 MiB free");
   // Exactly all of it fits.
@@ -569,9 +583,11 @@ TEST_F(LedgerTest, MigInstanceCountsAndMediaEngines) {
   for (int start = 0; start < 7; ++start) CommitOk(Place(n, 100, 100, {Mig(0, k1g, start)}));
   EXPECT_EQ(G(n, 0).tasks, 7);
   // Slice 7 is free, but no 1g instance may start there.
-  CommitFails(Place(n, 100, 100, {Mig(0, k1g, 7)}), StatusCode::kInvalidArgument, "cannot start at memory slice 7");
+  CommitFails(Place(n, 100, 100, {Mig(0, k1g, 7)}), StatusCode::kInvalidArgument,
+              "cannot start at memory slice 7");
   CommitOk(Place(n, 100, 100, {Mig(1, k1gMe, 0)}));
-  CommitFails(Place(n, 100, 100, {Mig(1, k1gMe, 1)}), StatusCode::kResourceExhausted, "maximum of 1 instances");
+  CommitFails(Place(n, 100, 100, {Mig(1, k1gMe, 1)}), StatusCode::kResourceExhausted,
+              "maximum of 1 instances");
 }
 
 TEST_F(LedgerTest, MigGrantsMustMatchTheGpuMode) {
@@ -586,10 +602,12 @@ TEST_F(LedgerTest, MigGrantsMustMatchTheGpuMode) {
   with_memory.memory = MiB(1024);
   CommitFails(Place(n, 100, 100, {with_memory}), StatusCode::kInvalidArgument, "carries share or memory");
   // 3g may start at slices 0 and 4 only.
-  CommitFails(Place(n, 100, 100, {Mig(1, k3g, 2)}), StatusCode::kInvalidArgument, "cannot start at memory slice 2");
+  CommitFails(Place(n, 100, 100, {Mig(1, k3g, 2)}), StatusCode::kInvalidArgument,
+              "cannot start at memory slice 2");
   CommitFails(Place(n, 100, 100, {Mig(1, 99, 0)}), StatusCode::kInvalidArgument, "unknown MIG profile id 99");
   // Two instances on one GPU in one placement are still the same GPU twice.
-  CommitFails(Place(n, 100, 100, {Mig(1, k1g, 0), Mig(1, k1g, 1)}), StatusCode::kInvalidArgument, "appears twice");
+  CommitFails(Place(n, 100, 100, {Mig(1, k1g, 0), Mig(1, k1g, 1)}), StatusCode::kInvalidArgument,
+              "appears twice");
 }
 
 // MIG mode changes need an idle GPU and a MIG-capable model.
@@ -597,7 +615,8 @@ TEST_F(LedgerTest, SetMigEnabledRefusals) {
   const NodeIndex a = Add(Node("a", 2, "A100-80GB"));
   const NodeIndex t = Add(Node("t", 1, "T4"));
   const LedgerSnap start = Snap(ledger_);
-  EXPECT_TRUE(Fails(ledger_.SetMigEnabled(t, 0, true), StatusCode::kFailedPrecondition, "does not support MIG"));
+  EXPECT_TRUE(
+      Fails(ledger_.SetMigEnabled(t, 0, true), StatusCode::kFailedPrecondition, "does not support MIG"));
   EXPECT_EQ(Snap(ledger_), start);
   EXPECT_TRUE(ledger_.SetMigEnabled(t, 0, false).ok());  // already off
 

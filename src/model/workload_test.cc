@@ -1,9 +1,9 @@
 #include "model/workload.h"
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace gpupool {
 namespace {
@@ -52,11 +52,11 @@ TaskRequest Mig(const std::string& profile) {
 TEST(WorkloadTest, AcceptsEveryDocumentedShape) {
   EXPECT_TRUE(ValidateTaskRequest(TaskRequest{}).ok());  // zero everything: an empty CPU task
   EXPECT_TRUE(ValidateTaskRequest(CpuOnly()).ok());
-  EXPECT_TRUE(ValidateTaskRequest(Gpus(1, 1)).ok());     // the smallest share
+  EXPECT_TRUE(ValidateTaskRequest(Gpus(1, 1)).ok());  // the smallest share
   EXPECT_TRUE(ValidateTaskRequest(Gpus(1, 500)).ok());
   EXPECT_TRUE(ValidateTaskRequest(Gpus(1, 1000)).ok());  // one whole GPU
   EXPECT_TRUE(ValidateTaskRequest(Gpus(8, 1000)).ok());
-  EXPECT_TRUE(ValidateTaskRequest(Gpus(2, 500)).ok());   // per-GPU share on several GPUs
+  EXPECT_TRUE(ValidateTaskRequest(Gpus(2, 500)).ok());  // per-GPU share on several GPUs
   TaskRequest with_memory = Gpus(1, 300);
   with_memory.gpu_memory = MiB(4096);
   EXPECT_TRUE(ValidateTaskRequest(with_memory).ok());
@@ -106,7 +106,8 @@ TEST(WorkloadTest, CpuOnlyTaskMustNotCarryGpuFields) {
 
 // A non-MIG GPU task needs a per-GPU share of 1..1000 milli-GPU; the message gives the value.
 TEST(WorkloadTest, GpuShareMustBeBetweenOneAndAWholeGpu) {
-  EXPECT_TRUE(InvalidNaming(ValidateTaskRequest(Gpus(1, 0)), {"GPU share must be between 1 and 1000", "got 0"}));
+  EXPECT_TRUE(
+      InvalidNaming(ValidateTaskRequest(Gpus(1, 0)), {"GPU share must be between 1 and 1000", "got 0"}));
   EXPECT_TRUE(InvalidNaming(ValidateTaskRequest(Gpus(1, 1001)), {"got 1001"}));
   EXPECT_TRUE(InvalidNaming(ValidateTaskRequest(Gpus(2, 2000)), {"per GPU", "got 2000"}));
   EXPECT_TRUE(InvalidNaming(ValidateTaskRequest(Gpus(1, -250)), {"got -250"}));
@@ -227,8 +228,8 @@ TEST(WorkloadTest, JobWithoutGroupsIsRejectedNamingTheJob) {
 TEST(WorkloadTest, ReplicasMustBePositive) {
   Job job = TrainingJob();
   job.groups[1].replicas = 0;
-  EXPECT_TRUE(InvalidNaming(ValidateJob(job), {"job 'train': task group 'workers'", "replicas must be at least 1",
-                                               "got 0"}));
+  EXPECT_TRUE(InvalidNaming(ValidateJob(job),
+                            {"job 'train': task group 'workers'", "replicas must be at least 1", "got 0"}));
   job.groups[1].name.clear();  // an unnamed group is named by its position
   EXPECT_TRUE(InvalidNaming(ValidateJob(job), {"task group 1:"}));
 }
