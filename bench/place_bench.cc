@@ -34,7 +34,8 @@ const Inputs& LoadInputs() {
   static const Inputs inputs = [] {
     Inputs in;
     const GpuCatalog catalog = GpuCatalog::Builtin();
-    auto nodes = ReadOpenbNodes(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv", catalog);
+    auto nodes =
+        ReadOpenbNodes(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv", catalog);
     auto pods = ReadOpenbPods(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
     if (!nodes.ok() || !pods.ok()) std::abort();
     in.openb = std::move(nodes).value();
@@ -53,7 +54,8 @@ std::vector<NodeSpec> MakeCluster(const std::string& cluster, const GpuCatalog& 
   std::vector<NodeSpec> nodes;
   for (int i = 0; i < 5000; ++i) {
     const std::string& model = in.openb[static_cast<size_t>(i) % in.openb.size()].gpus.front().model;
-    NodeSpec n = MakeNode("synth-" + std::to_string(i), MilliCpu(128000), MiB(1024 * 1024), 8, model, catalog);
+    NodeSpec n =
+        MakeNode("synth-" + std::to_string(i), MilliCpu(128000), MiB(1024 * 1024), 8, model, catalog);
     n.max_tasks = 1001;
     nodes.push_back(std::move(n));
   }
@@ -86,7 +88,8 @@ void BM_Place(benchmark::State& state, std::string policy, std::string cluster, 
     if (!p.request.wants_gpu()) continue;
     misses = s.Place(p.request).ok() ? 0 : misses + 1;
   }
-  const double reached = 100.0 * static_cast<double>(ledger.used_gpu_share()) / static_cast<double>(ledger.total_gpu_share());
+  const double reached =
+      100.0 * static_cast<double>(ledger.used_gpu_share()) / static_cast<double>(ledger.total_gpu_share());
 
   int64_t placed = 0;
   for (auto _ : state) {
@@ -99,10 +102,12 @@ void BM_Place(benchmark::State& state, std::string policy, std::string cluster, 
   }
   state.SetItemsProcessed(state.iterations());
   state.counters["fill_pct"] = reached;
-  state.counters["placed_pct"] = state.iterations() ? 100.0 * static_cast<double>(placed) / static_cast<double>(state.iterations()) : 0;
+  state.counters["placed_pct"] =
+      state.iterations() ? 100.0 * static_cast<double>(placed) / static_cast<double>(state.iterations()) : 0;
   const auto& st = s.stats();
   const double lookups = static_cast<double>(st.score_cache_hits + st.score_cache_misses);
-  state.counters["cache_hit_pct"] = lookups > 0 ? 100.0 * static_cast<double>(st.score_cache_hits) / lookups : 0;
+  state.counters["cache_hit_pct"] =
+      lookups > 0 ? 100.0 * static_cast<double>(st.score_cache_hits) / lookups : 0;
 }
 
 void RegisterAll() {
@@ -112,7 +117,8 @@ void RegisterAll() {
     for (int fill : {50, 90}) {
       for (const auto& policy : policies) {
         const std::string name = "BM_Place/" + policy + "/" + cluster + "/" + std::to_string(fill);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Place, policy, cluster, fill, true)->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Place, policy, cluster, fill, true)
+            ->Unit(benchmark::kMicrosecond);
       }
       const std::string name = "BM_PlaceNoCache/fgd/" + cluster + "/" + std::to_string(fill);
       benchmark::RegisterBenchmark(name.c_str(), BM_Place, std::string("fgd"), cluster, fill, false)

@@ -3,13 +3,13 @@
 //   policies          list the placement policies and registered plugins
 //   profile check F   validate a scheduling profile (YAML)
 //   version
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "config/profile_yaml.h"
 #include "model/ledger.h"
@@ -67,13 +67,16 @@ int main(int argc, char** argv) {
   gpupool::DemoOptions demo;
   demo.nodes_csv = std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv";
   demo.pods_csv = std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv";
-  auto* demo_cmd = app.add_subcommand("demo", "Schedule the bundled Alibaba cluster under each placement policy");
+  auto* demo_cmd =
+      app.add_subcommand("demo", "Schedule the bundled Alibaba cluster under each placement policy");
   demo_cmd->add_option("--nodes", demo.nodes_csv, "Node list (openb CSV)")->capture_default_str();
   demo_cmd->add_option("--pods", demo.pods_csv, "Pod list (openb CSV)")->capture_default_str();
   demo_cmd->add_option("--policy", demo.policies, "Policies to run (default: the six published ones)")
       ->check(CLI::IsMember(gpupool::PolicyNames()));
-  demo_cmd->add_option("--seed", demo.seed, "Seed of the arrival order and tie-breaks")->capture_default_str();
-  demo_cmd->add_option("--inflate", demo.inflate, "GPU demand as a multiple of GPU capacity")->capture_default_str();
+  demo_cmd->add_option("--seed", demo.seed, "Seed of the arrival order and tie-breaks")
+      ->capture_default_str();
+  demo_cmd->add_option("--inflate", demo.inflate, "GPU demand as a multiple of GPU capacity")
+      ->capture_default_str();
 
   auto* policies_cmd = app.add_subcommand("policies", "List placement policies and plugins");
 

@@ -1,10 +1,10 @@
 #include "common/quantity.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 namespace gpupool {
 
@@ -58,24 +58,34 @@ Result<MiB> ParseMemory(const std::string& text) {
   std::string suffix;
   RETURN_IF_ERROR(SplitNumber(text, "memory", &v, &suffix));
   double bytes_per_unit = 0;
-  if (suffix.empty()) bytes_per_unit = 1;
-  else if (suffix == "Ki") bytes_per_unit = 1024.0;
-  else if (suffix == "Mi") bytes_per_unit = 1024.0 * 1024;
-  else if (suffix == "Gi") bytes_per_unit = 1024.0 * 1024 * 1024;
-  else if (suffix == "Ti") bytes_per_unit = 1024.0 * 1024 * 1024 * 1024;
-  else if (suffix == "k" || suffix == "K") bytes_per_unit = 1e3;
-  else if (suffix == "M") bytes_per_unit = 1e6;
-  else if (suffix == "G") bytes_per_unit = 1e9;
-  else if (suffix == "T") bytes_per_unit = 1e12;
+  if (suffix.empty())
+    bytes_per_unit = 1;
+  else if (suffix == "Ki")
+    bytes_per_unit = 1024.0;
+  else if (suffix == "Mi")
+    bytes_per_unit = 1024.0 * 1024;
+  else if (suffix == "Gi")
+    bytes_per_unit = 1024.0 * 1024 * 1024;
+  else if (suffix == "Ti")
+    bytes_per_unit = 1024.0 * 1024 * 1024 * 1024;
+  else if (suffix == "k" || suffix == "K")
+    bytes_per_unit = 1e3;
+  else if (suffix == "M")
+    bytes_per_unit = 1e6;
+  else if (suffix == "G")
+    bytes_per_unit = 1e9;
+  else if (suffix == "T")
+    bytes_per_unit = 1e12;
   else {
-    return Status::InvalidArgument(
-        fmt::format("memory '{}' has unknown unit '{}' (use Ki, Mi, Gi, Ti, k, M, G, T or bytes)", text, suffix));
+    return Status::InvalidArgument(fmt::format(
+        "memory '{}' has unknown unit '{}' (use Ki, Mi, Gi, Ti, k, M, G, T or bytes)", text, suffix));
   }
   if (std::isnan(v) || std::isinf(v) || v < 0) {
     return Status::InvalidArgument(fmt::format("memory '{}' must be a finite, non-negative amount", text));
   }
   const double mib = v * bytes_per_unit / (1024.0 * 1024.0);
-  if (mib >= 9007199254740992.0) return Status::InvalidArgument(fmt::format("memory '{}' is too large", text));
+  if (mib >= 9007199254740992.0)
+    return Status::InvalidArgument(fmt::format("memory '{}' is too large", text));
   // Round up, but forgive the last bits of floating-point noise ("1.1Gi").
   const double rounded = std::ceil(mib - 1e-9);
   return MiB(static_cast<int64_t>(rounded < 0 ? 0 : rounded));
@@ -90,7 +100,8 @@ Result<MilliCpu> ParseCpu(const std::string& text) {
     return MilliCpu(units);
   }
   if (!suffix.empty()) {
-    return Status::InvalidArgument(fmt::format("cpu '{}' has unknown unit '{}' (use cores or 'm')", text, suffix));
+    return Status::InvalidArgument(
+        fmt::format("cpu '{}' has unknown unit '{}' (use cores or 'm')", text, suffix));
   }
   return CpuFromCores(v);
 }
@@ -105,8 +116,12 @@ std::string FormatMilli(int64_t milli) {
 }
 }  // namespace
 
-std::string FormatCpu(MilliCpu cpu) { return FormatMilli(cpu.units()); }
-std::string FormatGpu(MilliGpu gpu) { return FormatMilli(gpu.units()); }
+std::string FormatCpu(MilliCpu cpu) {
+  return FormatMilli(cpu.units());
+}
+std::string FormatGpu(MilliGpu gpu) {
+  return FormatMilli(gpu.units());
+}
 
 std::string FormatMemory(MiB mib) {
   const int64_t v = mib.units();

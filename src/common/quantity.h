@@ -67,8 +67,8 @@ Result<MiB> ParseMemory(const std::string& text);
 // Parses CPU: "2", "0.5", "500m".
 Result<MilliCpu> ParseCpu(const std::string& text);
 
-std::string FormatMemory(MiB mib);     // "8Gi", "1536Mi"
-std::string FormatCpu(MilliCpu cpu);   // "2", "0.5", "2.125"
-std::string FormatGpu(MilliGpu gpu);   // "1", "0.25"
+std::string FormatMemory(MiB mib);    // "8Gi", "1536Mi"
+std::string FormatCpu(MilliCpu cpu);  // "2", "0.5", "2.125"
+std::string FormatGpu(MilliGpu gpu);  // "1", "0.25"
 
 }  // namespace gpupool

@@ -20,7 +20,9 @@ uint64_t Rng::Uniform(uint64_t n) {
   return static_cast<uint64_t>(m >> 64);
 }
 
-double Rng::UniformDouble() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+double Rng::UniformDouble() {
+  return static_cast<double>(Next() >> 11) * 0x1.0p-53;
+}
 
 std::vector<uint32_t> Rng::Permutation(uint32_t n) {
   std::vector<uint32_t> p(n);
@@ -39,7 +41,9 @@ uint64_t SplitMix64(uint64_t& state) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
-uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t Rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 }  // namespace
 
 SeededRng::SeededRng(uint64_t seed) {

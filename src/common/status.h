@@ -60,8 +60,8 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : data_(std::move(value)) {}            // NOLINT: implicit by design
-  Result(Status status) : data_(std::move(status)) {}     // NOLINT: implicit by design
+  Result(T value) : data_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : data_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return std::holds_alternative<T>(data_); }
   const Status& status() const {
@@ -87,10 +87,10 @@ class [[nodiscard]] Result {
 #define GPUPOOL_CONCAT(a, b) GPUPOOL_CONCAT_INNER(a, b)
 
 // Returns from the current function when `expr` (a Status) is not OK.
-#define RETURN_IF_ERROR(expr)                 \
-  do {                                        \
-    ::gpupool::Status _st = (expr);           \
-    if (!_st.ok()) return _st;                \
+#define RETURN_IF_ERROR(expr)       \
+  do {                              \
+    ::gpupool::Status _st = (expr); \
+    if (!_st.ok()) return _st;      \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());`

@@ -1,8 +1,8 @@
 #include "common/value.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 namespace gpupool {
 

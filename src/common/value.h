@@ -19,14 +19,14 @@ class Value {
   using Map = std::vector<std::pair<std::string, Value>>;  // keeps insertion order
 
   Value() = default;
-  Value(bool b) : data_(b) {}                    // NOLINT
-  Value(int64_t i) : data_(i) {}                 // NOLINT
+  Value(bool b) : data_(b) {}                       // NOLINT
+  Value(int64_t i) : data_(i) {}                    // NOLINT
   Value(int i) : data_(static_cast<int64_t>(i)) {}  // NOLINT
-  Value(double d) : data_(d) {}                  // NOLINT
-  Value(std::string s) : data_(std::move(s)) {}  // NOLINT
-  Value(const char* s) : data_(std::string(s)) {}  // NOLINT
-  Value(List l) : data_(std::move(l)) {}         // NOLINT
-  Value(Map m) : data_(std::move(m)) {}          // NOLINT
+  Value(double d) : data_(d) {}                     // NOLINT
+  Value(std::string s) : data_(std::move(s)) {}     // NOLINT
+  Value(const char* s) : data_(std::string(s)) {}   // NOLINT
+  Value(List l) : data_(std::move(l)) {}            // NOLINT
+  Value(Map m) : data_(std::move(m)) {}             // NOLINT
 
   bool is_null() const { return std::holds_alternative<std::monostate>(data_); }
   bool is_map() const { return std::holds_alternative<Map>(data_); }
@@ -39,8 +39,8 @@ class Value {
   void Set(const std::string& key, Value v);
 
   // Typed reads; `what` names the value in the error ("fgd.typicalPods[3].cpu").
-  Result<int64_t> AsInt(const std::string& what) const;     // accepts integral doubles
-  Result<double> AsDouble(const std::string& what) const;   // accepts ints
+  Result<int64_t> AsInt(const std::string& what) const;    // accepts integral doubles
+  Result<double> AsDouble(const std::string& what) const;  // accepts ints
   Result<bool> AsBool(const std::string& what) const;
   Result<std::string> AsString(const std::string& what) const;
   const List* AsList() const { return std::get_if<List>(&data_); }

@@ -1,10 +1,10 @@
 #include "config/profile_yaml.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
 
 namespace gpupool {
 
@@ -88,8 +88,8 @@ Result<Value> ParseYamlValue(const std::string& text, const std::string& source)
   try {
     return ToValue(YAML::Load(text));
   } catch (const YAML::Exception& e) {
-    return Status::InvalidArgument(fmt::format("{}: line {}, column {}: {}", source, e.mark.line + 1,
-                                               e.mark.column + 1, e.msg));
+    return Status::InvalidArgument(
+        fmt::format("{}: line {}, column {}: {}", source, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
 }
 
@@ -113,9 +113,10 @@ Result<Profile> ParseProfileYaml(const std::string& text, const std::string& sou
     } else if (key == "cacheScores") {
       ASSIGN_OR_RETURN(p.cache_scores, v.AsBool(source + ": cacheScores"));
     } else {
-      return Status::InvalidArgument(fmt::format(
-          "{}: unknown key '{}' (name, filters, scores, gpuSelector, permits, skipScoringSingleNode, cacheScores)",
-          source, key));
+      return Status::InvalidArgument(
+          fmt::format("{}: unknown key '{}' (name, filters, scores, gpuSelector, permits, "
+                      "skipScoringSingleNode, cacheScores)",
+                      source, key));
     }
   }
   return p;

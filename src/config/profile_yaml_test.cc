@@ -84,9 +84,10 @@ scores: [fgd]
 gpuSelector: fgd
 )");
   ASSERT_TRUE(fgd.ok());
-  fgd->scores[0].args.Set("typicalPods", Value(Value::List{Value(Value::Map{
-                                             {"cpu", Value(1000)}, {"gpuShare", Value(500)},
-                                             {"gpuCount", Value(1)}, {"weight", Value(1.0)}})}));
+  fgd->scores[0].args.Set(
+      "typicalPods",
+      Value(Value::List{Value(Value::Map{
+          {"cpu", Value(1000)}, {"gpuShare", Value(500)}, {"gpuCount", Value(1)}, {"weight", Value(1.0)}})}));
   auto u = Scheduler::Create(*fgd, DefaultRegistry(), ledger, rng);
   ASSERT_TRUE(u.ok()) << u.status().ToString();
 }

@@ -1,11 +1,11 @@
 #include "model/gpu_catalog.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
 #include <utility>
-
-#include <fmt/format.h>
 
 namespace gpupool {
 

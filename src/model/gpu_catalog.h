@@ -23,13 +23,13 @@ struct ComputeCapability {
 
 // One GPU-instance profile of a MIG-capable GPU, e.g. "3g.40gb" on an A100-80GB.
 struct MigProfile {
-  int driver_id = 0;           // NVML profile id (19, 20, 15, 14, 9, 5, 0)
-  std::string name;            // "1g.10gb", "1g.10gb+me", "3g.40gb"
-  int compute_slices = 0;      // of 7
-  int memory_slices = 0;       // of 8; also the size of a placement
-  MiB memory{0};               // usable memory of the instance
-  int max_instances = 0;       // how many fit on one GPU at most
-  uint8_t valid_starts = 0;    // bit s set: a placement may start at memory slice s
+  int driver_id = 0;              // NVML profile id (19, 20, 15, 14, 9, 5, 0)
+  std::string name;               // "1g.10gb", "1g.10gb+me", "3g.40gb"
+  int compute_slices = 0;         // of 7
+  int memory_slices = 0;          // of 8; also the size of a placement
+  MiB memory{0};                  // usable memory of the instance
+  int max_instances = 0;          // how many fit on one GPU at most
+  uint8_t valid_starts = 0;       // bit s set: a placement may start at memory slice s
   bool media_extensions = false;  // "+me": takes the GPU's only media engine set
 };
 
@@ -50,8 +50,8 @@ struct GpuModelSpec {
   MiB memory{0};                     // 0 when the catalog does not know it
   int sm_count = 0;                  // 0 when unknown
   ComputeCapability compute_capability;
-  std::optional<MigGeometry> mig;    // empty: not MIG-capable
-  int nvlinks = 0;                   // NVLink links per GPU on its usual board (0: PCIe only)
+  std::optional<MigGeometry> mig;  // empty: not MIG-capable
+  int nvlinks = 0;                 // NVLink links per GPU on its usual board (0: PCIe only)
 };
 
 // A read-only table of GPU models. Cheap to copy around by reference; build once.

@@ -1,10 +1,10 @@
 #include "model/gpu_catalog.h"
 
+#include <gtest/gtest.h>
+
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace gpupool {
 namespace {

@@ -1,13 +1,15 @@
 #include "model/ledger.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <tuple>
 
-#include <fmt/format.h>
-
 namespace gpupool {
 
-Ledger::Ledger(GpuCatalog catalog) : catalog_(std::move(catalog)) { model_names_.emplace_back(""); }
+Ledger::Ledger(GpuCatalog catalog) : catalog_(std::move(catalog)) {
+  model_names_.emplace_back("");
+}
 
 ModelId Ledger::InternModel(const std::string& name) {
   for (size_t i = 0; i < model_names_.size(); ++i) {
@@ -83,7 +85,8 @@ Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
 }
 
 Status Ledger::CheckFits(const Placement& p) const {
-  if (p.node >= specs_.size()) return Status::InvalidArgument(fmt::format("placement names unknown node #{}", p.node));
+  if (p.node >= specs_.size())
+    return Status::InvalidArgument(fmt::format("placement names unknown node #{}", p.node));
   const NodeSpec& spec = specs_[p.node];
   const NodeState& s = states_[p.node];
   const std::string where = fmt::format("node '{}'", spec.name);
@@ -96,14 +99,16 @@ Status Ledger::CheckFits(const Placement& p) const {
         fmt::format("{}: insufficient CPU: asks {}m, {}m free", where, p.cpu.units(), s.free_cpu));
   }
   if (p.memory.units() > s.free_memory) {
-    return Status::ResourceExhausted(
-        fmt::format("{}: insufficient memory: asks {} MiB, {} MiB free", where, p.memory.units(), s.free_memory));
+    return Status::ResourceExhausted(fmt::format("{}: insufficient memory: asks {} MiB, {} MiB free", where,
+                                                 p.memory.units(), s.free_memory));
   }
   if (spec.max_tasks > 0 && s.tasks >= spec.max_tasks) {
-    return Status::ResourceExhausted(fmt::format("{}: already holds its maximum of {} tasks", where, spec.max_tasks));
+    return Status::ResourceExhausted(
+        fmt::format("{}: already holds its maximum of {} tasks", where, spec.max_tasks));
   }
   const MigGeometry* geometry = nullptr;
-  if (const GpuModelSpec* model = node_model_spec_[p.node]; model != nullptr && model->mig) geometry = &*model->mig;
+  if (const GpuModelSpec* model = node_model_spec_[p.node]; model != nullptr && model->mig)
+    geometry = &*model->mig;
   std::vector<bool> seen(s.gpus.size(), false);
   for (const GpuGrant& g : p.gpus) {
     if (g.gpu < 0 || static_cast<size_t>(g.gpu) >= s.gpus.size()) {
@@ -119,26 +124,32 @@ Status Ledger::CheckFits(const Placement& p) const {
       return Status::InvalidArgument(fmt::format("{}: negative amount on GPU {}", where, g.gpu));
     }
     if (g.mig) {
-      if (!gs.mig_enabled) return Status::InvalidArgument(fmt::format("{}: GPU {} is not in MIG mode", where, g.gpu));
+      if (!gs.mig_enabled)
+        return Status::InvalidArgument(fmt::format("{}: GPU {} is not in MIG mode", where, g.gpu));
       if (!g.share.is_zero() || !g.memory.is_zero()) {
-        return Status::InvalidArgument(fmt::format("{}: a MIG grant on GPU {} carries share or memory", where, g.gpu));
+        return Status::InvalidArgument(
+            fmt::format("{}: a MIG grant on GPU {} carries share or memory", where, g.gpu));
       }
-      if (geometry == nullptr) return Status::Internal(fmt::format("{}: MIG GPU without MIG geometry", where));
+      if (geometry == nullptr)
+        return Status::Internal(fmt::format("{}: MIG GPU without MIG geometry", where));
       MigLayout trial = gs.mig;
       RETURN_IF_ERROR(trial.Add(*geometry, *g.mig).WithContext(fmt::format("{}: GPU {}", where, g.gpu)));
       continue;
     }
     if (gs.mig_enabled) {
-      return Status::InvalidArgument(fmt::format("{}: GPU {} is in MIG mode and takes MIG requests only", where, g.gpu));
+      return Status::InvalidArgument(
+          fmt::format("{}: GPU {} is in MIG mode and takes MIG requests only", where, g.gpu));
     }
-    if (g.share.units() < 1) return Status::InvalidArgument(fmt::format("{}: zero GPU share on GPU {}", where, g.gpu));
+    if (g.share.units() < 1)
+      return Status::InvalidArgument(fmt::format("{}: zero GPU share on GPU {}", where, g.gpu));
     if (g.share.units() > gs.free_share) {
-      return Status::ResourceExhausted(fmt::format("{}: insufficient GPU share on GPU {}: asks {}, {} free", where,
-                                                   g.gpu, g.share.units(), gs.free_share));
+      return Status::ResourceExhausted(fmt::format("{}: insufficient GPU share on GPU {}: asks {}, {} free",
+                                                   where, g.gpu, g.share.units(), gs.free_share));
     }
     if (g.memory.units() > gs.free_memory) {
-      return Status::ResourceExhausted(fmt::format("{}: insufficient GPU memory on GPU {}: asks {} MiB, {} MiB free",
-                                                   where, g.gpu, g.memory.units(), gs.free_memory));
+      return Status::ResourceExhausted(
+          fmt::format("{}: insufficient GPU memory on GPU {}: asks {} MiB, {} MiB free", where, g.gpu,
+                      g.memory.units(), gs.free_memory));
     }
   }
   return Status::Ok();
@@ -150,7 +161,8 @@ void Ledger::Apply(const Placement& p, int sign) {
   s.free_memory -= sign * p.memory.units();
   s.tasks += sign;
   const MigGeometry* geometry = nullptr;
-  if (const GpuModelSpec* model = node_model_spec_[p.node]; model != nullptr && model->mig) geometry = &*model->mig;
+  if (const GpuModelSpec* model = node_model_spec_[p.node]; model != nullptr && model->mig)
+    geometry = &*model->mig;
   for (const GpuGrant& g : p.gpus) {
     GpuState& gs = s.gpus[static_cast<size_t>(g.gpu)];
     gs.tasks += sign;
@@ -235,8 +247,8 @@ Status Ledger::SetMigEnabled(NodeIndex node, int gpu, bool enabled) {
   if (g.mig_enabled == enabled) return Status::Ok();
   const GpuModelSpec* model = node_model_spec_[node];
   if (enabled && (model == nullptr || !model->mig)) {
-    return Status::FailedPrecondition(
-        fmt::format("{}: GPU model '{}' does not support MIG", where, specs_[node].gpus[static_cast<size_t>(gpu)].model));
+    return Status::FailedPrecondition(fmt::format("{}: GPU model '{}' does not support MIG", where,
+                                                  specs_[node].gpus[static_cast<size_t>(gpu)].model));
   }
   if (g.tasks != 0) return Status::FailedPrecondition(fmt::format("{}: GPU {} is in use", where, gpu));
   g.mig_enabled = enabled;
@@ -308,7 +320,8 @@ Status Ledger::CheckInvariants() const {
     NodeState& e = expect[n];
     const std::string where = fmt::format("node '{}'", spec.name);
     if (s.free_cpu != e.free_cpu || s.free_cpu < 0 || s.free_cpu > spec.cpu.units()) {
-      return Status::Internal(fmt::format("{}: free CPU {} but allocations leave {}", where, s.free_cpu, e.free_cpu));
+      return Status::Internal(
+          fmt::format("{}: free CPU {} but allocations leave {}", where, s.free_cpu, e.free_cpu));
     }
     if (s.free_memory != e.free_memory || s.free_memory < 0 || s.free_memory > spec.memory.units()) {
       return Status::Internal(
@@ -324,11 +337,13 @@ Status Ledger::CheckInvariants() const {
         return Status::Internal(fmt::format("{} GPU {}: free share {} but allocations leave {}", where, i,
                                             g.free_share, eg.free_share));
       }
-      if (g.free_memory != eg.free_memory || g.free_memory < 0 || g.free_memory > spec.gpus[i].memory.units()) {
+      if (g.free_memory != eg.free_memory || g.free_memory < 0 ||
+          g.free_memory > spec.gpus[i].memory.units()) {
         return Status::Internal(fmt::format("{} GPU {}: free memory {} but allocations leave {}", where, i,
                                             g.free_memory, eg.free_memory));
       }
-      if (g.tasks != eg.tasks) return Status::Internal(fmt::format("{} GPU {}: task count drifted", where, i));
+      if (g.tasks != eg.tasks)
+        return Status::Internal(fmt::format("{} GPU {}: task count drifted", where, i));
       if (Sorted(g.mig.instances()) != Sorted(mig[n][i])) {
         return Status::Internal(fmt::format("{} GPU {}: MIG layout does not match allocations", where, i));
       }
@@ -343,10 +358,12 @@ Status Ledger::CheckInvariants() const {
     }
     RecountNode(e);
     if (s.free_gpu_share != e.free_gpu_share || s.fully_free_gpus != e.fully_free_gpus ||
-        s.usable_gpus != e.usable_gpus || s.max_free_share != e.max_free_share || s.max_tasks != spec.max_tasks) {
+        s.usable_gpus != e.usable_gpus || s.max_free_share != e.max_free_share ||
+        s.max_tasks != spec.max_tasks) {
       return Status::Internal(fmt::format("{}: GPU share summary drifted", where));
     }
-    if (s.share_tasks != e.share_tasks) return Status::Internal(fmt::format("{}: share task count drifted", where));
+    if (s.share_tasks != e.share_tasks)
+      return Status::Internal(fmt::format("{}: share task count drifted", where));
     auto trimmed = [](std::vector<int32_t> v) {
       while (!v.empty() && v.back() == 0) v.pop_back();
       return v;

@@ -45,7 +45,7 @@ struct NodeState {
   int64_t free_memory = 0;  // MiB
   // Bumped on every change to this node; caches keyed by it stay valid while it is unchanged.
   uint64_t generation = 0;
-  int64_t free_gpu_share = 0;   // Σ free_share over healthy, non-MIG GPUs
+  int64_t free_gpu_share = 0;  // Σ free_share over healthy, non-MIG GPUs
   int32_t tasks = 0;
   int32_t max_tasks = 0;        // copy of the spec's limit (0: none), so filters stay in this struct
   int32_t fully_free_gpus = 0;  // healthy, non-MIG GPUs with free_share == 1000

@@ -1,9 +1,9 @@
 #include "model/mig.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace gpupool {
 

@@ -1,10 +1,10 @@
 #include "model/mig.h"
 
+#include <gtest/gtest.h>
+
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace gpupool {
 namespace {
@@ -12,16 +12,18 @@ namespace {
 // The profile names of one model, so the same facts are checked against each model's own names.
 struct MigModelNames {
   const char* model;
-  const char* one;        // 1g, id 19
-  const char* one_me;     // 1g+me, id 20
-  const char* one_wide;   // 1g with 2 memory slices, id 15
-  const char* two;        // 2g, id 14
-  const char* three;      // 3g, id 9
-  const char* four;       // 4g, id 5
-  const char* seven;      // 7g, id 0
+  const char* one;       // 1g, id 19
+  const char* one_me;    // 1g+me, id 20
+  const char* one_wide;  // 1g with 2 memory slices, id 15
+  const char* two;       // 2g, id 14
+  const char* three;     // 3g, id 9
+  const char* four;      // 4g, id 5
+  const char* seven;     // 7g, id 0
 };
 
-void PrintTo(const MigModelNames& names, std::ostream* os) { *os << names.model; }
+void PrintTo(const MigModelNames& names, std::ostream* os) {
+  *os << names.model;
+}
 
 class MigLayoutTest : public ::testing::TestWithParam<MigModelNames> {
  protected:
@@ -160,7 +162,7 @@ TEST_P(MigLayoutTest, InvalidStartsAreRejectedAndNamed) {
     int start;
   };
   // Starts the profile does not allow, or placements that would run past slice 7.
-  const Case cases[] = {{n.three, 2}, {n.three, 1}, {n.four, 4}, {n.two, 6}, {n.seven, 1},
+  const Case cases[] = {{n.three, 2}, {n.three, 1}, {n.four, 4}, {n.two, 6},     {n.seven, 1},
                         {n.one, 7},   {n.one, -1},  {n.one, 8},  {n.one_wide, 1}};
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.profile << "@" << c.start);
@@ -224,10 +226,22 @@ TEST_P(MigLayoutTest, EmptyLayoutUsesNothing) {
 TEST(MigLayoutRulesTest, OneMediaExtensionsInstanceAcrossProfiles) {
   MigGeometry geometry;
   geometry.profiles = {
-      MigProfile{.driver_id = 20, .name = "1g.x+me", .compute_slices = 1, .memory_slices = 1,
-                 .memory = MiB(1024), .max_instances = 1, .valid_starts = 0x7F, .media_extensions = true},
-      MigProfile{.driver_id = 21, .name = "1g.x+me.all", .compute_slices = 1, .memory_slices = 1,
-                 .memory = MiB(1024), .max_instances = 1, .valid_starts = 0x7F, .media_extensions = true},
+      MigProfile{.driver_id = 20,
+                 .name = "1g.x+me",
+                 .compute_slices = 1,
+                 .memory_slices = 1,
+                 .memory = MiB(1024),
+                 .max_instances = 1,
+                 .valid_starts = 0x7F,
+                 .media_extensions = true},
+      MigProfile{.driver_id = 21,
+                 .name = "1g.x+me.all",
+                 .compute_slices = 1,
+                 .memory_slices = 1,
+                 .memory = MiB(1024),
+                 .max_instances = 1,
+                 .valid_starts = 0x7F,
+                 .media_extensions = true},
   };
   MigLayout layout;
   ASSERT_TRUE(layout.Add(geometry, {20, 0}).ok());
@@ -245,8 +259,13 @@ TEST(MigLayoutRulesTest, OneMediaExtensionsInstanceAcrossProfiles) {
 TEST(MigLayoutRulesTest, ComputeSlicesAreLimitedIndependently) {
   MigGeometry geometry;
   geometry.total_compute_slices = 2;
-  geometry.profiles = {MigProfile{.driver_id = 19, .name = "1g", .compute_slices = 1, .memory_slices = 1,
-                                  .memory = MiB(1024), .max_instances = 7, .valid_starts = 0x7F}};
+  geometry.profiles = {MigProfile{.driver_id = 19,
+                                  .name = "1g",
+                                  .compute_slices = 1,
+                                  .memory_slices = 1,
+                                  .memory = MiB(1024),
+                                  .max_instances = 7,
+                                  .valid_starts = 0x7F}};
   MigLayout layout;
   ASSERT_TRUE(layout.Add(geometry, {19, 0}).ok());
   ASSERT_TRUE(layout.Add(geometry, {19, 1}).ok());
@@ -256,24 +275,22 @@ TEST(MigLayoutRulesTest, ComputeSlicesAreLimitedIndependently) {
   EXPECT_EQ(layout.used_compute_slices(geometry), 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, MigLayoutTest,
-    ::testing::Values(
-        MigModelNames{"A100-80GB", "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb",
-                      "7g.80gb"},
-        MigModelNames{"H200-141GB", "1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb",
-                      "7g.141gb"},
-        MigModelNames{"A100-40GB", "1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb",
-                      "7g.40gb"},
-        MigModelNames{"H100-80GB", "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb",
-                      "7g.80gb"}),
-    [](const ::testing::TestParamInfo<MigModelNames>& param_info) {
-      std::string name = param_info.param.model;
-      for (char& c : name) {
-        if (c == '-') c = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, MigLayoutTest,
+                         ::testing::Values(MigModelNames{"A100-80GB", "1g.10gb", "1g.10gb+me", "1g.20gb",
+                                                         "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+                                           MigModelNames{"H200-141GB", "1g.18gb", "1g.18gb+me", "1g.35gb",
+                                                         "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
+                                           MigModelNames{"A100-40GB", "1g.5gb", "1g.5gb+me", "1g.10gb",
+                                                         "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"},
+                                           MigModelNames{"H100-80GB", "1g.10gb", "1g.10gb+me", "1g.20gb",
+                                                         "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}),
+                         [](const ::testing::TestParamInfo<MigModelNames>& param_info) {
+                           std::string name = param_info.param.model;
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace gpupool

@@ -1,8 +1,8 @@
 #include "model/node.h"
 
-#include <utility>
-
 #include <fmt/format.h>
+
+#include <utility>
 
 namespace gpupool {
 

@@ -14,10 +14,10 @@
 namespace gpupool {
 
 struct GpuDevice {
-  int index = 0;            // position on the node, 0-based
-  std::string uuid;         // "GPU-…" from NVML; synthesised for simulated GPUs
-  std::string model;        // canonical catalog name when known ("A100-80GB"), else as reported
-  MiB memory{0};            // 0: unknown (trace nodes); per-GPU memory requests then do not fit
+  int index = 0;      // position on the node, 0-based
+  std::string uuid;   // "GPU-…" from NVML; synthesised for simulated GPUs
+  std::string model;  // canonical catalog name when known ("A100-80GB"), else as reported
+  MiB memory{0};      // 0: unknown (trace nodes); per-GPU memory requests then do not fit
   int sm_count = 0;
   ComputeCapability compute_capability;
   int numa_node = 0;
@@ -33,7 +33,7 @@ struct NodeSpec {
   Topology topology;            // gpu_count() == gpus.size(); Flat() when unknown
   std::map<std::string, std::string> labels;
   bool healthy = true;
-  int max_tasks = 0;            // 0: no limit
+  int max_tasks = 0;  // 0: no limit
 };
 
 // Checks a spec: a name, non-negative capacity, GPU indices 0..n-1, one GPU model per node, a
@@ -42,8 +42,8 @@ Status ValidateNodeSpec(const NodeSpec& spec, const GpuCatalog& catalog);
 
 // A node with `gpu_count` GPUs of `model`, filled in from the catalog (memory, SMs, compute
 // capability; canonical model name), flat topology, UUIDs "GPU-<node>-<i>".
-NodeSpec MakeNode(const std::string& name, MilliCpu cpu, MiB memory, int gpu_count,
-                  const std::string& model, const GpuCatalog& catalog);
+NodeSpec MakeNode(const std::string& name, MilliCpu cpu, MiB memory, int gpu_count, const std::string& model,
+                  const GpuCatalog& catalog);
 
 // A node built from a machine spec (model, GPU count and topology from the machine).
 Result<NodeSpec> MakeNodeFromMachine(const std::string& name, MilliCpu cpu, MiB memory,

@@ -1,9 +1,9 @@
 #include "model/topology.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <utility>
-
-#include <fmt/format.h>
 
 namespace gpupool {
 
@@ -34,7 +34,9 @@ std::string_view PcieLevelName(PcieLevel level) {
 namespace {
 
 // Two GPUs share a component only when both name the same one; -1 ("none") is never shared.
-bool Shared(int a, int b) { return a >= 0 && a == b; }
+bool Shared(int a, int b) {
+  return a >= 0 && a == b;
+}
 
 // The closest common PCIe ancestor of two GPUs, checked from the nearest level outwards.
 PcieLevel PairLevel(const GpuPlacementSpec& a, const GpuPlacementSpec& b) {
@@ -161,9 +163,15 @@ MachineSpec NvSwitchBaseboard(std::string name, std::string model, int links) {
   return spec;
 }
 
-MachineSpec DgxA100() { return NvSwitchBaseboard("dgx-a100", "A100-80GB", 12); }
-MachineSpec DgxH100() { return NvSwitchBaseboard("dgx-h100", "H100-80GB", 18); }
-MachineSpec HgxH200() { return NvSwitchBaseboard("hgx-h200", "H200-141GB", 18); }
+MachineSpec DgxA100() {
+  return NvSwitchBaseboard("dgx-a100", "A100-80GB", 12);
+}
+MachineSpec DgxH100() {
+  return NvSwitchBaseboard("dgx-h100", "H100-80GB", 18);
+}
+MachineSpec HgxH200() {
+  return NvSwitchBaseboard("hgx-h200", "H200-141GB", 18);
+}
 
 MachineSpec Pcie4GpuNvlinkPairs() {
   MachineSpec spec;

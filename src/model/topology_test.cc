@@ -1,11 +1,11 @@
 #include "model/topology.h"
 
+#include <gtest/gtest.h>
+
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "model/gpu_catalog.h"
 #include "model/node.h"
@@ -25,9 +25,9 @@ TEST(PcieLevelTest, ScoresAndNamesFollowGpuAllocator) {
   };
   // go-gpuallocator's PCIe scores: the closer the common ancestor, the higher.
   const Case cases[] = {
-      {PcieLevel::kSameBoard, 60, "SameBoard"},   {PcieLevel::kSingleSwitch, 50, "SingleSwitch"},
+      {PcieLevel::kSameBoard, 60, "SameBoard"},     {PcieLevel::kSingleSwitch, 50, "SingleSwitch"},
       {PcieLevel::kMultiSwitch, 40, "MultiSwitch"}, {PcieLevel::kHostBridge, 30, "HostBridge"},
-      {PcieLevel::kSameNuma, 20, "SameNuma"},     {PcieLevel::kCrossCpu, 10, "CrossCpu"},
+      {PcieLevel::kSameNuma, 20, "SameNuma"},       {PcieLevel::kCrossCpu, 10, "CrossCpu"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(PcieLevelScore(c.level), c.score) << c.name;
@@ -140,11 +140,26 @@ TEST(TopologyTest, InvalidMachinesAreRejectedNamingTheEntry) {
     const char* message_part;
   };
   const Case cases[] = {
-      {"link to a GPU past the end", [](MachineSpec& m) { m.nvlinks = {{0, 2, 1}}; },
+      {"link to a GPU past the end",
+       [](MachineSpec& m) {
+         m.nvlinks = {{0, 2, 1}};
+       },
        "nvlink 0 (0, 2, 1 links)"},
-      {"link from a negative index", [](MachineSpec& m) { m.nvlinks = {{-1, 1, 1}}; }, "nvlink 0"},
-      {"second link is bad", [](MachineSpec& m) { m.nvlinks = {{0, 1, 1}, {1, 1, 2}}; }, "nvlink 1"},
-      {"negative link count", [](MachineSpec& m) { m.nvlinks = {{0, 1, -3}}; }, "negative link count"},
+      {"link from a negative index",
+       [](MachineSpec& m) {
+         m.nvlinks = {{-1, 1, 1}};
+       },
+       "nvlink 0"},
+      {"second link is bad",
+       [](MachineSpec& m) {
+         m.nvlinks = {{0, 1, 1}, {1, 1, 2}};
+       },
+       "nvlink 1"},
+      {"negative link count",
+       [](MachineSpec& m) {
+         m.nvlinks = {{0, 1, -3}};
+       },
+       "negative link count"},
       {"negative NVSwitch links", [](MachineSpec& m) { m.nvswitch_links = -1; }, "nvswitch_links"},
       {"id below -1", [](MachineSpec& m) { m.gpus[1].leaf_switch = -2; }, "gpu 1: leaf_switch"},
   };
@@ -170,9 +185,9 @@ TEST(TopologyTest, InvalidMachinesAreRejectedNamingTheEntry) {
 
 TEST(MachinePresetTest, NamesAreTheDocumentedOnes) {
   // The names the header documents, in its order.
-  EXPECT_EQ(MachinePresetNames(), (std::vector<std::string>{"dgx-a100", "dgx-h100", "hgx-h200",
-                                                            "pcie-4gpu-nvlink-pairs", "pcie-2gpu",
-                                                            "pcie-8gpu"}));
+  EXPECT_EQ(MachinePresetNames(),
+            (std::vector<std::string>{"dgx-a100", "dgx-h100", "hgx-h200", "pcie-4gpu-nvlink-pairs",
+                                      "pcie-2gpu", "pcie-8gpu"}));
 }
 
 TEST(MachinePresetTest, EveryPresetBuildsWithAKnownModel) {
@@ -204,9 +219,9 @@ TEST(MachinePresetTest, PresetShapes) {
     bool nvlink;
   };
   const Case cases[] = {
-      {"dgx-a100", "A100-80GB", 8, true},        {"dgx-h100", "H100-80GB", 8, true},
-      {"hgx-h200", "H200-141GB", 8, true},       {"pcie-4gpu-nvlink-pairs", "A100-80GB", 4, true},
-      {"pcie-2gpu", "A10", 2, false},            {"pcie-8gpu", "T4", 8, false},
+      {"dgx-a100", "A100-80GB", 8, true},  {"dgx-h100", "H100-80GB", 8, true},
+      {"hgx-h200", "H200-141GB", 8, true}, {"pcie-4gpu-nvlink-pairs", "A100-80GB", 4, true},
+      {"pcie-2gpu", "A10", 2, false},      {"pcie-8gpu", "T4", 8, false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.preset);

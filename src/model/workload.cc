@@ -7,7 +7,8 @@ namespace gpupool {
 Status ValidateTaskRequest(const TaskRequest& r) {
   if (r.cpu.units() < 0) return Status::InvalidArgument("cpu must not be negative");
   if (r.memory.units() < 0) return Status::InvalidArgument("memory must not be negative");
-  if (r.gpu_count < 0) return Status::InvalidArgument(fmt::format("gpu count must not be negative, got {}", r.gpu_count));
+  if (r.gpu_count < 0)
+    return Status::InvalidArgument(fmt::format("gpu count must not be negative, got {}", r.gpu_count));
   if (r.gpu_count == 0) {
     if (!r.gpu_share.is_zero() || !r.gpu_memory.is_zero() || r.wants_mig() || !r.gpu_models.empty()) {
       return Status::InvalidArgument(
@@ -76,13 +77,17 @@ Status ValidateJob(const Job& job) {
   if (job.groups.empty()) return Status::InvalidArgument(who + ": has no tasks");
   for (size_t i = 0; i < job.groups.size(); ++i) {
     const TaskGroup& g = job.groups[i];
-    const std::string where = fmt::format("{}: task group {}", who, g.name.empty() ? std::to_string(i) : "'" + g.name + "'");
-    if (g.replicas < 1) return Status::InvalidArgument(fmt::format("{}: replicas must be at least 1, got {}", where, g.replicas));
+    const std::string where =
+        fmt::format("{}: task group {}", who, g.name.empty() ? std::to_string(i) : "'" + g.name + "'");
+    if (g.replicas < 1)
+      return Status::InvalidArgument(
+          fmt::format("{}: replicas must be at least 1, got {}", where, g.replicas));
     RETURN_IF_ERROR(ValidateTaskRequest(g.request).WithContext(where));
   }
   if (job.min_available < 0 || job.min_available > job.task_count()) {
-    return Status::InvalidArgument(fmt::format("{}: gang minAvailable {} must be between 1 and the task count {}",
-                                               who, job.min_available, job.task_count()));
+    return Status::InvalidArgument(
+        fmt::format("{}: gang minAvailable {} must be between 1 and the task count {}", who,
+                    job.min_available, job.task_count()));
   }
   return Status::Ok();
 }

@@ -30,18 +30,20 @@ namespace gpupool {
 // the per-node loops compare integers only.
 struct PreparedTask {
   const TaskRequest* request = nullptr;
-  int64_t cpu = 0;         // mCPU
-  int64_t memory = 0;      // MiB
+  int64_t cpu = 0;     // mCPU
+  int64_t memory = 0;  // MiB
   int gpu_count = 0;
-  int64_t share = 0;       // per-GPU milli-GPU (0 for CPU-only and MIG tasks)
-  int64_t gpu_memory = 0;  // per-GPU MiB
-  bool share_task = false; // one GPU, less than all of it
+  int64_t share = 0;        // per-GPU milli-GPU (0 for CPU-only and MIG tasks)
+  int64_t gpu_memory = 0;   // per-GPU MiB
+  bool share_task = false;  // one GPU, less than all of it
   bool mig = false;
   // allowed_models[model id] for the ledger's interned models; empty vector: any model.
   std::vector<uint8_t> allowed_models;
 
   bool wants_gpu() const { return gpu_count > 0; }
-  bool ModelAllowed(ModelId m) const { return allowed_models.empty() || (m < allowed_models.size() && allowed_models[m]); }
+  bool ModelAllowed(ModelId m) const {
+    return allowed_models.empty() || (m < allowed_models.size() && allowed_models[m]);
+  }
 };
 
 // What plugins may read about the cluster besides one node's state.
@@ -135,7 +137,8 @@ class PermitPlugin {
 class Binder {
  public:
   virtual ~Binder() = default;
-  virtual Status Bind(const Job& job, int task_index, AllocationId allocation, const Placement& placement) = 0;
+  virtual Status Bind(const Job& job, int task_index, AllocationId allocation,
+                      const Placement& placement) = 0;
 };
 
 // ---- Helpers shared by GPU selectors -------------------------------------------------------

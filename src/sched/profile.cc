@@ -10,7 +10,8 @@ std::vector<std::string> DefaultFilterNames() {
 }
 
 std::vector<std::string> PolicyNames() {
-  return {"random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "binpack", "spread", "topology"};
+  return {"random", "dotprod", "gpuclustering", "gpupacking", "bestfit",
+          "fgd",    "binpack", "spread",        "topology"};
 }
 
 Result<Profile> ProfileForPolicy(const std::string& policy) {
@@ -24,8 +25,8 @@ Result<Profile> ProfileForPolicy(const std::string& policy) {
   } else if (policy == "fgd") {
     p.scores.push_back({"fgd", 1, {}});
     p.gpu_selector = {"fgd", 1, {}};
-  } else if (policy == "dotprod" || policy == "gpuclustering" || policy == "gpupacking" || policy == "bestfit" ||
-             policy == "binpack" || policy == "spread") {
+  } else if (policy == "dotprod" || policy == "gpuclustering" || policy == "gpupacking" ||
+             policy == "bestfit" || policy == "binpack" || policy == "spread") {
     p.scores.push_back({policy, 1, {}});
   } else if (policy == "topology") {
     // Topology alone cannot rank CPU-only tasks or tell nodes with the same links apart; binpack

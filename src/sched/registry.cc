@@ -28,7 +28,8 @@ Result<std::unique_ptr<T>> Make(const Map& map, const char* kind, const std::str
                                 const PluginInit& init) {
   auto it = map.find(name);
   if (it == map.end()) {
-    return Status::NotFound(fmt::format("unknown {} plugin '{}' (known: {})", kind, name, fmt::join(Names(map), ", ")));
+    return Status::NotFound(
+        fmt::format("unknown {} plugin '{}' (known: {})", kind, name, fmt::join(Names(map), ", ")));
   }
   auto made = it->second(args, init);
   if (!made.ok()) return made.status().WithContext(fmt::format("{} plugin '{}'", kind, name));
@@ -37,12 +38,18 @@ Result<std::unique_ptr<T>> Make(const Map& map, const char* kind, const std::str
 
 }  // namespace
 
-Status PluginRegistry::RegisterFilter(const std::string& name, FilterFactory f) { return Add(filters_, "filter", name, std::move(f)); }
-Status PluginRegistry::RegisterScore(const std::string& name, ScoreFactory f) { return Add(scores_, "score", name, std::move(f)); }
+Status PluginRegistry::RegisterFilter(const std::string& name, FilterFactory f) {
+  return Add(filters_, "filter", name, std::move(f));
+}
+Status PluginRegistry::RegisterScore(const std::string& name, ScoreFactory f) {
+  return Add(scores_, "score", name, std::move(f));
+}
 Status PluginRegistry::RegisterSelector(const std::string& name, SelectorFactory f) {
   return Add(selectors_, "GPU selector", name, std::move(f));
 }
-Status PluginRegistry::RegisterPermit(const std::string& name, PermitFactory f) { return Add(permits_, "permit", name, std::move(f)); }
+Status PluginRegistry::RegisterPermit(const std::string& name, PermitFactory f) {
+  return Add(permits_, "permit", name, std::move(f));
+}
 
 Result<std::unique_ptr<FilterPlugin>> PluginRegistry::MakeFilter(const std::string& name, const Value& args,
                                                                  const PluginInit& init) const {
@@ -61,10 +68,18 @@ Result<std::unique_ptr<PermitPlugin>> PluginRegistry::MakePermit(const std::stri
   return Make<PermitPlugin>(permits_, "permit", name, args, init);
 }
 
-std::vector<std::string> PluginRegistry::filter_names() const { return Names(filters_); }
-std::vector<std::string> PluginRegistry::score_names() const { return Names(scores_); }
-std::vector<std::string> PluginRegistry::selector_names() const { return Names(selectors_); }
-std::vector<std::string> PluginRegistry::permit_names() const { return Names(permits_); }
+std::vector<std::string> PluginRegistry::filter_names() const {
+  return Names(filters_);
+}
+std::vector<std::string> PluginRegistry::score_names() const {
+  return Names(scores_);
+}
+std::vector<std::string> PluginRegistry::selector_names() const {
+  return Names(selectors_);
+}
+std::vector<std::string> PluginRegistry::permit_names() const {
+  return Names(permits_);
+}
 
 namespace {
 
@@ -88,9 +103,10 @@ PluginRegistry DefaultRegistry() {
   RegisterFgdPlugins(r);
   RegisterTopologyPlugins(r);
   RegisterSelectorPlugins(r);
-  (void)r.RegisterPermit("gang", [](const Value&, const PluginInit&) -> Result<std::unique_ptr<PermitPlugin>> {
-    return std::unique_ptr<PermitPlugin>(std::make_unique<GangPermit>());
-  });
+  (void)r.RegisterPermit("gang",
+                         [](const Value&, const PluginInit&) -> Result<std::unique_ptr<PermitPlugin>> {
+                           return std::unique_ptr<PermitPlugin>(std::make_unique<GangPermit>());
+                         });
   return r;
 }
 

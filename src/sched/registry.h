@@ -22,10 +22,14 @@ struct PluginInit {
   const std::vector<TypicalPod>* typical_pods = nullptr;
 };
 
-using FilterFactory = std::function<Result<std::unique_ptr<FilterPlugin>>(const Value& args, const PluginInit&)>;
-using ScoreFactory = std::function<Result<std::unique_ptr<ScorePlugin>>(const Value& args, const PluginInit&)>;
-using SelectorFactory = std::function<Result<std::unique_ptr<GpuSelector>>(const Value& args, const PluginInit&)>;
-using PermitFactory = std::function<Result<std::unique_ptr<PermitPlugin>>(const Value& args, const PluginInit&)>;
+using FilterFactory =
+    std::function<Result<std::unique_ptr<FilterPlugin>>(const Value& args, const PluginInit&)>;
+using ScoreFactory =
+    std::function<Result<std::unique_ptr<ScorePlugin>>(const Value& args, const PluginInit&)>;
+using SelectorFactory =
+    std::function<Result<std::unique_ptr<GpuSelector>>(const Value& args, const PluginInit&)>;
+using PermitFactory =
+    std::function<Result<std::unique_ptr<PermitPlugin>>(const Value& args, const PluginInit&)>;
 
 class PluginRegistry {
  public:
@@ -34,10 +38,14 @@ class PluginRegistry {
   Status RegisterSelector(const std::string& name, SelectorFactory f);
   Status RegisterPermit(const std::string& name, PermitFactory f);
 
-  Result<std::unique_ptr<FilterPlugin>> MakeFilter(const std::string& name, const Value& args, const PluginInit& init) const;
-  Result<std::unique_ptr<ScorePlugin>> MakeScore(const std::string& name, const Value& args, const PluginInit& init) const;
-  Result<std::unique_ptr<GpuSelector>> MakeSelector(const std::string& name, const Value& args, const PluginInit& init) const;
-  Result<std::unique_ptr<PermitPlugin>> MakePermit(const std::string& name, const Value& args, const PluginInit& init) const;
+  Result<std::unique_ptr<FilterPlugin>> MakeFilter(const std::string& name, const Value& args,
+                                                   const PluginInit& init) const;
+  Result<std::unique_ptr<ScorePlugin>> MakeScore(const std::string& name, const Value& args,
+                                                 const PluginInit& init) const;
+  Result<std::unique_ptr<GpuSelector>> MakeSelector(const std::string& name, const Value& args,
+                                                    const PluginInit& init) const;
+  Result<std::unique_ptr<PermitPlugin>> MakePermit(const std::string& name, const Value& args,
+                                                   const PluginInit& init) const;
 
   std::vector<std::string> filter_names() const;
   std::vector<std::string> score_names() const;

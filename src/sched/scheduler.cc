@@ -1,8 +1,8 @@
 #include "sched/scheduler.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace gpupool {
 
@@ -23,9 +23,7 @@ std::string Diagnosis::ToString() const {
 
 size_t Scheduler::ShapeKeyHash::operator()(const ShapeKey& k) const {
   uint64_t h = 0x9e3779b97f4a7c15ULL;
-  auto mix = [&h](uint64_t v) {
-    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  };
+  auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
   mix(static_cast<uint64_t>(k.cpu));
   mix(static_cast<uint64_t>(k.memory));
   mix(static_cast<uint64_t>(k.share));
@@ -97,7 +95,9 @@ Status Scheduler::SetTieBreakRanks(std::vector<uint32_t> ranks) {
   return Status::Ok();
 }
 
-void Scheduler::ShuffleTieBreakRanks() { ranks_ = rng_.Permutation(static_cast<uint32_t>(ledger_.node_count())); }
+void Scheduler::ShuffleTieBreakRanks() {
+  ranks_ = rng_.Permutation(static_cast<uint32_t>(ledger_.node_count()));
+}
 
 void Scheduler::RefreshClusterView() {
   const size_t n = ledger_.node_count();
@@ -260,7 +260,8 @@ Decision Scheduler::Decide(const TaskRequest& task) {
     }
     size_t best = 0;
     for (size_t i = 1; i < feasible_.size(); ++i) {
-      if (total_[i] > total_[best] || (total_[i] == total_[best] && ranks_[feasible_[i]] < ranks_[feasible_[best]])) {
+      if (total_[i] > total_[best] ||
+          (total_[i] == total_[best] && ranks_[feasible_[i]] < ranks_[feasible_[best]])) {
         best = i;
       }
     }

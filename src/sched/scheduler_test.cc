@@ -31,7 +31,8 @@ struct Fixture {
     scheduler = std::move(s).value();
     return *scheduler;
   }
-  NodeIndex Add(const std::string& name, int64_t cpu, int64_t mem, int gpus, const std::string& model = "T4") {
+  NodeIndex Add(const std::string& name, int64_t cpu, int64_t mem, int gpus,
+                const std::string& model = "T4") {
     auto r = ledger.AddNode(MakeNode(name, MilliCpu(cpu), MiB(mem), gpus, model, ledger.catalog()));
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return *r;
@@ -182,7 +183,8 @@ TEST(SchedulerTest, MigPlacement) {
 // same seed agree.
 TEST(SchedulerTest, ScoreCacheNeverChangesDecisions) {
   const GpuCatalog catalog = GpuCatalog::Builtin();
-  auto nodes = ReadOpenbNodes(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv", catalog);
+  auto nodes =
+      ReadOpenbNodes(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv", catalog);
   auto pods = ReadOpenbPods(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
   ASSERT_TRUE(nodes.ok() && pods.ok());
   std::vector<TaskRequest> requests;
@@ -192,7 +194,8 @@ TEST(SchedulerTest, ScoreCacheNeverChangesDecisions) {
   std::vector<NodeSpec> small(nodes->begin(), nodes->begin() + 200);
   SeededRng order_rng(5);
   std::vector<TracePod> arrivals;
-  for (uint32_t i : order_rng.Permutation(static_cast<uint32_t>(pods->size()))) arrivals.push_back((*pods)[i]);
+  for (uint32_t i : order_rng.Permutation(static_cast<uint32_t>(pods->size())))
+    arrivals.push_back((*pods)[i]);
   arrivals.resize(2500);
 
   for (const std::string& policy : PolicyNames()) {

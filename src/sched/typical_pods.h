@@ -16,8 +16,8 @@
 namespace gpupool {
 
 struct TypicalPod {
-  int64_t cpu = 0;                  // mCPU
-  int64_t share = 0;                // per-GPU milli-GPU (0: CPU-only)
+  int64_t cpu = 0;    // mCPU
+  int64_t share = 0;  // per-GPU milli-GPU (0: CPU-only)
   int gpu_count = 0;
   std::vector<std::string> models;  // acceptable GPU models; empty: any
   double weight = 0;
@@ -39,7 +39,8 @@ class FragmentationModel {
   // Fragmentation (milli-GPU, weighted) of a node of GPU model `model` with `free_cpu` mCPU and
   // per-GPU free shares `free` (healthy, non-MIG GPUs only). Buckets q1 + q2 + q4 + xl + xr + na,
   // each summed in typical-pod order, then added in that order.
-  double NodeFragment(const Ledger& ledger, ModelId model, int64_t free_cpu, std::span<const int32_t> free) const;
+  double NodeFragment(const Ledger& ledger, ModelId model, int64_t free_cpu,
+                      std::span<const int32_t> free) const;
 
  private:
   // access[model id][pod]: the pod may use GPUs of that model.

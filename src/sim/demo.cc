@@ -1,9 +1,9 @@
 #include "sim/demo.h"
 
-#include <chrono>
-
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+
+#include <chrono>
 
 #include "common/rng.h"
 #include "model/ledger.h"
@@ -59,12 +59,14 @@ Result<std::vector<DemoPolicyResult>> RunDemo(const DemoOptions& options) {
       if (placed.status().code() != StatusCode::kUnschedulable) return placed.status().WithContext(pod.name);
       ++r.failed;
       if (r.first_failure.empty()) {
-        r.first_failure = fmt::format("{} ({}): {}", pod.name, DescribeTaskRequest(pod.request), placed.status().message());
+        r.first_failure =
+            fmt::format("{} ({}): {}", pod.name, DescribeTaskRequest(pod.request), placed.status().message());
       }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     r.decisions_per_second = seconds > 0 ? static_cast<double>(r.pods) / seconds : 0;
-    r.gpu_alloc_percent = 100.0 * static_cast<double>(ledger.used_gpu_share()) / static_cast<double>(capacity);
+    r.gpu_alloc_percent =
+        100.0 * static_cast<double>(ledger.used_gpu_share()) / static_cast<double>(capacity);
     double frag = 0;
     std::vector<int32_t> free;
     for (NodeIndex n = 0; n < ledger.node_count(); ++n) {
@@ -84,7 +86,8 @@ void PrintDemo(const DemoOptions& options, const std::vector<DemoPolicyResult>& 
   fmt::print(out, "Cluster {}  |  trace {}  |  seed {}  |  GPU demand inflated to {:.0f}% of capacity\n",
              options.nodes_csv, options.pods_csv, options.seed, options.inflate * 100);
   if (results.empty()) return;
-  fmt::print(out, "{} pods arrive one at a time; each policy sees the same arrivals.\n\n", results.front().pods);
+  fmt::print(out, "{} pods arrive one at a time; each policy sees the same arrivals.\n\n",
+             results.front().pods);
   fmt::print(out, "{:<15} {:>8} {:>8} {:>12} {:>14} {:>14}\n", "policy", "placed", "failed", "GPU alloc %",
              "fragmented %", "decisions/s");
   for (const auto& r : results) {

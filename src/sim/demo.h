@@ -17,7 +17,7 @@ struct DemoOptions {
   std::string pods_csv;
   std::vector<std::string> policies;  // empty: the six published policies
   uint64_t seed = 42;
-  double inflate = 1.3;               // GPU demand to reach, as a multiple of GPU capacity
+  double inflate = 1.3;  // GPU demand to reach, as a multiple of GPU capacity
 };
 
 struct DemoPolicyResult {
@@ -25,10 +25,10 @@ struct DemoPolicyResult {
   int64_t pods = 0;
   int64_t placed = 0;
   int64_t failed = 0;
-  double gpu_alloc_percent = 0;    // allocated GPU share / capacity at the end
-  double frag_percent = 0;         // fragmented GPU share (FGD's measure) / capacity at the end
+  double gpu_alloc_percent = 0;  // allocated GPU share / capacity at the end
+  double frag_percent = 0;       // fragmented GPU share (FGD's measure) / capacity at the end
   double decisions_per_second = 0;
-  std::string first_failure;       // "<pod> (<request>): <diagnosis>"
+  std::string first_failure;  // "<pod> (<request>): <diagnosis>"
 };
 
 Result<std::vector<DemoPolicyResult>> RunDemo(const DemoOptions& options);

@@ -99,15 +99,19 @@ TEST(PublishedRunsTest, DeterministicPoliciesEndAtThePublishedAllocation) {
     GTEST_SKIP() << "shared traces not found at " << kTraces;
   }
   const Published published = ReadPublished();
-  const std::pair<const char*, const char*> policies[] = {
-      {"dotprod", "02-DotProd"}, {"gpuclustering", "03-GpuClustering"}, {"gpupacking", "04-GpuPacking"},
-      {"bestfit", "05-BestFit"}, {"fgd", "06-FGD"}};
+  const std::pair<const char*, const char*> policies[] = {{"dotprod", "02-DotProd"},
+                                                          {"gpuclustering", "03-GpuClustering"},
+                                                          {"gpupacking", "04-GpuPacking"},
+                                                          {"bestfit", "05-BestFit"},
+                                                          {"fgd", "06-FGD"}};
   const std::pair<const char*, int> runs[] = {{"default", 42}, {"cpu250", 43}};
   for (const auto& [trace, seed] : runs) {
     for (const auto& [ours, theirs] : policies) {
-      const std::string key = std::string("openb_pod_list_") + trace + "," + theirs + "," + std::to_string(seed);
+      const std::string key =
+          std::string("openb_pod_list_") + trace + "," + theirs + "," + std::to_string(seed);
       ASSERT_TRUE(published.col130.count(key)) << key;
-      EXPECT_DOUBLE_EQ(RunPublished(trace, seed, ours), published.col130.at(key)) << trace << "/" << seed << "/" << ours;
+      EXPECT_DOUBLE_EQ(RunPublished(trace, seed, ours), published.col130.at(key))
+          << trace << "/" << seed << "/" << ours;
     }
   }
 }

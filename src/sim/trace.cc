@@ -1,11 +1,11 @@
 #include "sim/trace.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 namespace gpupool {
 
@@ -45,7 +45,8 @@ class CsvFile {
     f.in_.open(path);
     if (!f.in_) return Status::IoError(fmt::format("{}: cannot open", path));
     std::string header;
-    if (!std::getline(f.in_, header)) return Status::InvalidArgument(fmt::format("{}: empty file, no header", path));
+    if (!std::getline(f.in_, header))
+      return Status::InvalidArgument(fmt::format("{}: empty file, no header", path));
     f.line_no_ = 1;
     const auto names = SplitCsv(header);
     for (const auto& r : required) {
@@ -98,7 +99,8 @@ class CsvFile {
 
 }  // namespace
 
-Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuCatalog& catalog, int max_tasks) {
+Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuCatalog& catalog,
+                                             int max_tasks) {
   ASSIGN_OR_RETURN(CsvFile f, CsvFile::Open(path, {"sn", "cpu_milli", "memory_mib", "gpu", "model"}));
   std::vector<NodeSpec> nodes;
   while (f.Next()) {
@@ -115,7 +117,8 @@ Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuC
       return f.RowError(Status::InvalidArgument("cpu_milli, memory_mib must be >= 0 and gpu within 0..64"));
     }
     const std::string& model = f.Get("model");
-    if (*gpus > 0 && model.empty()) return f.RowError(Status::InvalidArgument("a node with GPUs needs a model"));
+    if (*gpus > 0 && model.empty())
+      return f.RowError(Status::InvalidArgument("a node with GPUs needs a model"));
     NodeSpec spec = MakeNode(name, MilliCpu(*cpu), MiB(*mem), static_cast<int>(*gpus), model, catalog);
     spec.max_tasks = max_tasks;
     if (Status st = ValidateNodeSpec(spec, catalog); !st.ok()) return f.RowError(st);
@@ -125,7 +128,8 @@ Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuC
 }
 
 Result<std::vector<TracePod>> ReadOpenbPods(const std::string& path) {
-  ASSIGN_OR_RETURN(CsvFile f, CsvFile::Open(path, {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}));
+  ASSIGN_OR_RETURN(CsvFile f,
+                   CsvFile::Open(path, {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}));
   std::vector<TracePod> pods;
   while (f.Next()) {
     RETURN_IF_ERROR(f.CheckWidth());
@@ -173,7 +177,8 @@ int64_t GpuDemand(const std::vector<TracePod>& pods) {
   return d;
 }
 
-std::vector<TracePod> PrepareWorkload(std::vector<TracePod> pods, int64_t capacity_milli, double ratio, Rng& rng) {
+std::vector<TracePod> PrepareWorkload(std::vector<TracePod> pods, int64_t capacity_milli, double ratio,
+                                      Rng& rng) {
   std::sort(pods.begin(), pods.end(), [](const TracePod& a, const TracePod& b) { return a.name < b.name; });
   const std::vector<TracePod> originals = pods;
   for (size_t i = pods.size(); i > 1; --i) std::swap(pods[i - 1], pods[rng.Uniform(i)]);

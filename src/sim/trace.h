@@ -21,7 +21,8 @@ struct TracePod {
 
 // openb_node_list_*.csv: sn, cpu_milli, memory_mib, gpu, model. Every node gets `max_tasks`
 // (the reference simulator's limit is 1001 pods per node).
-Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuCatalog& catalog, int max_tasks = 1001);
+Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuCatalog& catalog,
+                                             int max_tasks = 1001);
 
 // openb_pod_list_*.csv: name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec, ...].
 //   num_gpu = 0: CPU-only (gpu_milli must be 0); num_gpu >= 1: gpu_milli per GPU, clamped to 1000;
@@ -35,6 +36,7 @@ int64_t GpuDemand(const std::vector<TracePod>& pods);
 // `ratio` x `capacity_milli`, as the FGD experiments do: draw uniformly with replacement from the
 // name-sorted originals and append copies named "<name>-tuned-<i>" until the next draw's per-GPU
 // share would overshoot; or, when demand already exceeds the target, drop random entries.
-std::vector<TracePod> PrepareWorkload(std::vector<TracePod> pods, int64_t capacity_milli, double ratio, Rng& rng);
+std::vector<TracePod> PrepareWorkload(std::vector<TracePod> pods, int64_t capacity_milli, double ratio,
+                                      Rng& rng);
 
 }  // namespace gpupool

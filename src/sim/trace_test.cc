@@ -63,10 +63,14 @@ TEST(TraceTest, BadRowsNameFileLineAndReason) {
     const char* expect;
   };
   const Case cases[] = {
-      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,x,1,500\n", "pods.csv:2: column 'memory_mib' is not an integer"},
-      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,1000,10,1\n", "pods.csv:3: 4 fields, header has 5"},
-      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,0,500\n", "pods.csv:2: a pod with num_gpu 0 has gpu_milli set"},
-      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,-5,10,1,500\n", "pods.csv:2: cpu_milli, memory_mib and num_gpu must be >= 0"},
+      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,x,1,500\n",
+       "pods.csv:2: column 'memory_mib' is not an integer"},
+      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,1000,10,1\n",
+       "pods.csv:3: 4 fields, header has 5"},
+      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,0,500\n",
+       "pods.csv:2: a pod with num_gpu 0 has gpu_milli set"},
+      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,-5,10,1,500\n",
+       "pods.csv:2: cpu_milli, memory_mib and num_gpu must be >= 0"},
       {"name,cpu_milli,memory_mib,num_gpu\np0,1000,10,1\n", "pods.csv:1: header has no column 'gpu_milli'"},
       {"", "empty file"},
   };

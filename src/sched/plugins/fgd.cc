@@ -11,9 +11,9 @@
 //
 // Speed: F(N) is cached per node and generation; the pipeline caches the final score per node
 // generation and task shape; GPUs with the same free share give the same N' and are scored once.
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "sched/framework.h"
 #include "sched/registry.h"
@@ -22,14 +22,18 @@
 namespace gpupool {
 namespace {
 
-int64_t SigmoidScore(double delta) { return static_cast<int64_t>(100.0 * (1.0 / (1.0 + std::exp(-delta / 1000.0)))); }
+int64_t SigmoidScore(double delta) {
+  return static_cast<int64_t>(100.0 * (1.0 / (1.0 + std::exp(-delta / 1000.0))));
+}
 
 class FgdPlugin final : public ScorePlugin, public GpuSelector {
  public:
   explicit FgdPlugin(std::vector<TypicalPod> pods) : model_(std::move(pods)) {}
 
   std::string_view name() const override { return "fgd"; }
-  uint32_t fields_read() const override { return kFieldCpu | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig; }
+  uint32_t fields_read() const override {
+    return kFieldCpu | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
+  }
 
   int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
     const Ledger& ledger = *view.ledger;
@@ -48,7 +52,8 @@ class FgdPlugin final : public ScorePlugin, public GpuSelector {
     return SigmoidScore(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
   }
 
-  Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
+  Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& t,
+                                       NodeIndex node) override {
     const Ledger& ledger = *view.ledger;
     const NodeState& s = ledger.state(node);
     std::vector<int> gpus;
@@ -71,7 +76,8 @@ class FgdPlugin final : public ScorePlugin, public GpuSelector {
       if (fit.size() >= static_cast<size_t>(t.gpu_count)) gpus.assign(fit.begin(), fit.begin() + t.gpu_count);
     }
     if (gpus.empty()) {
-      return Status::Internal(fmt::format("fgd: node '{}' passed the filters but no GPU fits", ledger.spec(node).name));
+      return Status::Internal(
+          fmt::format("fgd: node '{}' passed the filters but no GPU fits", ledger.spec(node).name));
     }
     std::vector<GpuGrant> out;
     for (int g : gpus) out.push_back(GpuGrant{g, MilliGpu(t.share), MiB(t.gpu_memory), std::nullopt});
@@ -105,7 +111,8 @@ class FgdPlugin final : public ScorePlugin, public GpuSelector {
 
   // Tries the share task on every fitting GPU (free_ must be loaded); returns the lowest GPU
   // index reaching the highest integer score, and that score in *best.
-  int BestShareGpu(const Ledger& ledger, const NodeState& s, const PreparedTask& t, double before, int64_t* best) {
+  int BestShareGpu(const Ledger& ledger, const NodeState& s, const PreparedTask& t, double before,
+                   int64_t* best) {
     int chosen = -1;
     tried_.clear();
     for (size_t j = 0; j < free_.size(); ++j) {
@@ -187,8 +194,9 @@ Result<std::vector<TypicalPod>> ParseTypicalPods(const Value& list) {
     }
     if (p.cpu < 0 || p.share < 0 || p.share > 1000 || p.gpu_count < 0 || !(p.weight > 0) ||
         (p.gpu_count == 0) != (p.share == 0)) {
-      return Status::InvalidArgument(where + ": needs cpu >= 0 (mCPU), gpuShare 0..1000 with gpuCount >= 1 "
-                                             "(or both 0), and weight > 0");
+      return Status::InvalidArgument(where +
+                                     ": needs cpu >= 0 (mCPU), gpuShare 0..1000 with gpuCount >= 1 "
+                                     "(or both 0), and weight > 0");
     }
     out.push_back(std::move(p));
   }
@@ -218,14 +226,16 @@ Result<std::unique_ptr<FgdPlugin>> MakeFgd(const Value& args, const PluginInit& 
 }  // namespace
 
 void RegisterFgdPlugins(PluginRegistry& r) {
-  (void)r.RegisterScore("fgd", [](const Value& args, const PluginInit& init) -> Result<std::unique_ptr<ScorePlugin>> {
-    ASSIGN_OR_RETURN(auto p, MakeFgd(args, init));
-    return std::unique_ptr<ScorePlugin>(std::move(p));
-  });
-  (void)r.RegisterSelector("fgd", [](const Value& args, const PluginInit& init) -> Result<std::unique_ptr<GpuSelector>> {
-    ASSIGN_OR_RETURN(auto p, MakeFgd(args, init));
-    return std::unique_ptr<GpuSelector>(std::move(p));
-  });
+  (void)r.RegisterScore(
+      "fgd", [](const Value& args, const PluginInit& init) -> Result<std::unique_ptr<ScorePlugin>> {
+        ASSIGN_OR_RETURN(auto p, MakeFgd(args, init));
+        return std::unique_ptr<ScorePlugin>(std::move(p));
+      });
+  (void)r.RegisterSelector(
+      "fgd", [](const Value& args, const PluginInit& init) -> Result<std::unique_ptr<GpuSelector>> {
+        ASSIGN_OR_RETURN(auto p, MakeFgd(args, init));
+        return std::unique_ptr<GpuSelector>(std::move(p));
+      });
 }
 
 }  // namespace gpupool

@@ -118,7 +118,8 @@ class MigFitFilter final : public FilterPlugin {
  public:
   std::string_view name() const override { return "mig-fit"; }
   std::vector<std::string> reasons() const override {
-    return {"no MIG-enabled GPUs", "MIG profile not offered by this GPU model", "no room for the MIG profile"};
+    return {"no MIG-enabled GPUs", "MIG profile not offered by this GPU model",
+            "no room for the MIG profile"};
   }
   void Filter(const ClusterView& view, const PreparedTask& task, std::vector<NodeIndex>& nodes, int base,
               ReasonCounter& counter) const override {

@@ -1,7 +1,8 @@
 // GPU selection inside the chosen node.
 //   best    share task: the fitting GPU with the least free share (best fit), lowest index on
-//           ties (on NVLink boards: the one breaking the fewest free NVLink pairs); multi-GPU task: the fitting set with the highest topology score (TopologyBestSet),
-//           which on a flat topology is the lowest-index fitting GPUs.
+//           ties (on NVLink boards: the one breaking the fewest free NVLink pairs); multi-GPU task: the
+//           fitting set with the highest topology score (TopologyBestSet), which on a flat topology is the
+//           lowest-index fitting GPUs.
 //   random  share task: uniform among the fitting GPUs; otherwise as best.
 #include <fmt/format.h>
 
@@ -19,13 +20,15 @@ std::vector<GpuGrant> Grants(const std::vector<int>& gpus, const PreparedTask& t
 }
 
 Status NoFit(const Ledger& ledger, NodeIndex node) {
-  return Status::Internal(fmt::format("node '{}' passed the filters but no GPU set fits", ledger.spec(node).name));
+  return Status::Internal(
+      fmt::format("node '{}' passed the filters but no GPU set fits", ledger.spec(node).name));
 }
 
 class BestSelector final : public GpuSelector {
  public:
   std::string_view name() const override { return "best"; }
-  Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& task, NodeIndex node) override {
+  Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& task,
+                                       NodeIndex node) override {
     const Ledger& ledger = *view.ledger;
     std::vector<int> set;
     if (task.gpu_count == 1) {
@@ -42,7 +45,8 @@ class BestSelector final : public GpuSelector {
 class RandomSelector final : public GpuSelector {
  public:
   std::string_view name() const override { return "random"; }
-  Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& task, NodeIndex node) override {
+  Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& task,
+                                       NodeIndex node) override {
     const Ledger& ledger = *view.ledger;
     std::vector<int> set;
     if (task.share_task) {

@@ -4,10 +4,10 @@
 //
 // Notation: c_N free mCPU of the node, G its free milli-GPU (healthy, non-MIG GPUs), c the task's
 // mCPU, k its GPU count, m its per-GPU share.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "sched/framework.h"
 #include "sched/registry.h"
@@ -29,7 +29,9 @@ class RandomScore final : public ScorePlugin {
   void PreScore(const ClusterView& view, const PreparedTask&, std::span<const NodeIndex> feasible) override {
     chosen_ = feasible[view.rng->Uniform(feasible.size())];
   }
-  int64_t Score(const ClusterView&, const PreparedTask&, NodeIndex node) override { return node == chosen_ ? 100 : 0; }
+  int64_t Score(const ClusterView&, const PreparedTask&, NodeIndex node) override {
+    return node == chosen_ ? 100 : 0;
+  }
 
  private:
   NodeIndex chosen_ = 0;
@@ -152,11 +154,16 @@ Result<ResourceWeights> ParseWeights(const Value& args) {
   if (!args.is_map()) return Status::InvalidArgument("arguments must be a map of resource weights");
   for (const auto& [key, v] : *args.AsMap()) {
     ASSIGN_OR_RETURN(double x, v.AsDouble(key));
-    if (x < 0 || !std::isfinite(x)) return Status::InvalidArgument(fmt::format("{} weight must be >= 0", key));
-    if (key == "cpu") w.cpu = x;
-    else if (key == "memory") w.memory = x;
-    else if (key == "gpu") w.gpu = x;
-    else return Status::InvalidArgument(fmt::format("unknown resource '{}' (use cpu, memory, gpu)", key));
+    if (x < 0 || !std::isfinite(x))
+      return Status::InvalidArgument(fmt::format("{} weight must be >= 0", key));
+    if (key == "cpu")
+      w.cpu = x;
+    else if (key == "memory")
+      w.memory = x;
+    else if (key == "gpu")
+      w.gpu = x;
+    else
+      return Status::InvalidArgument(fmt::format("unknown resource '{}' (use cpu, memory, gpu)", key));
   }
   if (w.cpu + w.memory + w.gpu <= 0) return Status::InvalidArgument("at least one weight must be positive");
   return w;

@@ -44,7 +44,9 @@ namespace {
 class TopologyScore final : public ScorePlugin {
  public:
   std::string_view name() const override { return "topology"; }
-  uint32_t fields_read() const override { return kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig; }
+  uint32_t fields_read() const override {
+    return kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
+  }
 
   int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
     if (!t.wants_gpu() || t.mig) return 0;
@@ -113,12 +115,13 @@ class TopologyScore final : public ScorePlugin {
 }  // namespace
 
 void RegisterTopologyPlugins(PluginRegistry& r) {
-  (void)r.RegisterScore("topology", [](const Value& args, const PluginInit&) -> Result<std::unique_ptr<ScorePlugin>> {
-    if (!args.is_null() && !(args.AsMap() && args.AsMap()->empty())) {
-      return Status::InvalidArgument("takes no arguments");
-    }
-    return std::unique_ptr<ScorePlugin>(std::make_unique<TopologyScore>());
-  });
+  (void)r.RegisterScore("topology",
+                        [](const Value& args, const PluginInit&) -> Result<std::unique_ptr<ScorePlugin>> {
+                          if (!args.is_null() && !(args.AsMap() && args.AsMap()->empty())) {
+                            return Status::InvalidArgument("takes no arguments");
+                          }
+                          return std::unique_ptr<ScorePlugin>(std::make_unique<TopologyScore>());
+                        });
 }
 
 }  // namespace gpupool
