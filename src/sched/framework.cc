@@ -8,6 +8,29 @@ void ScorePlugin::Normalize(std::span<int64_t> scores) const {
   for (auto& s : scores) s = std::clamp<int64_t>(s, 0, 100);
 }
 
+void PrepareTask(const Ledger& ledger, const TaskRequest& task, PreparedTask& out) {
+  out.request = &task;
+  out.cpu = task.cpu.units();
+  out.memory = task.memory.units();
+  out.gpu_count = task.gpu_count;
+  out.mig = task.wants_mig();
+  out.share = out.mig ? 0 : task.gpu_share.units();
+  out.gpu_memory = task.gpu_memory.units();
+  out.share_task = task.is_share();
+  out.allowed_models.clear();
+  if (!task.gpu_models.empty()) {
+    out.allowed_models.assign(ledger.model_count(), 0);
+    for (const std::string& name : task.gpu_models) {
+      std::optional<ModelId> id = ledger.FindModel(name);
+      if (!id) {
+        // Accept catalog aliases ("A100-SXM4-80GB" for "A100-80GB").
+        if (const GpuModelSpec* spec = ledger.catalog().Find(name)) id = ledger.FindModel(spec->name);
+      }
+      if (id) out.allowed_models[*id] = 1;
+    }
+  }
+}
+
 void FittingGpus(const NodeState& node, const PreparedTask& task, std::vector<int>& out) {
   out.clear();
   for (size_t i = 0; i < node.gpus.size(); ++i) {

@@ -143,6 +143,10 @@ class Binder {
 
 // ---- Helpers shared by GPU selectors -------------------------------------------------------
 
+// Fills `out` from `task`: integers for the node loops, and the acceptable models as ledger model
+// ids (catalog aliases accepted). `out.request` points at `task`, which must outlive `out`.
+void PrepareTask(const Ledger& ledger, const TaskRequest& task, PreparedTask& out);
+
 // GPUs of `node` that can take one GPU of `task` now (healthy, non-MIG, share and memory fit).
 void FittingGpus(const NodeState& node, const PreparedTask& task, std::vector<int>& out);
 

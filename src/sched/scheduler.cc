@@ -124,26 +124,7 @@ void Scheduler::RefreshClusterView() {
 }
 
 void Scheduler::Prepare(const TaskRequest& task, PreparedTask& out) {
-  out.request = &task;
-  out.cpu = task.cpu.units();
-  out.memory = task.memory.units();
-  out.gpu_count = task.gpu_count;
-  out.mig = task.wants_mig();
-  out.share = out.mig ? 0 : task.gpu_share.units();
-  out.gpu_memory = task.gpu_memory.units();
-  out.share_task = task.is_share();
-  out.allowed_models.clear();
-  if (!task.gpu_models.empty()) {
-    out.allowed_models.assign(ledger_.model_count(), 0);
-    for (const std::string& name : task.gpu_models) {
-      std::optional<ModelId> id = ledger_.FindModel(name);
-      if (!id) {
-        // Accept catalog aliases ("A100-SXM4-80GB" for "A100-80GB").
-        if (const GpuModelSpec* spec = ledger_.catalog().Find(name)) id = ledger_.FindModel(spec->name);
-      }
-      if (id) out.allowed_models[*id] = 1;
-    }
-  }
+  PrepareTask(ledger_, task, out);
 }
 
 void Scheduler::RunFilters(const PreparedTask& task) {

@@ -175,20 +175,7 @@ inline ClusterView ViewOf(const Ledger& ledger, Rng* rng) {
 // `task` as the pipeline prepares it (model names resolved against the ledger).
 inline PreparedTask PrepareTask(const Ledger& ledger, const TaskRequest& task) {
   PreparedTask t;
-  t.request = &task;
-  t.cpu = task.cpu.units();
-  t.memory = task.memory.units();
-  t.gpu_count = task.gpu_count;
-  t.mig = task.wants_mig();
-  t.share = t.mig ? 0 : task.gpu_share.units();
-  t.gpu_memory = task.gpu_memory.units();
-  t.share_task = task.is_share();
-  if (!task.gpu_models.empty()) {
-    t.allowed_models.assign(ledger.model_count(), 0);
-    for (const std::string& name : task.gpu_models) {
-      if (auto id = ledger.FindModel(name)) t.allowed_models[*id] = 1;
-    }
-  }
+  ::gpupool::PrepareTask(ledger, task, t);
   return t;
 }
 

@@ -119,4 +119,20 @@ double FragmentationModel::NodeFragment(const Ledger& ledger, ModelId model, int
   return q1 + q2 + q4 + xl + xr + na;
 }
 
+double FragmentationModel::NodeFragment(const Ledger& ledger, NodeIndex node) const {
+  const NodeState& s = ledger.state(node);
+  std::vector<int32_t> free;
+  free.reserve(s.gpus.size());
+  for (const GpuState& g : s.gpus) {
+    if (g.healthy && !g.mig_enabled) free.push_back(g.free_share);
+  }
+  return NodeFragment(ledger, s.model, s.free_cpu, free);
+}
+
+double FragmentationModel::ClusterFragment(const Ledger& ledger) const {
+  double total = 0;
+  for (NodeIndex n = 0; n < ledger.node_count(); ++n) total += NodeFragment(ledger, n);
+  return total;
+}
+
 }  // namespace gpupool

@@ -41,6 +41,10 @@ class FragmentationModel {
   // each summed in typical-pod order, then added in that order.
   double NodeFragment(const Ledger& ledger, ModelId model, int64_t free_cpu,
                       std::span<const int32_t> free) const;
+  // The fragmentation of a node as the ledger has it now (healthy, non-MIG GPUs).
+  double NodeFragment(const Ledger& ledger, NodeIndex node) const;
+  // Σ NodeFragment over all nodes.
+  double ClusterFragment(const Ledger& ledger) const;
 
  private:
   // access[model id][pod]: the pod may use GPUs of that model.

@@ -185,14 +185,7 @@ TEST(TypicalPods, EmptyAlibabaClusterFragment) {
   for (NodeSpec& n : *nodes) ASSERT_TRUE(ledger.AddNode(std::move(n)).ok());
   ASSERT_EQ(ledger.node_count(), 1213u);
   const FragmentationModel model(pods);
-  double total = 0;
-  std::vector<int32_t> free;
-  for (NodeIndex i = 0; i < ledger.node_count(); ++i) {
-    const NodeState& s = ledger.state(i);
-    free.clear();
-    for (const GpuState& g : s.gpus) free.push_back(g.free_share);
-    total += model.NodeFragment(ledger, s.model, s.free_cpu, free);
-  }
+  const double total = model.ClusterFragment(ledger);
   EXPECT_EQ(ledger.total_gpu_share(), 6212000);
   EXPECT_NEAR(100.0 * total / 6212000, 13.94, 0.005);
 }

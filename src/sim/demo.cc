@@ -67,14 +67,7 @@ Result<std::vector<DemoPolicyResult>> RunDemo(const DemoOptions& options) {
     r.decisions_per_second = seconds > 0 ? static_cast<double>(r.pods) / seconds : 0;
     r.gpu_alloc_percent =
         100.0 * static_cast<double>(ledger.used_gpu_share()) / static_cast<double>(capacity);
-    double frag = 0;
-    std::vector<int32_t> free;
-    for (NodeIndex n = 0; n < ledger.node_count(); ++n) {
-      const NodeState& s = ledger.state(n);
-      free.clear();
-      for (const GpuState& g : s.gpus) free.push_back(g.free_share);
-      frag += frag_model.NodeFragment(ledger, s.model, s.free_cpu, free);
-    }
+    const double frag = frag_model.ClusterFragment(ledger);
     r.frag_percent = 100.0 * frag / static_cast<double>(capacity);
     RETURN_IF_ERROR(ledger.CheckInvariants());
     results.push_back(std::move(r));
