@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/sim_commands.h"
 #include "config/profile_yaml.h"
 #include "model/ledger.h"
 #include "sched/profile.h"
@@ -88,11 +89,14 @@ int main(int argc, char** argv) {
 
   auto* version_cmd = app.add_subcommand("version", "Print the version");
 
+  const std::function<int()> run_sim = gpupool::AddSimCommands(app);
+
   CLI11_PARSE(app, argc, argv);
 
   if (*demo_cmd) return DemoCommand(demo);
   if (*policies_cmd) return ListPolicies();
   if (*check_cmd) return CheckProfile(profile_path);
+  if (const int rc = run_sim(); rc >= 0) return rc;
   if (*version_cmd) {
     fmt::print("gpupool {}\n", GPUPOOL_VERSION);
     return 0;

@@ -87,7 +87,7 @@ class GpuClusteringScore final : public ScorePlugin {
 // g >= m by ascending g; u = picked fully free GPUs; u > 0: max(50 - u, 33); otherwise
 // max(100 - floor(sum floor(g 100 / 1000) / 10), 50), the sum over the picked GPUs. (Summing over
 // all GPUs of the node instead misses the published default/seed-42 result by 0.02 points; over
-// the picked GPUs it matches, see sim/published_test.cc.) CPU tasks: 0.
+// the picked GPUs it matches, see sim/experiment_test.cc.) CPU tasks: 0.
 class GpuPackingScore final : public ScorePlugin {
  public:
   std::string_view name() const override { return "gpupacking"; }

@@ -140,7 +140,7 @@ TEST_F(GpuClusteringTest, CpuTaskScoresZeroAndFollowsTieBreakRanks) {
 
 // Share task 1 x 500. In the u = 0 branch the sum runs over the picked GPUs (README §4 leaves the
 // range of the sum open; the picked GPUs reproduce the published default/seed-42 run, see
-// sim/published_test.cc).
+// sim/experiment_test.cc).
 //   P0 empty, 4 GPUs:  f = n = 4: max(33-4, 4) = 29
 //   P1 empty, 2 GPUs:  f = n = 2: max(33-2, 2) = 31
 //   P2 free [200, 1000, 1000, 1000]: f=3; ascending 200 (< 500, skipped), 1000 picked: u=1:

@@ -1,0 +1,300 @@
+#include "cli/sim_commands.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sched/profile.h"
+#include "sim/compare.h"
+#include "sim/experiment.h"
+#include "sim/report.h"
+#include "sim/sweep.h"
+
+namespace gpupool {
+
+namespace {
+
+int Fail(const Status& st) {
+  std::cerr << "gpupool: " << st.ToString() << "\n";
+  const bool bad_input = st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound;
+  return bad_input ? 2 : 1;
+}
+
+// "openb_pod_list_default.csv" -> "default"; otherwise the file stem.
+std::string TraceNameFromPods(const std::string& pods_csv) {
+  std::string stem = std::filesystem::path(pods_csv).stem().string();
+  constexpr std::string_view kPrefix = "openb_pod_list_";
+  if (stem.size() > kPrefix.size() && stem.compare(0, kPrefix.size(), kPrefix) == 0) {
+    return stem.substr(kPrefix.size());
+  }
+  return stem;
+}
+
+std::string Duration(double seconds) {
+  if (!(seconds >= 0)) seconds = 0;
+  const auto s = static_cast<long long>(seconds + 0.5);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m{:02}s", s / 3600, (s % 3600) / 60, s % 60);
+}
+
+Result<std::vector<int>> ParseColumns(const std::string& text) {
+  ASSIGN_OR_RETURN(const auto items, ParseNameList(text, "--at"));
+  std::vector<int> out;
+  for (const std::string& item : items) {
+    int v = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || ptr != item.data() + item.size() || v < 0 || v >= kDemandBins) {
+      return Status::InvalidArgument(
+          fmt::format("--at '{}': '{}' is not a column 0..{}", text, item, kDemandBins - 1));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+struct RunArgs {
+  std::string nodes_csv;
+  std::string pods_csv;
+  std::string policy = "fgd";
+  uint64_t seed = 42;
+  double inflate = 1.3;
+  std::string arrival_order_dir;
+  bool exclusive = false;
+  std::string json_out;
+  std::string trace;
+};
+
+struct SweepArgs {
+  std::string traces_dir;
+  std::string nodes_csv;
+  std::string policies = "all";
+  std::string seeds = "42-51";
+  std::string arrival_order_dir;
+  std::string out_dir;
+  int jobs = 0;
+  std::string trace_list;
+  double inflate = 1.3;
+  bool exclusive = false;
+};
+
+struct CompareArgs {
+  std::string expected_csv;
+  std::string actual_csv;
+  std::string at = "100,130";
+  double tolerance = 0;
+  std::string baseline = "05-BestFit";
+};
+
+struct ReportArgs {
+  std::string alloc_csv;
+  std::string frag_csv;
+  std::string out;
+  std::string trace;
+};
+
+struct SimState {
+  CLI::App* run = nullptr;
+  CLI::App* sweep = nullptr;
+  CLI::App* compare = nullptr;
+  CLI::App* report = nullptr;
+  RunArgs run_args;
+  SweepArgs sweep_args;
+  CompareArgs compare_args;
+  ReportArgs report_args;
+};
+
+int RunCommand(const RunArgs& a) {
+  auto inputs = LoadExperimentInputs(a.nodes_csv, a.pods_csv);
+  if (!inputs.ok()) return Fail(inputs.status());
+  ExperimentOptions options;
+  options.trace = a.trace.empty() ? TraceNameFromPods(a.pods_csv) : a.trace;
+  options.policy = a.policy;
+  options.seed = a.seed;
+  options.inflate = a.inflate;
+  if (!a.arrival_order_dir.empty()) options.arrival_order_dir = a.arrival_order_dir;
+  options.exclusive = a.exclusive;
+  auto result = RunExperiment(*inputs, options);
+  if (!result.ok()) return Fail(result.status());
+  const ExperimentResult& r = *result;
+  fmt::print("policy {} ({}), trace {}, seed {}{}\n", r.policy, PublishedPolicyName(r.policy), r.trace,
+             r.seed, a.exclusive ? ", exclusive GPUs" : "");
+  fmt::print("pods: {} arrived, {} scheduled, {} failed\n", r.pods_arrived, r.pods_scheduled, r.pods_failed);
+  fmt::print("GPU allocation: {:.2f}% at 100% arrived demand, {:.2f}% at 130%\n", r.alloc[100], r.alloc[130]);
+  fmt::print("fragmentation at 130%: {:.2f}% of all GPUs ({:.2f}% of idle GPU)\n", r.frag[130],
+             r.frag_ratio[130]);
+  fmt::print("time: {:.3f} s ({} GPUs)\n", r.seconds, r.total_gpus);
+  if (!a.json_out.empty()) {
+    if (Status st = WriteExperimentJson(r, a.json_out); !st.ok()) return Fail(st);
+    fmt::print("wrote {}\n", a.json_out);
+  }
+  return 0;
+}
+
+int SweepCommand(const SweepArgs& a) {
+  SweepOptions options;
+  options.traces_dir = a.traces_dir;
+  options.nodes_csv = a.nodes_csv;
+  if (!a.trace_list.empty()) {
+    auto traces = ParseNameList(a.trace_list, "trace");
+    if (!traces.ok()) return Fail(traces.status().WithContext("--trace-list"));
+    options.traces = *traces;
+  }
+  auto policies = ParsePolicies(a.policies);
+  if (!policies.ok()) return Fail(policies.status().WithContext("--policies"));
+  options.policies = *policies;
+  auto seeds = ParseSeeds(a.seeds);
+  if (!seeds.ok()) return Fail(seeds.status().WithContext("--seeds"));
+  options.seeds = *seeds;
+  if (!a.arrival_order_dir.empty()) options.arrival_order_dir = a.arrival_order_dir;
+  options.out_dir = a.out_dir;
+  options.jobs = a.jobs;
+  options.inflate = a.inflate;
+  options.exclusive = a.exclusive;
+
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  int last_step = 0;  // 5 % steps reported so far (not a terminal)
+  auto progress = [&](const SweepProgress& p) {
+    const double eta = p.done > 0 ? p.elapsed_seconds / p.done * (p.total - p.done) : 0;
+    const double pct = 100.0 * p.done / p.total;
+    if (tty) {
+      std::fprintf(stderr, "\r\033[Ksweep: %d/%d (%.0f%%), elapsed %s, ETA %s", p.done, p.total, pct,
+                   Duration(p.elapsed_seconds).c_str(), Duration(eta).c_str());
+      if (p.done == p.total) std::fputc('\n', stderr);
+      std::fflush(stderr);
+      return;
+    }
+    const int step = p.done * 20 / p.total;
+    if (step > last_step) {
+      last_step = step;
+      std::fprintf(stderr, "sweep: %d/%d (%.0f%%), elapsed %s, ETA %s\n", p.done, p.total, pct,
+                   Duration(p.elapsed_seconds).c_str(), Duration(eta).c_str());
+      std::fflush(stderr);
+    }
+  };
+  auto result = RunSweep(options, progress);
+  if (!result.ok()) {
+    if (tty) std::fputc('\n', stderr);
+    return Fail(result.status());
+  }
+  fmt::print("{} experiments ({} traces x {} policies x {} seeds) in {:.1f} s\n", result->results.size(),
+             options.traces.size(), options.policies.size(), options.seeds.size(), result->seconds);
+  const std::filesystem::path out(a.out_dir);
+  for (const char* name :
+       {"analysis_allo_discrete.csv", "analysis_frag_discrete.csv", "analysis_frag_ratio_discrete.csv"}) {
+    fmt::print("wrote {}\n", (out / name).string());
+  }
+  return 0;
+}
+
+int CompareCommand(const CompareArgs& a) {
+  CompareOptions options;
+  options.expected_csv = a.expected_csv;
+  options.actual_csv = a.actual_csv;
+  auto columns = ParseColumns(a.at);
+  if (!columns.ok()) return Fail(columns.status());
+  options.columns = *columns;
+  options.tolerance = a.tolerance;
+  options.baseline = a.baseline;
+  auto result = CompareFiles(options);
+  if (!result.ok()) return Fail(result.status());
+  fmt::print("{}", FormatCompare(*result));
+  return result->exceeds_tolerance ? 1 : 0;
+}
+
+int ReportCommand(const ReportArgs& a) {
+  auto alloc = ReadDiscreteCsv(a.alloc_csv);
+  if (!alloc.ok()) return Fail(alloc.status());
+  auto frag = ReadDiscreteCsv(a.frag_csv);
+  if (!frag.ok()) return Fail(frag.status());
+  if (Status st = WriteReportHtml(*alloc, *frag, a.trace, a.out); !st.ok()) return Fail(st);
+  fmt::print("wrote {}\n", a.out);
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> AddSimCommands(CLI::App& app) {
+  auto state = std::make_shared<SimState>();
+  auto* sim = app.add_subcommand("sim", "Trace-driven simulator: replay the FGD experiments");
+  sim->require_subcommand(1);
+
+  RunArgs& r = state->run_args;
+  state->run = sim->add_subcommand("run", "Run one experiment");
+  state->run->add_option("--nodes", r.nodes_csv, "Node list (openb_node_list_*.csv)")->required();
+  state->run->add_option("--pods", r.pods_csv, "Pod list (openb_pod_list_*.csv)")->required();
+  state->run->add_option("--policy", r.policy, "Placement policy")
+      ->check(CLI::IsMember(PolicyNames()))
+      ->capture_default_str();
+  state->run->add_option("--seed", r.seed, "Seed of the arrival order and tie-breaks")->capture_default_str();
+  state->run->add_option("--inflate", r.inflate, "GPU demand to reach, x GPU capacity")
+      ->capture_default_str();
+  state->run->add_option(
+      "--arrival-order", r.arrival_order_dir,
+      "Folder with <trace>_<seed>_pods.txt and <trace>_<seed>_nodes.txt (a published run)");
+  state->run->add_flag("--exclusive", r.exclusive, "Every GPU-sharing pod takes a whole GPU");
+  state->run->add_option("--json", r.json_out, "Write the result as JSON to this file");
+  state->run->add_option("--trace", r.trace, "Trace name (default: from the pods file name)");
+
+  SweepArgs& s = state->sweep_args;
+  state->sweep = sim->add_subcommand("sweep", "Run a grid of traces x policies x seeds in parallel");
+  state->sweep->add_option("--traces", s.traces_dir, "Folder with openb_pod_list_<trace>.csv")->required();
+  state->sweep->add_option("--nodes", s.nodes_csv,
+                           "Node list (default: <traces>/openb_node_list_gpu_node.csv)");
+  state->sweep->add_option("--policies", s.policies, "'all' or a comma-separated list")
+      ->capture_default_str();
+  state->sweep->add_option("--seeds", s.seeds, "Seeds, e.g. 42-51 or 42,43")->capture_default_str();
+  state->sweep->add_option("--arrival-order", s.arrival_order_dir,
+                           "Folder with the published arrival orders");
+  state->sweep->add_option("--out", s.out_dir, "Folder for the three analysis_*_discrete.csv files")
+      ->required();
+  state->sweep->add_option("--jobs", s.jobs, "Worker threads (0: one per hardware thread)")
+      ->capture_default_str();
+  state->sweep->add_option("--trace-list", s.trace_list,
+                           "Comma-separated traces (default: the 17 published variants)");
+  state->sweep->add_option("--inflate", s.inflate, "GPU demand to reach, x GPU capacity")
+      ->capture_default_str();
+  state->sweep->add_flag("--exclusive", s.exclusive, "Every GPU-sharing pod takes a whole GPU");
+
+  CompareArgs& c = state->compare_args;
+  state->compare = sim->add_subcommand("compare", "Compare two published-layout result CSVs");
+  state->compare->add_option("--expected", c.expected_csv, "Expected CSV (e.g. the published one)")
+      ->required();
+  state->compare->add_option("--actual", c.actual_csv, "Actual CSV (e.g. from sim sweep)")->required();
+  state->compare->add_option("--at", c.at, "Columns to show (arrived demand %)")->capture_default_str();
+  state->compare->add_option("--tolerance", c.tolerance, "Largest difference that still counts as equal")
+      ->capture_default_str();
+  state->compare->add_option("--baseline", c.baseline, "sc_policy of the baseline for the reduction")
+      ->capture_default_str();
+
+  ReportArgs& p = state->report_args;
+  state->report = sim->add_subcommand("report", "Write an HTML page of allocation and fragmentation curves");
+  state->report->add_option("--alloc", p.alloc_csv, "analysis_allo_discrete.csv")->required();
+  state->report->add_option("--frag", p.frag_csv, "analysis_frag_discrete.csv")->required();
+  state->report->add_option("--out", p.out, "HTML file to write")->required();
+  state->report->add_option("--trace", p.trace, "Only this trace (default: every trace in the input)");
+
+  return [state]() -> int {
+    try {
+      if (*state->run) return RunCommand(state->run_args);
+      if (*state->sweep) return SweepCommand(state->sweep_args);
+      if (*state->compare) return CompareCommand(state->compare_args);
+      if (*state->report) return ReportCommand(state->report_args);
+    } catch (const std::exception& ex) {
+      std::cerr << "gpupool: " << ex.what() << "\n";
+      return 1;
+    }
+    return -1;
+  };
+}
+
+}  // namespace gpupool

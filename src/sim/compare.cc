@@ -1,0 +1,192 @@
+#include "sim/compare.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+namespace gpupool {
+
+namespace {
+
+using Key = std::tuple<std::string, std::string, uint64_t>;
+
+Result<std::map<Key, const DiscreteRow*>> Index(const DiscreteTable& table, const char* side) {
+  std::map<Key, const DiscreteRow*> index;
+  for (const DiscreteRow& r : table.rows) {
+    if (!index.emplace(Key{r.workload, r.sc_policy, r.seed}, &r).second) {
+      return Status::InvalidArgument(
+          fmt::format("{}: more than one row for {},{},seed {}", side, r.workload, r.sc_policy, r.seed));
+    }
+  }
+  return index;
+}
+
+// |a - b|, with two NaNs equal and one NaN infinitely far.
+double AbsDiff(double a, double b) {
+  if (std::isnan(a) && std::isnan(b)) return 0;
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::infinity();
+  return std::fabs(a - b);
+}
+
+std::string ShortTrace(const std::string& workload) {
+  constexpr std::string_view kPrefix = "openb_pod_list_";
+  if (workload.size() > kPrefix.size() && workload.compare(0, kPrefix.size(), kPrefix) == 0) {
+    return workload.substr(kPrefix.size());
+  }
+  return workload;
+}
+
+std::string FormatKeys(const std::vector<RowKey>& keys) {
+  std::string out;
+  constexpr size_t kShown = 10;
+  for (size_t i = 0; i < keys.size() && i < kShown; ++i) {
+    out += fmt::format("  {} {} seed {}\n", keys[i].workload, keys[i].sc_policy, keys[i].seed);
+  }
+  if (keys.size() > kShown) out += fmt::format("  ... and {} more\n", keys.size() - kShown);
+  return out;
+}
+
+}  // namespace
+
+Result<CompareResult> CompareTables(const DiscreteTable& expected, const DiscreteTable& actual,
+                                    const CompareOptions& options) {
+  if (!(options.tolerance >= 0)) {
+    return Status::InvalidArgument(fmt::format("tolerance must be >= 0, got {}", options.tolerance));
+  }
+  if (options.columns.empty()) return Status::InvalidArgument("no columns to compare");
+  for (int c : options.columns) {
+    if (c < 0 || c >= kDemandBins) {
+      return Status::InvalidArgument(fmt::format("column {} is out of range 0..{}", c, kDemandBins - 1));
+    }
+  }
+  ASSIGN_OR_RETURN(const auto exp_index, Index(expected, "expected"));
+  ASSIGN_OR_RETURN(const auto act_index, Index(actual, "actual"));
+
+  CompareResult result;
+  result.tolerance = options.tolerance;
+  result.baseline = options.baseline;
+  for (const auto& [key, row] : exp_index) {
+    if (!act_index.contains(key)) {
+      result.missing_in_actual.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key)});
+    }
+  }
+  for (const auto& [key, row] : act_index) {
+    if (!exp_index.contains(key)) {
+      result.missing_in_expected.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key)});
+    }
+  }
+
+  // Group the common runs by (workload, sc_policy); the maps keep them sorted.
+  std::map<std::pair<std::string, std::string>,
+           std::vector<std::pair<const DiscreteRow*, const DiscreteRow*>>>
+      groups;
+  for (const auto& [key, exp_row] : exp_index) {
+    auto it = act_index.find(key);
+    if (it == act_index.end()) continue;
+    groups[{std::get<0>(key), std::get<1>(key)}].emplace_back(exp_row, it->second);
+  }
+
+  for (const auto& [group, pairs] : groups) {
+    CompareRow row;
+    row.workload = group.first;
+    row.sc_policy = group.second;
+    row.seeds = static_cast<int>(pairs.size());
+    row.cells = row.seeds * kDemandBins;
+    for (const auto& [e, a] : pairs) {
+      for (size_t c = 0; c < kDemandBins; ++c) {
+        const double d = AbsDiff(e->values[c], a->values[c]);
+        if (d > options.tolerance) ++row.differing_cells;
+        row.max_abs_diff = std::max(row.max_abs_diff, d);
+      }
+    }
+    for (int c : options.columns) {
+      CompareColumn col;
+      col.column = c;
+      double es = 0;
+      double as = 0;
+      for (const auto& [e, a] : pairs) {
+        es += e->values[static_cast<size_t>(c)];
+        as += a->values[static_cast<size_t>(c)];
+      }
+      col.expected_mean = es / static_cast<double>(pairs.size());
+      col.actual_mean = as / static_cast<double>(pairs.size());
+      col.diff = col.actual_mean - col.expected_mean;
+      row.columns.push_back(col);
+    }
+    result.common_runs += row.seeds;
+    result.differing_cells += row.differing_cells;
+    result.max_abs_diff = std::max(result.max_abs_diff, row.max_abs_diff);
+    result.rows.push_back(std::move(row));
+  }
+
+  // Reduction of unallocated GPUs against the baseline of the same workload (actual values).
+  for (CompareRow& row : result.rows) {
+    auto base = std::find_if(result.rows.begin(), result.rows.end(), [&](const CompareRow& r) {
+      return r.workload == row.workload && r.sc_policy == options.baseline;
+    });
+    if (base == result.rows.end()) continue;
+    for (size_t i = 0; i < row.columns.size(); ++i) {
+      const double b = base->columns[i].actual_mean;
+      const double p = row.columns[i].actual_mean;
+      if (100.0 - b > 0)
+        row.columns[i].reduction_vs_baseline = ((100.0 - b) - (100.0 - p)) / (100.0 - b) * 100.0;
+    }
+  }
+  result.exceeds_tolerance = result.max_abs_diff > options.tolerance;
+  return result;
+}
+
+Result<CompareResult> CompareFiles(const CompareOptions& options) {
+  ASSIGN_OR_RETURN(const DiscreteTable expected, ReadDiscreteCsv(options.expected_csv));
+  ASSIGN_OR_RETURN(const DiscreteTable actual, ReadDiscreteCsv(options.actual_csv));
+  return CompareTables(expected, actual, options);
+}
+
+std::string FormatCompare(const CompareResult& result) {
+  std::string out;
+  const bool has_baseline = std::any_of(result.rows.begin(), result.rows.end(),
+                                        [&](const CompareRow& r) { return r.sc_policy == result.baseline; });
+  out += fmt::format("{:<12} {:<17} {:>5}", "trace", "sc_policy", "seeds");
+  if (!result.rows.empty()) {
+    for (const CompareColumn& c : result.rows.front().columns) {
+      out += fmt::format(" {:>8} {:>8} {:>8}", fmt::format("exp@{}", c.column),
+                         fmt::format("act@{}", c.column), fmt::format("diff@{}", c.column));
+      if (has_baseline) out += fmt::format(" {:>8}", fmt::format("red@{}", c.column));
+    }
+  }
+  out += fmt::format(" {:>11} {:>9}\n", "cells>tol", "max|diff|");
+  for (const CompareRow& r : result.rows) {
+    out += fmt::format("{:<12} {:<17} {:>5}", ShortTrace(r.workload), r.sc_policy, r.seeds);
+    for (const CompareColumn& c : r.columns) {
+      out += fmt::format(" {:>8.2f} {:>8.2f} {:>+8.3f}", c.expected_mean, c.actual_mean, c.diff);
+      if (has_baseline) {
+        out += c.reduction_vs_baseline ? fmt::format(" {:>7.1f}%", *c.reduction_vs_baseline)
+                                       : fmt::format(" {:>8}", "-");
+      }
+    }
+    out +=
+        fmt::format(" {:>11} {:>9.4g}\n", fmt::format("{}/{}", r.differing_cells, r.cells), r.max_abs_diff);
+  }
+  if (has_baseline) {
+    out += fmt::format("red@c: reduction of unallocated GPUs vs {} at column c (actual values)\n",
+                       result.baseline);
+  }
+  if (!result.missing_in_actual.empty()) {
+    out += fmt::format("{} run(s) only in the expected file:\n{}", result.missing_in_actual.size(),
+                       FormatKeys(result.missing_in_actual));
+  }
+  if (!result.missing_in_expected.empty()) {
+    out += fmt::format("{} run(s) only in the actual file:\n{}", result.missing_in_expected.size(),
+                       FormatKeys(result.missing_in_expected));
+  }
+  out += fmt::format("{} run(s) in common; {} of {} cells differ by more than {} (max |diff| {:.6g}): {}\n",
+                     result.common_runs, result.differing_cells, result.common_runs * kDemandBins,
+                     result.tolerance, result.max_abs_diff, result.exceeds_tolerance ? "MISMATCH" : "MATCH");
+  return out;
+}
+
+}  // namespace gpupool

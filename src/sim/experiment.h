@@ -1,0 +1,93 @@
+// One simulator experiment, run exactly as the FGD paper's experiments were (trace README §2, §3,
+// §7): pods arrive one at a time into an empty cluster, each is placed by the scheduling core's own
+// pipeline or fails for good (no retry, pods never leave), and after every pod one metrics row is
+// logged; the rows are binned by arrived GPU demand (0..130 % of capacity) into the published
+// columns.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/node.h"
+#include "sim/trace.h"
+
+namespace gpupool {
+
+inline constexpr int kDemandBins = 131;  // columns 0..130 (% of GPU capacity)
+
+struct ExperimentOptions {
+  std::string trace;           // trace name, e.g. "default" (for the output and arrival files)
+  std::string policy = "fgd";  // a name from PolicyNames()
+  uint64_t seed = 42;
+  double inflate = 1.3;  // GPU demand to reach, x capacity (gpupool's own generator)
+  // When set: the published arrival order and node tie-break ranks, read from
+  // <dir>/<trace>_<seed>_pods.txt and <dir>/<trace>_<seed>_nodes.txt, replace the generator.
+  std::optional<std::string> arrival_order_dir;
+  // Every GPU-sharing pod takes a whole GPU (the no-pooling counterfactual).
+  bool exclusive = false;
+};
+
+// One metrics row, logged after every pod (placed or failed).
+struct MetricsRow {
+  int64_t arrived_gpu_milli = 0;  // cumulative GPU demand that has arrived
+  int64_t used_gpu_milli = 0;     // allocated GPU share
+  double frag_milli = 0;          // cluster fragmentation F (FGD's measure), milli-GPU, %.2f
+  double frag_ratio = 0;          // 100 F / idle, %.2f
+};
+
+struct ExperimentResult {
+  std::string policy;
+  std::string trace;
+  uint64_t seed = 0;
+  int total_gpus = 0;
+  std::array<double, kDemandBins> alloc{};       // GPU allocation ratio, %
+  std::array<double, kDemandBins> frag{};        // fragmented GPUs, % of all GPUs
+  std::array<double, kDemandBins> frag_ratio{};  // fragmented / idle, % (not rounded)
+  int64_t pods_arrived = 0;
+  int64_t pods_scheduled = 0;
+  int64_t pods_failed = 0;
+  int64_t arrived_gpu_milli = 0;  // GPU demand that arrived, as the pods asked for it
+  int64_t served_gpu_milli = 0;   // GPU demand of the placed pods, as they asked for it
+  int64_t used_gpu_milli = 0;     // GPU share allocated at the end (exclusive: whole GPUs)
+  double seconds = 0;             // wall time of the scheduling loop
+  std::vector<MetricsRow> rows;   // kept only when asked (ExperimentInputs::keep_rows)
+};
+
+// Inputs shared by many experiments on one trace (read once).
+struct ExperimentInputs {
+  std::vector<NodeSpec> nodes;
+  std::vector<TracePod> pods;  // the trace's original list
+  bool keep_rows = false;
+};
+
+Result<ExperimentInputs> LoadExperimentInputs(const std::string& nodes_csv, const std::string& pods_csv);
+
+Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const ExperimentOptions& options);
+
+// Bins per-pod rows into the 131 published columns (README §7): a = round-half-even(arrived /
+// total_gpus / 10); rows with a == c, else c-1 <= a <= c+1; alloc = npround(mean(round(used /
+// total_gpus / 10, 2)), 2); frag = npround(100 mean(F) / 1000 / total_gpus, 2); frag_ratio =
+// mean(ratio). Means are numpy's pairwise sums divided by the count.
+void BinMetrics(const std::vector<MetricsRow>& rows, int total_gpus, ExperimentResult& out);
+
+// numpy's pairwise summation (blocks of 8-way unrolled sums up to 128, recursive halving above).
+double PairwiseSum(const double* values, size_t n);
+// numpy.round(x, 2): rint(x * 100) / 100, half to even.
+double NpRound2(double x);
+// Python's round(x, 2) on a double: the correctly rounded decimal, ties to even.
+double PyRound2(double x);
+// Python's repr of a float ("2.0", "0.25", "13.937500000000002").
+std::string PyFloatRepr(double x);
+
+// The published sc_policy name of a policy ("fgd" -> "06-FGD"); the policy name itself otherwise.
+std::string PublishedPolicyName(const std::string& policy);
+// Inverse; nullopt for an unknown published name.
+std::optional<std::string> PolicyFromPublishedName(const std::string& published);
+
+Status WriteExperimentJson(const ExperimentResult& result, const std::string& path);
+
+}  // namespace gpupool
