@@ -27,6 +27,20 @@ if ./build/gpupool profile check examples/profiles/does-not-exist.yaml 2>/dev/nu
 fi
 ./build/gpupool demo --policy bestfit --policy fgd
 
+echo "== simulator smoke"
+./build/gpupool sim run --nodes data/alibaba/openb_node_list_gpu_node.csv \
+  --pods data/alibaba/openb_pod_list_default.csv --policy fgd --seed 42 --json build/sim-run.json
+T=../shared/traces
+if [ -d "$T/fgd-arrival-orders" ]; then
+  # The reduced exactness check end to end: sweep, then compare with the published rows.
+  ./build/gpupool sim sweep --traces "$T/alibaba-gpu-v2023" --policies bestfit,fgd --seeds 42,43 \
+    --trace-list default --arrival-order "$T/fgd-arrival-orders" --out build/sim-sweep --jobs "$jobs"
+  ./build/gpupool sim compare --expected "$T/fgd-published-results/analysis_allo_discrete.csv" \
+    --actual build/sim-sweep/analysis_allo_discrete.csv --at 100,130
+  ./build/gpupool sim report --alloc build/sim-sweep/analysis_allo_discrete.csv \
+    --frag build/sim-sweep/analysis_frag_discrete.csv --out build/sim-report.html
+fi
+
 echo "== benchmark smoke (figures live in docs/performance.md)"
 ./build/place_bench --benchmark_filter='BM_Place/fgd/openb/90' --benchmark_min_time=0.05
 
