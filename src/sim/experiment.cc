@@ -143,7 +143,8 @@ double Printed2(double x) {
 // The published arrival order and tie-break ranks of one run.
 Status ReadArrivalOrder(const std::string& dir, const std::string& trace, uint64_t seed,
                         const std::vector<TracePod>& originals, const Ledger& ledger,
-                        std::vector<const TaskRequest*>& arrivals, std::vector<uint32_t>& ranks) {
+                        std::vector<const TaskRequest*>& arrivals, std::vector<std::string>& names,
+                        std::vector<uint32_t>& ranks) {
   std::unordered_map<std::string, const TaskRequest*> by_name;
   for (const auto& p : originals) by_name[p.name] = &p.request;
   const std::string prefix = fmt::format("{}/{}_{}", dir, trace, seed);
@@ -162,6 +163,7 @@ Status ReadArrivalOrder(const std::string& dir, const std::string& trace, uint64
           fmt::format("{}_pods.txt:{}: pod '{}' is not in the trace", prefix, line_no, name));
     }
     arrivals.push_back(it->second);
+    names.push_back(line);
   }
   std::ifstream nodes(prefix + "_nodes.txt");
   if (!nodes) return Status::IoError(fmt::format("cannot read {}_nodes.txt", prefix));
@@ -217,11 +219,12 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     asked[&pods[i].request] = inputs.pods[i].request.total_gpu_share().units();
 
   std::vector<const TaskRequest*> arrivals;
+  std::vector<std::string> names;
   std::vector<uint32_t> ranks;
   std::vector<TracePod> generated;
   if (options.arrival_order_dir) {
     RETURN_IF_ERROR(ReadArrivalOrder(*options.arrival_order_dir, options.trace, options.seed, pods, ledger,
-                                     arrivals, ranks));
+                                     arrivals, names, ranks));
   } else {
     SeededRng workload_rng(options.seed);
     // Resample the trace as the users asked for it, so that exclusive mode sees the same arrivals.
@@ -231,6 +234,7 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     for (const auto& p : generated) {
       const auto tuned = p.name.find("-tuned-");
       arrivals.push_back(by_name.at(tuned == std::string::npos ? p.name : p.name.substr(0, tuned)));
+      names.push_back(p.name);
     }
     ranks = workload_rng.Permutation(static_cast<uint32_t>(ledger.node_count()));
   }
@@ -255,7 +259,8 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
 
   const auto start = std::chrono::steady_clock::now();
   int64_t arrived = 0;
-  for (const TaskRequest* task : arrivals) {
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const TaskRequest* task = arrivals[i];
     const int64_t demand = asked.at(task);
     arrived += demand;
     ++r.pods_arrived;
@@ -267,6 +272,10 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
       node_frag[d.placement.node] = frag_model.NodeFragment(ledger, d.placement.node);
     } else if (placed.status().code() == StatusCode::kUnschedulable) {
       ++r.pods_failed;
+      if (r.first_failure.empty()) {
+        r.first_failure =
+            fmt::format("{} ({}): {}", names[i], DescribeTaskRequest(*task), placed.status().message());
+      }
     } else {
       return placed.status();
     }
@@ -279,6 +288,7 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     row.frag_milli = Printed2(frag);
     row.frag_ratio = idle > 0 ? Printed2(100.0 * frag / static_cast<double>(idle)) : 0.0;
     rows.push_back(row);
+    r.final_frag_milli = frag;
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.arrived_gpu_milli = arrived;

@@ -53,6 +53,8 @@ struct ExperimentResult {
   int64_t arrived_gpu_milli = 0;  // GPU demand that arrived, as the pods asked for it
   int64_t served_gpu_milli = 0;   // GPU demand of the placed pods, as they asked for it
   int64_t used_gpu_milli = 0;     // GPU share allocated at the end (exclusive: whole GPUs)
+  double final_frag_milli = 0;    // cluster fragmentation F after the last pod
+  std::string first_failure;      // "<pod> (<request>): <why no node fits>"; empty when none failed
   double seconds = 0;             // wall time of the scheduling loop
   std::vector<MetricsRow> rows;   // kept only when asked (ExperimentInputs::keep_rows)
 };
