@@ -1,0 +1,113 @@
+#include "store/store.h"
+
+#include <condition_variable>
+#include <deque>
+#include <iterator>
+#include <mutex>
+#include <utility>
+
+namespace gpupool {
+
+void WriteBatch::Append(WriteBatch other) {
+  // Taking the other's storage is cheapest, unless this batch already reserved more.
+  if (ops.empty() && ops.capacity() <= other.ops.capacity()) {
+    ops = std::move(other.ops);
+    return;
+  }
+  ops.reserve(ops.size() + other.ops.size());
+  std::move(other.ops.begin(), other.ops.end(), std::back_inserter(ops));
+}
+
+// ---- GroupCommitter ---------------------------------------------------------------------------
+//
+// Every caller parks its batch in `queue` (FIFO) and sleeps on `cv`. A caller that wakes while its
+// own batch is not done and no write is in progress becomes the leader: it takes batches from the
+// front of the queue (whole batches only; at least one, then more while the group stays within
+// max_ops_per_group), releases the mutex, applies the merged batch with one Store::Apply, retakes
+// the mutex, hands the status to every batch of the group and wakes everybody. The leader's own
+// batch need not be in the group it wrote (the front of the queue goes first, so callers are served
+// in arrival order); it then simply waits or leads again.
+//
+// A Pending lives on its caller's stack: it stays valid because the caller does not return before
+// `done` is set, and only the leader of its group touches it while `writing` is true.
+
+struct GroupCommitter::Impl {
+  struct Pending {
+    WriteBatch batch;
+    Status status;
+    bool done = false;
+  };
+
+  Impl(Store& s, size_t max_ops) : store(s), max_ops_per_group(max_ops) {}
+
+  Store& store;
+  const size_t max_ops_per_group;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Pending*> queue;  // guarded by mu
+  bool writing = false;        // guarded by mu: a leader is inside Store::Apply
+  Stats stats;                 // guarded by mu
+};
+
+GroupCommitter::GroupCommitter(Store& store, size_t max_ops_per_group)
+    : impl_(std::make_unique<Impl>(store, max_ops_per_group)) {}
+
+// REQUIRES: no Commit in flight (the owner joins its callers first).
+GroupCommitter::~GroupCommitter() = default;
+
+Status GroupCommitter::Commit(WriteBatch batch) {
+  Impl& im = *impl_;
+  std::unique_lock<std::mutex> lock(im.mu);
+  ++im.stats.commits;
+  // Nothing to make durable: answering at once keeps empty batches out of the groups.
+  if (batch.empty()) return Status::Ok();
+
+  Impl::Pending self;
+  self.batch = std::move(batch);
+  im.queue.push_back(&self);
+
+  while (!self.done) {
+    if (im.writing || im.queue.empty()) {
+      im.cv.wait(lock);
+      continue;
+    }
+    // Lead: take whole batches from the front while they fit, but always at least one.
+    std::vector<Impl::Pending*> group;
+    size_t ops = 0;
+    while (!im.queue.empty()) {
+      Impl::Pending* next = im.queue.front();
+      if (!group.empty() && ops + next->batch.ops.size() > im.max_ops_per_group) break;
+      ops += next->batch.ops.size();
+      group.push_back(next);
+      im.queue.pop_front();
+    }
+    im.writing = true;
+    ++im.stats.groups;
+    lock.unlock();
+
+    // The batches of the group belong to this leader until it marks them done, so they can be
+    // moved out without the mutex.
+    WriteBatch merged;
+    merged.ops.reserve(ops);
+    for (Impl::Pending* p : group) merged.Append(std::move(p->batch));
+    const Status st = im.store.Apply(merged);
+
+    lock.lock();
+    for (Impl::Pending* p : group) {
+      p->status = st;
+      p->done = true;
+    }
+    im.writing = false;
+    // Wake the group's callers and let one of the waiting ones lead the next group.
+    im.cv.notify_all();
+  }
+  return std::move(self.status);
+}
+
+GroupCommitter::Stats GroupCommitter::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace gpupool
