@@ -13,6 +13,8 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kUnschedulable: return "Unschedulable";
     case StatusCode::kIoError: return "IoError";
     case StatusCode::kInternal: return "Internal";
+    case StatusCode::kUnauthenticated: return "Unauthenticated";
+    case StatusCode::kPermissionDenied: return "PermissionDenied";
   }
   return "Unknown";
 }

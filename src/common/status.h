@@ -19,6 +19,8 @@ enum class StatusCode {
   kUnschedulable,
   kIoError,
   kInternal,
+  kUnauthenticated,   // no credentials, or unknown ones
+  kPermissionDenied,  // known caller, not allowed to do this
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -41,6 +43,10 @@ class [[nodiscard]] Status {
   static Status Unschedulable(std::string msg) { return {StatusCode::kUnschedulable, std::move(msg)}; }
   static Status IoError(std::string msg) { return {StatusCode::kIoError, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
+  static Status Unauthenticated(std::string msg) { return {StatusCode::kUnauthenticated, std::move(msg)}; }
+  static Status PermissionDenied(std::string msg) {
+    return {StatusCode::kPermissionDenied, std::move(msg)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace gpupool {
 
 Status ValidateTaskRequest(const TaskRequest& r) {
@@ -66,6 +68,56 @@ Result<QosClass> ParseQosClass(std::string_view name) {
       fmt::format("unknown QoS class '{}' (use guaranteed, burstable or best-effort)", name));
 }
 
+std::string_view IsolationModeName(IsolationMode mode) {
+  switch (mode) {
+    case IsolationMode::kExclusive: return "exclusive";
+    case IsolationMode::kMps: return "mps";
+    case IsolationMode::kMig: return "mig";
+    case IsolationMode::kTimeslice: return "timeslice";
+  }
+  return "?";
+}
+
+Result<IsolationMode> ParseIsolationMode(std::string_view name) {
+  if (name == "exclusive") return IsolationMode::kExclusive;
+  if (name == "mps") return IsolationMode::kMps;
+  if (name == "mig") return IsolationMode::kMig;
+  if (name == "timeslice") return IsolationMode::kTimeslice;
+  return Status::InvalidArgument(
+      fmt::format("unknown isolation mode '{}' (use exclusive, mps, mig or timeslice)", name));
+}
+
+bool LabelRequirement::Matches(const std::map<std::string, std::string>& labels) const {
+  auto it = labels.find(key);
+  const bool has = it != labels.end();
+  switch (op) {
+    case Op::kExists: return has;
+    case Op::kDoesNotExist: return !has;
+    case Op::kIn: return has && std::find(values.begin(), values.end(), it->second) != values.end();
+    case Op::kNotIn: return !has || std::find(values.begin(), values.end(), it->second) == values.end();
+  }
+  return false;
+}
+
+std::string_view LabelOpName(LabelRequirement::Op op) {
+  switch (op) {
+    case LabelRequirement::Op::kIn: return "In";
+    case LabelRequirement::Op::kNotIn: return "NotIn";
+    case LabelRequirement::Op::kExists: return "Exists";
+    case LabelRequirement::Op::kDoesNotExist: return "DoesNotExist";
+  }
+  return "?";
+}
+
+Result<LabelRequirement::Op> ParseLabelOp(std::string_view name) {
+  if (name == "In") return LabelRequirement::Op::kIn;
+  if (name == "NotIn") return LabelRequirement::Op::kNotIn;
+  if (name == "Exists") return LabelRequirement::Op::kExists;
+  if (name == "DoesNotExist") return LabelRequirement::Op::kDoesNotExist;
+  return Status::InvalidArgument(
+      fmt::format("unknown operator '{}' (use In, NotIn, Exists or DoesNotExist)", name));
+}
+
 int Job::task_count() const {
   int n = 0;
   for (const auto& g : groups) n += g.replicas;
@@ -83,6 +135,45 @@ Status ValidateJob(const Job& job) {
       return Status::InvalidArgument(
           fmt::format("{}: replicas must be at least 1, got {}", where, g.replicas));
     RETURN_IF_ERROR(ValidateTaskRequest(g.request).WithContext(where));
+    const TaskRequest& r = g.request;
+    switch (g.exec.isolation) {
+      case IsolationMode::kMig:
+        if (!r.wants_mig())
+          return Status::InvalidArgument(where + ": isolation 'mig' needs a MIG profile");
+        break;
+      case IsolationMode::kExclusive:
+        if (r.wants_gpu() && !r.wants_mig() && r.gpu_share < kWholeGpu)
+          return Status::InvalidArgument(where +
+                                         ": isolation 'exclusive' needs whole GPUs; use mps or timeslice "
+                                         "for a share");
+        break;
+      case IsolationMode::kMps:
+      case IsolationMode::kTimeslice:
+        if (!r.wants_gpu() || r.wants_mig())
+          return Status::InvalidArgument(
+              fmt::format("{}: isolation '{}' applies to GPU shares, not to {}", where,
+                          IsolationModeName(g.exec.isolation), r.wants_mig() ? "a MIG instance" : "a CPU task"));
+        break;
+    }
+    if (g.exec.checkpoint.interval_seconds < 0)
+      return Status::InvalidArgument(where + ": checkpoint interval must not be negative");
+    if (g.exec.checkpoint.interval_seconds > 0 && g.exec.checkpoint.dir.empty())
+      return Status::InvalidArgument(where + ": a checkpoint interval needs a checkpoint directory");
+  }
+  for (const auto& req : job.affinity.node) {
+    if (req.key.empty()) return Status::InvalidArgument(who + ": a node affinity requirement has no key");
+    const bool set_op = req.op == LabelRequirement::Op::kIn || req.op == LabelRequirement::Op::kNotIn;
+    if (set_op && req.values.empty())
+      return Status::InvalidArgument(fmt::format("{}: node affinity on '{}' with {} needs values", who,
+                                                 req.key, LabelOpName(req.op)));
+    if (!set_op && !req.values.empty())
+      return Status::InvalidArgument(fmt::format("{}: node affinity on '{}' with {} takes no values", who,
+                                                 req.key, LabelOpName(req.op)));
+  }
+  for (const auto* terms : {&job.affinity.together_with, &job.affinity.apart_from}) {
+    for (const auto& t : *terms) {
+      if (t.empty()) return Status::InvalidArgument(who + ": a job affinity term has no labels");
+    }
   }
   if (job.min_available < 0 || job.min_available > job.task_count()) {
     return Status::InvalidArgument(

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,10 +49,62 @@ enum class QosClass : uint8_t {
 std::string_view QosClassName(QosClass qos);
 Result<QosClass> ParseQosClass(std::string_view name);
 
+// How a task shares its GPUs with others on the node (the agent enforces it).
+enum class IsolationMode : uint8_t {
+  kExclusive,  // whole GPUs, nobody else on them
+  kMps,        // CUDA MPS: compute share and memory hard-limited per client
+  kMig,        // a MIG instance
+  kTimeslice,  // time-sliced sharing, memory capped by framework settings only
+};
+std::string_view IsolationModeName(IsolationMode mode);
+Result<IsolationMode> ParseIsolationMode(std::string_view name);
+
+// A requirement on a node's labels, after Kubernetes' node affinity operators.
+struct LabelRequirement {
+  enum class Op : uint8_t { kIn, kNotIn, kExists, kDoesNotExist };
+  std::string key;
+  Op op = Op::kIn;
+  std::vector<std::string> values;  // kIn/kNotIn: at least one; kExists/kDoesNotExist: none
+  bool Matches(const std::map<std::string, std::string>& labels) const;
+  bool operator==(const LabelRequirement&) const = default;
+};
+std::string_view LabelOpName(LabelRequirement::Op op);
+Result<LabelRequirement::Op> ParseLabelOp(std::string_view name);
+
+// Where a job's tasks may go. Every node requirement must hold. A together-with term is a label
+// set: each task goes on a node that runs a task of some job carrying all those labels. An
+// apart-from term: never on a node that runs a task of such a job (a job whose own labels match
+// its apart-from term spreads its replicas one per node).
+struct Affinity {
+  std::vector<LabelRequirement> node;
+  std::vector<std::map<std::string, std::string>> together_with;
+  std::vector<std::map<std::string, std::string>> apart_from;
+  bool empty() const { return node.empty() && together_with.empty() && apart_from.empty(); }
+  bool operator==(const Affinity&) const = default;
+};
+
+struct CheckpointPolicy {
+  std::string dir;           // empty: the task does not checkpoint
+  int interval_seconds = 0;  // 0: only when asked to stop
+  bool operator==(const CheckpointPolicy&) const = default;
+};
+
+// How a task runs. The scheduler ignores all of it; the agent needs it.
+struct TaskExec {
+  IsolationMode isolation = IsolationMode::kExclusive;
+  std::vector<std::string> command;
+  std::map<std::string, std::string> env;
+  std::string bundle;  // an OCI bundle directory: run with runc
+  std::string rootfs;  // a root filesystem: runc with a generated config
+  CheckpointPolicy checkpoint;
+  bool operator==(const TaskExec&) const = default;
+};
+
 struct TaskGroup {
   std::string name;
   int replicas = 1;
   TaskRequest request;
+  TaskExec exec;
 };
 
 // A job is a gang of task groups: either at least `min_available` tasks are placed together, or
@@ -65,6 +118,8 @@ struct Job {
   QosClass qos = QosClass::kBurstable;
   int min_available = 0;
   std::vector<TaskGroup> groups;
+  std::map<std::string, std::string> labels;
+  Affinity affinity;
 
   int task_count() const;
   int gang_size() const { return min_available > 0 ? min_available : task_count(); }

@@ -128,8 +128,22 @@ void Scheduler::Prepare(const TaskRequest& task, PreparedTask& out) {
 }
 
 void Scheduler::RunFilters(const PreparedTask& task) {
-  feasible_ = all_nodes_;
-  reasons_.Reset(reason_names_.size());
+  const size_t mask_reasons = mask_ != nullptr ? mask_->reasons.size() : 0;
+  reasons_.Reset(reason_names_.size() + mask_reasons);
+  if (mask_ != nullptr) {
+    feasible_.clear();
+    const auto& reason = mask_->reason;
+    for (NodeIndex n : all_nodes_) {
+      const uint8_t r = n < reason.size() ? reason[n] : 0;
+      if (r == 0 || r > mask_reasons) {
+        feasible_.push_back(n);
+      } else {
+        reasons_.Add(static_cast<int>(reason_names_.size() + r - 1));
+      }
+    }
+  } else {
+    feasible_ = all_nodes_;
+  }
   for (size_t i = 0; i < filters_.size() && !feasible_.empty(); ++i) {
     filters_[i]->Filter(view_, task, feasible_, filter_reason_base_[i], reasons_);
   }
@@ -141,7 +155,9 @@ Diagnosis Scheduler::MakeDiagnosis() const {
   d.feasible_nodes = static_cast<int>(feasible_.size());
   const auto& counts = reasons_.counts();
   for (size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] > 0) d.reasons.emplace_back(reason_names_[i], counts[i]);
+    if (counts[i] == 0) continue;
+    d.reasons.emplace_back(i < reason_names_.size() ? reason_names_[i] : mask_->reasons[i - reason_names_.size()],
+                           counts[i]);
   }
   std::stable_sort(d.reasons.begin(), d.reasons.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -279,7 +295,8 @@ Result<AllocationId> Scheduler::Place(const TaskRequest& task, Decision* decisio
   return out;
 }
 
-JobResult Scheduler::ScheduleJob(const Job& job, Binder* binder) {
+JobResult Scheduler::ScheduleJob(const Job& job, Binder* binder,
+                                 const std::function<void(const Placement&)>& on_reserve) {
   JobResult r;
   if (Status v = ValidateJob(job); !v.ok()) {
     r.status = v;
@@ -296,6 +313,7 @@ JobResult Scheduler::ScheduleJob(const Job& job, Binder* binder) {
         r.allocations.push_back(*id);
         r.placements.push_back(d.placement);
         task_index.push_back(index);
+        if (on_reserve) on_reserve(d.placement);
         continue;
       }
       if (first_failure) {
@@ -349,6 +367,11 @@ std::vector<std::string> Scheduler::ExplainNodes(const TaskRequest& task) {
   ReasonCounter counter;
   std::vector<NodeIndex> one;
   for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
+    if (mask_ != nullptr && n < mask_->reason.size() && mask_->reason[n] != 0 &&
+        mask_->reason[n] <= mask_->reasons.size()) {
+      out[n] = mask_->reasons[mask_->reason[n] - 1];
+      continue;
+    }
     counter.Reset(reason_names_.size());
     one.assign(1, n);
     for (size_t i = 0; i < filters_.size() && !one.empty(); ++i) {

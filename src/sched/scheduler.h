@@ -5,6 +5,7 @@
 // same placement. Ties among equal total scores go to the node with the lowest tie-break rank.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,14 @@ struct Diagnosis {
   int feasible_nodes = 0;
   std::vector<std::pair<std::string, int>> reasons;  // most frequent first
   std::string ToString() const;
+};
+
+// Node restrictions the embedder computes for the next decisions (nodes held for a waiting gang,
+// affinity to other jobs' tasks): a node whose `reason` entry is non-zero is skipped before the
+// filters run and counted under reasons[entry - 1]. Nodes past the end of `reason` are allowed.
+struct NodeMask {
+  std::vector<uint8_t> reason;
+  std::vector<std::string> reasons;
 };
 
 struct Decision {
@@ -63,7 +72,14 @@ class Scheduler {
   Result<AllocationId> Place(const TaskRequest& task, Decision* decision = nullptr);
   // A whole job: every task is reserved in turn; if fewer than the gang size fit, or a permit
   // plugin or the binder refuses, every reservation is rolled back and nothing changes.
-  JobResult ScheduleJob(const Job& job, Binder* binder = nullptr);
+  // `on_reserve`, when set, is called after each task's reservation (the embedder may update the
+  // node mask it set, e.g. to spread a job's own replicas).
+  JobResult ScheduleJob(const Job& job, Binder* binder = nullptr,
+                        const std::function<void(const Placement&)>& on_reserve = {});
+
+  // Restricts the next decisions to the nodes `mask` allows; nullptr lifts it. The mask is read at
+  // every decision and must outlive its use.
+  void SetNodeMask(const NodeMask* mask) { mask_ = mask; }
 
   // The reasons every node gives for not taking `task` (empty string: fits), for "why pending".
   std::vector<std::string> ExplainNodes(const TaskRequest& task);
@@ -124,6 +140,7 @@ class Scheduler {
   GpuSelector* selector_ = nullptr;  // owned_selector_, or a score plugin that also selects GPUs
   std::vector<std::unique_ptr<PermitPlugin>> permits_;
   std::vector<uint32_t> ranks_;
+  const NodeMask* mask_ = nullptr;
 
   std::unordered_map<std::string, int32_t> string_ids_;  // model lists and MIG names in shape keys
 

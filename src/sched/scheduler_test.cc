@@ -55,7 +55,7 @@ TEST(SchedulerTest, GangIsAllOrNothing) {
 
   Job small;
   small.name = "small";
-  small.groups.push_back({"worker", 3, Task(1000, 1024, 1, 1000)});
+  small.groups.push_back({"worker", 3, Task(1000, 1024, 1, 1000), {}});
   JobResult r = s.ScheduleJob(small);
   ASSERT_TRUE(r.placed) << r.status.ToString();
   EXPECT_EQ(r.allocations.size(), 3u);
@@ -63,7 +63,7 @@ TEST(SchedulerTest, GangIsAllOrNothing) {
 
   Job big;
   big.name = "big";
-  big.groups.push_back({"worker", 2, Task(1000, 1024, 1, 1000)});
+  big.groups.push_back({"worker", 2, Task(1000, 1024, 1, 1000), {}});
   r = s.ScheduleJob(big);
   // Only one GPU is left: the gang of 2 must not keep the one task that fitted.
   EXPECT_FALSE(r.placed);
@@ -82,7 +82,7 @@ TEST(SchedulerTest, GangMinAvailableAcceptsPartial) {
   Job job;
   job.name = "elastic";
   job.min_available = 1;
-  job.groups.push_back({"worker", 3, Task(1000, 1024, 1, 1000)});
+  job.groups.push_back({"worker", 3, Task(1000, 1024, 1, 1000), {}});
   JobResult r = s.ScheduleJob(job);
   ASSERT_TRUE(r.placed);
   EXPECT_EQ(r.allocations.size(), 1u);
@@ -104,7 +104,7 @@ TEST(SchedulerTest, BindFailureRollsBack) {
   Scheduler& s = f.Build();
   Job job;
   job.name = "train";
-  job.groups.push_back({"worker", 2, Task(1000, 1024, 1, 1000)});
+  job.groups.push_back({"worker", 2, Task(1000, 1024, 1, 1000), {}});
   FailingBinder binder;
   JobResult r = s.ScheduleJob(job, &binder);
   EXPECT_FALSE(r.placed);
@@ -255,6 +255,56 @@ TEST(SchedulerTest, NodesAddedLaterAreConsidered) {
   Decision d = s.Decide(Task(8000, 1024));
   ASSERT_TRUE(d.placed);
   EXPECT_EQ(d.placement.node, 1u);
+}
+
+}  // namespace
+}  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+// A mask removes nodes before the filters and explains them; the reserve hook lets the caller
+// tighten the mask between a job's tasks (here: one replica per node).
+TEST(SchedulerTest, NodeMaskSkipsNodesAndExplainsThem) {
+  Fixture f("bestfit");
+  f.Add("a", 32000, 65536, 4);
+  f.Add("b", 32000, 65536, 4);
+  f.Add("c", 32000, 65536, 4);
+  Scheduler& s = f.Build();
+  NodeMask mask;
+  mask.reasons = {"reserved for a waiting gang"};
+  mask.reason = {1, 0, 1};  // only b is allowed
+  s.SetNodeMask(&mask);
+  Decision d = s.Decide(Task(1000, 1024, 1, 1000));
+  ASSERT_TRUE(d.placed);
+  EXPECT_EQ(d.placement.node, 1u);
+  EXPECT_EQ(s.ExplainNodes(Task(1000, 1024, 1, 1000))[0], "reserved for a waiting gang");
+  EXPECT_EQ(s.ExplainNodes(Task(1000, 1024, 1, 1000))[1], "");
+
+  mask.reason = {1, 1, 1};
+  d = s.Decide(Task(1000, 1024, 1, 1000));
+  EXPECT_FALSE(d.placed);
+  EXPECT_EQ(d.diagnosis.ToString(), "0/3 nodes fit: 3 reserved for a waiting gang");
+
+  // Spread: after each reservation, the node taken is masked for the next replica.
+  mask.reasons = {"runs a replica of the same job"};
+  mask.reason.assign(3, 0);
+  Job spread;
+  spread.name = "spread";
+  spread.groups.push_back({"worker", 3, Task(1000, 1024, 1, 1000), {}});
+  JobResult r = s.ScheduleJob(spread, nullptr, [&](const Placement& p) { mask.reason[p.node] = 1; });
+  ASSERT_TRUE(r.placed) << r.status.ToString();
+  std::vector<NodeIndex> nodes;
+  for (const auto& p : r.placements) nodes.push_back(p.node);
+  std::sort(nodes.begin(), nodes.end());
+  EXPECT_EQ(nodes, (std::vector<NodeIndex>{0, 1, 2}));
+  // A fourth replica has nowhere to go.
+  mask.reason.assign(3, 0);
+  spread.groups[0].replicas = 4;
+  r = s.ScheduleJob(spread, nullptr, [&](const Placement& p) { mask.reason[p.node] = 1; });
+  EXPECT_FALSE(r.placed);
+  s.SetNodeMask(nullptr);
+  EXPECT_TRUE(f.ledger.CheckInvariants().ok());
 }
 
 }  // namespace
