@@ -194,8 +194,8 @@ Job TrainingJob() {
   job.id = "j-1";
   job.name = "train";
   job.qos = QosClass::kBestEffort;
-  job.groups.push_back(TaskGroup{"ps", 2, CpuOnly()});
-  job.groups.push_back(TaskGroup{"workers", 4, Gpus(1, 1000)});
+  job.groups.push_back(TaskGroup{"ps", 2, CpuOnly(), {}});
+  job.groups.push_back(TaskGroup{"workers", 4, Gpus(1, 1000), {}});
   return job;
 }
 
