@@ -8,6 +8,8 @@ PACKAGES=(
   nlohmann-json3-dev
   libfmt-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libsqlite3-dev libcpp-httplib-dev sqlite3 curl python3 python3-yaml
+  clang libclang-rt-14-dev
 )
 
 missing=()

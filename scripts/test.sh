@@ -27,6 +27,15 @@ if ./build/gpupool profile check examples/profiles/does-not-exist.yaml 2>/dev/nu
 fi
 ./build/gpupool demo --policy bestfit --policy fgd
 
+echo "== server and client smoke"
+bash scripts/server_smoke.sh build/gpupool
+
+echo "== OpenAPI document covers every route"
+python3 scripts/check_openapi.py
+
+echo "== job spec parser fuzzing (bounded)"
+bash scripts/fuzz.sh 60
+
 echo "== simulator smoke"
 ./build/gpupool sim run --nodes data/alibaba/openb_node_list_gpu_node.csv \
   --pods data/alibaba/openb_pod_list_default.csv --policy fgd --seed 42 --json build/sim-run.json
@@ -43,5 +52,6 @@ fi
 
 echo "== benchmark smoke (figures live in docs/performance.md)"
 ./build/place_bench --benchmark_filter='BM_Place/fgd/openb/90' --benchmark_min_time=0.05
+./build/store_bench --benchmark_min_time=0.05
 
 echo "test.sh: all passed"

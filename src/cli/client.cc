@@ -301,6 +301,7 @@ Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path
                                   std::string_view content_type) const {
   try {
     httplib::Client http(url_.Origin());
+    http.set_tcp_nodelay(true);
     http.set_connection_timeout(config_.connect_timeout_s);
     http.set_read_timeout(config_.read_timeout_s);
     http.set_write_timeout(config_.read_timeout_s);

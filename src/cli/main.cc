@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/client_commands.h"
+#include "cli/server_commands.h"
 #include "cli/sim_commands.h"
 #include "config/profile_yaml.h"
 #include "model/ledger.h"
@@ -90,8 +92,23 @@ int main(int argc, char** argv) {
   auto* version_cmd = app.add_subcommand("version", "Print the version");
 
   const std::function<int()> run_sim = gpupool::AddSimCommands(app);
+  const std::function<int()> run_server = gpupool::AddServerCommand(app);
+  int client_exit = -1;
+  gpupool::RegisterClientCommands(app, &client_exit);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors exit 2, which scripts can tell apart from a failed operation (1).
+    (void)app.exit(e);
+    return 2;
+  }
+  if (client_exit >= 0) return client_exit;
+  if (const int rc = run_server(); rc >= 0) return rc;
 
   if (*demo_cmd) return DemoCommand(demo);
   if (*policies_cmd) return ListPolicies();

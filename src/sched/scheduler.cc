@@ -156,8 +156,8 @@ Diagnosis Scheduler::MakeDiagnosis() const {
   const auto& counts = reasons_.counts();
   for (size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] == 0) continue;
-    d.reasons.emplace_back(i < reason_names_.size() ? reason_names_[i] : mask_->reasons[i - reason_names_.size()],
-                           counts[i]);
+    d.reasons.emplace_back(
+        i < reason_names_.size() ? reason_names_[i] : mask_->reasons[i - reason_names_.size()], counts[i]);
   }
   std::stable_sort(d.reasons.begin(), d.reasons.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -318,6 +318,7 @@ JobResult Scheduler::ScheduleJob(const Job& job, Binder* binder,
       }
       if (first_failure) {
         r.diagnosis = d.diagnosis;
+        r.first_failed_task = index;
         r.status = id.status().WithContext(
             fmt::format("task {}[{}]", g.name.empty() ? std::string("task") : g.name, rep));
         first_failure = false;
@@ -332,6 +333,11 @@ JobResult Scheduler::ScheduleJob(const Job& job, Binder* binder,
   const int placed = static_cast<int>(r.allocations.size());
   for (const auto& permit : permits_) {
     if (Status st = permit->Permit(job, placed); !st.ok()) {
+      // Nothing fitted at all: the first task's own reason says more than the gang's.
+      if (placed == 0 && !r.status.ok()) {
+        rollback();
+        return r;
+      }
       if (r.status.ok()) {
         r.status = st;
       } else {

@@ -50,8 +50,9 @@ struct JobResult {
   bool placed = false;
   std::vector<AllocationId> allocations;  // one per placed task, in task order
   std::vector<Placement> placements;
-  Diagnosis diagnosis;  // the first task that did not fit
-  Status status;        // why the job was not placed (Unschedulable, permit or bind failure)
+  Diagnosis diagnosis;         // the first task that did not fit
+  int first_failed_task = -1;  // its position in the job's task order; -1 when every task fit
+  Status status;               // why the job was not placed (Unschedulable, permit or bind failure)
 };
 
 class Scheduler {

@@ -1,0 +1,29 @@
+# The control plane: config, the job service and its scheduling loop, the HTTP API, metrics.
+add_library(gpupool_server
+  src/server/config.cc
+  src/server/resources_json.cc
+  src/server/metrics.cc
+  src/server/service.cc
+  src/server/http_api.cc
+)
+target_link_libraries(gpupool_server
+  PUBLIC gpupool_api gpupool_store gpupool_config nlohmann_json::nlohmann_json Threads::Threads
+  PRIVATE PkgConfig::HTTPLIB yaml-cpp)
+
+if(GPUPOOL_BUILD_TESTS)
+  gpupool_test(server_test
+    src/server/config_test.cc
+    src/server/service_test.cc
+    src/server/http_api_test.cc
+    src/server/e2e_test.cc
+  )
+  target_link_libraries(server_test PRIVATE gpupool_server PkgConfig::HTTPLIB)
+  # The kill -9 test runs the real binary.
+  target_compile_definitions(server_test PRIVATE GPUPOOL_BINARY="$<TARGET_FILE:gpupool>")
+  add_dependencies(server_test gpupool)
+endif()
+
+if(GPUPOOL_BUILD_BENCH)
+  add_executable(server_bench bench/server_bench.cc)
+  target_link_libraries(server_bench PRIVATE gpupool_server PkgConfig::HTTPLIB Threads::Threads)
+endif()

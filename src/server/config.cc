@@ -1,0 +1,317 @@
+#include "server/config.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "server/resources_json.h"
+
+namespace gpupool {
+
+std::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kAdmin: return "admin";
+    case Role::kTenant: return "tenant";
+    case Role::kAgent: return "agent";
+  }
+  return "?";
+}
+
+namespace {
+
+Status CheckKeys(const nlohmann::json& j, const std::string& where, const std::set<std::string>& known) {
+  if (!j.is_object()) return Status::InvalidArgument(where + ": must be a map");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!known.count(it.key())) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      return Status::InvalidArgument(
+          fmt::format("{}{}{}: unknown key (known: {})", where, where.empty() ? "" : ".", it.key(), list));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<int64_t> GetInt(const nlohmann::json& j, const std::string& where, int64_t lo, int64_t hi) {
+  if (!j.is_number_integer()) return Status::InvalidArgument(where + ": must be an integer");
+  const int64_t v = j.get<int64_t>();
+  if (v < lo || v > hi) return Status::InvalidArgument(fmt::format("{}: must be in [{}, {}]", where, lo, hi));
+  return v;
+}
+
+Result<std::string> GetString(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_string()) return Status::InvalidArgument(where + ": must be a string");
+  return j.get<std::string>();
+}
+
+Result<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::IoError("cannot read token file " + path);
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.empty()) return Status::InvalidArgument("token file " + path + " is empty");
+  return token;
+}
+
+}  // namespace
+
+Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& where) {
+  RETURN_IF_ERROR(CheckKeys(q, where, {"name", "parent", "weight", "guaranteed", "limit"}));
+  QueueSpec spec;
+  if (!q.contains("name")) return Status::InvalidArgument(where + ".name: is required");
+  auto name = GetString(q["name"], where + ".name");
+  if (!name.ok()) return name.status();
+  spec.name = *name;
+  if (q.contains("parent")) {
+    auto parent = GetString(q["parent"], where + ".parent");
+    if (!parent.ok()) return parent.status();
+    spec.parent = *parent;
+  }
+  if (q.contains("weight")) {
+    if (!q["weight"].is_number() || q["weight"].get<double>() <= 0 || q["weight"].get<double>() > 1e6)
+      return Status::InvalidArgument(where + ".weight: must be a positive number up to 1000000");
+    spec.weight_milli = static_cast<int64_t>(q["weight"].get<double>() * 1000 + 0.5);
+    if (spec.weight_milli < 1) spec.weight_milli = 1;
+  }
+  if (q.contains("guaranteed")) {
+    auto g = ParseResourceMap(q["guaranteed"], where + ".guaranteed", 0);
+    if (!g.ok()) return g.status();
+    spec.guaranteed = *g;
+  }
+  if (q.contains("limit")) {
+    auto l = ParseResourceMap(q["limit"], where + ".limit", kUnlimited);
+    if (!l.ok()) return l.status();
+    spec.limit = *l;
+  }
+  return spec;
+}
+
+Result<ServerConfig> LoadServerConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::IoError("cannot read config file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto tree = YamlToJson(ss.str());
+  if (!tree.ok()) return tree.status().WithContext(path);
+  const nlohmann::json& j = *tree;
+  ServerConfig c;
+  if (j.is_null()) return c;
+  auto fail = [&](const Status& st) -> Result<ServerConfig> { return st.WithContext(path); };
+  if (Status st = CheckKeys(j, "",
+                            {"listen", "dataDir", "tokens", "ordering", "tenants", "queues", "profile",
+                             "preemption", "backfill", "heartbeat", "limits", "store", "httpThreads"});
+      !st.ok())
+    return fail(st);
+  try {
+    if (j.contains("listen")) {
+      auto v = GetString(j["listen"], "listen");
+      if (!v.ok()) return fail(v.status());
+      c.listen = *v;
+      std::string host;
+      int port = 0;
+      if (Status st = ParseListen(c.listen, &host, &port); !st.ok()) return fail(st);
+    }
+    if (j.contains("dataDir")) {
+      auto v = GetString(j["dataDir"], "dataDir");
+      if (!v.ok()) return fail(v.status());
+      c.data_dir = *v;
+    }
+    if (j.contains("tokens")) {
+      if (!j["tokens"].is_array()) return fail(Status::InvalidArgument("tokens: must be a list"));
+      for (size_t i = 0; i < j["tokens"].size(); ++i) {
+        const auto& t = j["tokens"][i];
+        const std::string where = fmt::format("tokens[{}]", i);
+        if (Status st = CheckKeys(t, where, {"token", "tokenFile", "role", "tenant"}); !st.ok())
+          return fail(st);
+        std::string token;
+        if (t.contains("token") == t.contains("tokenFile"))
+          return fail(Status::InvalidArgument(where + ": give exactly one of token and tokenFile"));
+        if (t.contains("token")) {
+          auto v = GetString(t["token"], where + ".token");
+          if (!v.ok()) return fail(v.status());
+          token = *v;
+        } else {
+          auto f = GetString(t["tokenFile"], where + ".tokenFile");
+          if (!f.ok()) return fail(f.status());
+          auto v = ReadTokenFile(*f);
+          if (!v.ok()) return fail(v.status().WithContext(where));
+          token = *v;
+        }
+        if (token.size() < 16)
+          return fail(Status::InvalidArgument(where + ".token: must be at least 16 characters"));
+        Principal p;
+        if (!t.contains("role")) return fail(Status::InvalidArgument(where + ".role: is required"));
+        auto role = GetString(t["role"], where + ".role");
+        if (!role.ok()) return fail(role.status());
+        if (*role == "admin") {
+          p.role = Role::kAdmin;
+        } else if (*role == "tenant") {
+          p.role = Role::kTenant;
+        } else if (*role == "agent") {
+          p.role = Role::kAgent;
+        } else {
+          return fail(Status::InvalidArgument(where + ".role: must be admin, tenant or agent"));
+        }
+        if (t.contains("tenant")) {
+          auto v = GetString(t["tenant"], where + ".tenant");
+          if (!v.ok()) return fail(v.status());
+          p.tenant = *v;
+        }
+        if (p.role == Role::kTenant && p.tenant.empty())
+          return fail(Status::InvalidArgument(where + ".tenant: a tenant token needs its tenant"));
+        if (!c.tokens.emplace(token, p).second)
+          return fail(Status::InvalidArgument(where + ": the same token is listed twice"));
+      }
+    }
+    if (j.contains("ordering")) {
+      auto v = GetString(j["ordering"], "ordering");
+      if (!v.ok()) return fail(v.status());
+      auto policy = ParseOrderingPolicy(*v);
+      if (!policy.ok()) return fail(policy.status().WithContext("ordering"));
+      c.ordering.policy = *policy;
+    }
+    if (j.contains("tenants")) {
+      const auto& t = j["tenants"];
+      if (!t.is_object())
+        return fail(Status::InvalidArgument("tenants: must be a map of tenant -> {weight}"));
+      for (auto it = t.begin(); it != t.end(); ++it) {
+        const std::string where = "tenants." + it.key();
+        if (Status st = CheckKeys(it.value(), where, {"weight"}); !st.ok()) return fail(st);
+        if (it.value().contains("weight")) {
+          const auto& w = it.value()["weight"];
+          if (!w.is_number() || w.get<double>() <= 0 || w.get<double>() > 1e6)
+            return fail(Status::InvalidArgument(where + ".weight: must be a positive number"));
+          c.ordering.tenant_weight_milli[it.key()] = static_cast<int64_t>(w.get<double>() * 1000 + 0.5);
+        }
+      }
+    }
+    if (j.contains("queues")) {
+      if (!j["queues"].is_array()) return fail(Status::InvalidArgument("queues: must be a list"));
+      for (size_t i = 0; i < j["queues"].size(); ++i) {
+        auto q = ParseQueueJson(j["queues"][i], fmt::format("queues[{}]", i));
+        if (!q.ok()) return fail(q.status());
+        c.ordering.queues.push_back(*q);
+      }
+    }
+    if (j.contains("profile")) {
+      auto v = GetString(j["profile"], "profile");
+      if (!v.ok()) return fail(v.status());
+      c.profile = *v;
+    }
+    if (j.contains("preemption")) {
+      const auto& p = j["preemption"];
+      if (Status st = CheckKeys(p, "preemption", {"enabled", "gracePeriodSeconds"}); !st.ok())
+        return fail(st);
+      if (p.contains("enabled")) {
+        if (!p["enabled"].is_boolean())
+          return fail(Status::InvalidArgument("preemption.enabled: must be true or false"));
+        c.preemption = p["enabled"].get<bool>();
+      }
+      if (p.contains("gracePeriodSeconds")) {
+        auto v = GetInt(p["gracePeriodSeconds"], "preemption.gracePeriodSeconds", 0, 86400);
+        if (!v.ok()) return fail(v.status());
+        c.grace_period_seconds = static_cast<int>(*v);
+      }
+    }
+    if (j.contains("backfill")) {
+      const auto& b = j["backfill"];
+      if (Status st = CheckKeys(b, "backfill", {"reserveAfterSeconds"}); !st.ok()) return fail(st);
+      if (b.contains("reserveAfterSeconds")) {
+        auto v = GetInt(b["reserveAfterSeconds"], "backfill.reserveAfterSeconds", 0, 86400 * 7);
+        if (!v.ok()) return fail(v.status());
+        c.reserve_after_seconds = static_cast<int>(*v);
+      }
+    }
+    if (j.contains("heartbeat")) {
+      const auto& h = j["heartbeat"];
+      if (Status st = CheckKeys(h, "heartbeat", {"intervalSeconds", "timeoutSeconds"}); !st.ok())
+        return fail(st);
+      if (h.contains("intervalSeconds")) {
+        auto v = GetInt(h["intervalSeconds"], "heartbeat.intervalSeconds", 1, 3600);
+        if (!v.ok()) return fail(v.status());
+        c.heartbeat_interval_seconds = static_cast<int>(*v);
+      }
+      if (h.contains("timeoutSeconds")) {
+        auto v = GetInt(h["timeoutSeconds"], "heartbeat.timeoutSeconds", 1, 86400);
+        if (!v.ok()) return fail(v.status());
+        c.heartbeat_timeout_seconds = static_cast<int>(*v);
+      }
+    }
+    if (j.contains("limits")) {
+      const auto& l = j["limits"];
+      if (Status st = CheckKeys(l, "limits", {"maxBodyBytes", "maxJobsPerCycle"}); !st.ok()) return fail(st);
+      if (l.contains("maxBodyBytes")) {
+        auto v = GetInt(l["maxBodyBytes"], "limits.maxBodyBytes", 1024, int64_t{64} << 20);
+        if (!v.ok()) return fail(v.status());
+        c.max_body_bytes = static_cast<size_t>(*v);
+      }
+      if (l.contains("maxJobsPerCycle")) {
+        auto v = GetInt(l["maxJobsPerCycle"], "limits.maxJobsPerCycle", 1, 1000000);
+        if (!v.ok()) return fail(v.status());
+        c.max_jobs_per_cycle = static_cast<int>(*v);
+      }
+    }
+    if (j.contains("store")) {
+      const auto& s = j["store"];
+      if (Status st = CheckKeys(s, "store", {"synchronous"}); !st.ok()) return fail(st);
+      if (s.contains("synchronous")) {
+        auto v = GetString(s["synchronous"], "store.synchronous");
+        if (!v.ok()) return fail(v.status());
+        if (*v != "full" && *v != "normal")
+          return fail(Status::InvalidArgument("store.synchronous: must be full or normal"));
+        c.sync_full = *v == "full";
+      }
+    }
+    if (j.contains("httpThreads")) {
+      auto v = GetInt(j["httpThreads"], "httpThreads", 1, 1024);
+      if (!v.ok()) return fail(v.status());
+      c.http_threads = static_cast<int>(*v);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return fail(Status::InvalidArgument(e.what()));
+  }
+  // Validate the queue tree once here so a bad config fails at start, naming the queue.
+  auto order = QueueOrder::Create(c.ordering);
+  if (!order.ok()) return fail(order.status().WithContext("queues"));
+  return c;
+}
+
+Result<std::string> EnsureAdminToken(const std::string& data_dir) {
+  const std::string path = data_dir + "/admin.token";
+  if (::access(path.c_str(), F_OK) == 0) return ReadTokenFile(path);
+  std::random_device rd;
+  std::string token;
+  static const char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 40; ++i) token += kHex[rd() % 16];
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return Status::IoError("cannot create " + tmp);
+  const std::string line = token + "\n";
+  const bool ok =
+      ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) return Status::IoError("cannot write " + path);
+  return token;
+}
+
+Status ParseListen(const std::string& listen, std::string* host, int* port) {
+  const auto colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return Status::InvalidArgument(fmt::format("listen address '{}' must be host:port", listen));
+  *host = listen.substr(0, colon);
+  const std::string p = listen.substr(colon + 1);
+  if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(p) > 65535)
+    return Status::InvalidArgument(fmt::format("listen address '{}': port must be 0..65535", listen));
+  *port = std::stoi(p);
+  return Status::Ok();
+}
+
+}  // namespace gpupool

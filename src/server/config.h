@@ -1,0 +1,65 @@
+// The server's configuration: where it listens, who may call it, how it orders and places work.
+// Read once at start from YAML (docs/server.md); plain data afterwards.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "sched/queueing.h"
+
+namespace gpupool {
+
+enum class Role { kAdmin, kTenant, kAgent };
+std::string_view RoleName(Role role);
+
+struct Principal {
+  std::string tenant;  // admins and agents: "" unless configured
+  Role role = Role::kTenant;
+};
+
+struct ServerConfig {
+  std::string data_dir;
+  std::string listen = "127.0.0.1:8470";
+  // token -> who holds it
+  std::map<std::string, Principal> tokens;
+
+  // Queue ordering and the queues the server starts with (created in the store the first time;
+  // afterwards the API owns them).
+  QueueOrderOptions ordering;
+  // Placement: a policy name (fgd, bestfit, ...) or a profile YAML file.
+  std::string profile = "fgd";
+
+  bool preemption = true;
+  int grace_period_seconds = 30;
+  // A gang that has waited this long gets nodes held for it: smaller jobs stop backfilling them.
+  int reserve_after_seconds = 60;
+
+  int heartbeat_interval_seconds = 5;
+  int heartbeat_timeout_seconds = 30;
+
+  size_t max_body_bytes = 1 << 20;
+  int max_jobs_per_cycle = 5000;
+  int cycle_interval_ms = 200;  // the loop also runs at once after every submission or release
+  bool sync_full = true;        // SQLite synchronous=FULL (FALSE: NORMAL, survives process crashes only)
+  // cpp-httplib keeps a worker per open keep-alive connection, so this bounds concurrent clients.
+  int http_threads = 64;
+};
+
+// Reads a config file. Unknown keys are errors naming the key.
+Result<ServerConfig> LoadServerConfig(const std::string& path);
+
+// The token file of a config-less server: DIR/admin.token, created (mode 0600) with a fresh random
+// token when absent, reused when present. Returns the token.
+Result<std::string> EnsureAdminToken(const std::string& data_dir);
+
+// A queue as the config and the API write it: {name, parent, weight, guaranteed, limit}.
+Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& where);
+
+// "host:port" -> parts; port 0 allowed (pick a free one).
+Status ParseListen(const std::string& listen, std::string* host, int* port);
+
+}  // namespace gpupool

@@ -1,0 +1,108 @@
+#include "server/config.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace gpupool {
+namespace {
+
+std::string WriteTemp(const std::string& text) {
+  char tmpl[] = "/tmp/gpupool-config-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  ::close(fd);
+  std::ofstream(tmpl) << text;
+  return tmpl;
+}
+
+TEST(ServerConfigTest, ReadsEverySection) {
+  const std::string path = WriteTemp(R"(
+listen: 0.0.0.0:9000
+tokens:
+  - {token: admin-token-0123456789, role: admin}
+  - {token: vision-token-0123456789, role: tenant, tenant: vision}
+  - {token: agent-token-0123456789, role: agent}
+ordering: drf
+tenants: {vision: {weight: 2}}
+queues:
+  - {name: research, weight: 1}
+  - {name: vision, parent: research, weight: 2.5, guaranteed: {gpu: 4, cpu: 32}, limit: {gpu: 8, memory: 1Ti}}
+profile: bestfit
+preemption: {enabled: false, gracePeriodSeconds: 10}
+backfill: {reserveAfterSeconds: 120}
+heartbeat: {intervalSeconds: 2, timeoutSeconds: 10}
+limits: {maxBodyBytes: 65536, maxJobsPerCycle: 100}
+store: {synchronous: normal}
+)");
+  auto c = LoadServerConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->listen, "0.0.0.0:9000");
+  ASSERT_EQ(c->tokens.size(), 3u);
+  EXPECT_EQ(c->tokens.at("vision-token-0123456789").tenant, "vision");
+  EXPECT_EQ(c->tokens.at("agent-token-0123456789").role, Role::kAgent);
+  EXPECT_EQ(c->ordering.policy, OrderingPolicy::kDrf);
+  EXPECT_EQ(c->ordering.tenant_weight_milli.at("vision"), 2000);
+  ASSERT_EQ(c->ordering.queues.size(), 2u);
+  const QueueSpec& v = c->ordering.queues[1];
+  EXPECT_EQ(v.parent, "research");
+  EXPECT_EQ(v.weight_milli, 2500);
+  EXPECT_EQ(v.guaranteed.gpu, 4000);
+  EXPECT_EQ(v.guaranteed.cpu, 32000);
+  EXPECT_EQ(v.limit.gpu, 8000);
+  EXPECT_EQ(v.limit.memory, 1024 * 1024);
+  EXPECT_EQ(v.limit.cpu, kUnlimited);
+  EXPECT_FALSE(c->preemption);
+  EXPECT_EQ(c->grace_period_seconds, 10);
+  EXPECT_EQ(c->reserve_after_seconds, 120);
+  EXPECT_EQ(c->max_body_bytes, 65536u);
+  EXPECT_FALSE(c->sync_full);
+  std::filesystem::remove(path);
+}
+
+TEST(ServerConfigTest, ErrorsNameTheKey) {
+  struct Case {
+    const char* yaml;
+    const char* expect;
+  } cases[] = {
+      {"listne: x\n", "listne: unknown key"},
+      {"tokens: [{token: short, role: admin}]\n", "tokens[0].token: must be at least 16"},
+      {"tokens: [{token: 0123456789abcdef0, role: tenant}]\n", "tokens[0].tenant: a tenant token needs"},
+      {"tokens: [{token: 0123456789abcdef0, role: root}]\n", "tokens[0].role: must be admin"},
+      {"ordering: random\n", "ordering"},
+      {"queues: [{name: a, weight: 0}]\n", "queues[0].weight"},
+      {"queues: [{name: a, limit: {gpus: 2}}]\n", "queues[0].limit.gpus: unknown resource"},
+      {"queues: [{name: a, parent: nope}]\n", "nope"},
+      {"preemption: {gracePeriodSeconds: -1}\n", "preemption.gracePeriodSeconds"},
+      {"listen: nohost\n", "host:port"},
+      {"store: {synchronous: sometimes}\n", "store.synchronous"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = WriteTemp(c.yaml);
+    auto r = LoadServerConfig(path);
+    EXPECT_FALSE(r.ok()) << c.yaml;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
+        << c.yaml << " -> " << r.status().message();
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(ServerConfigTest, AdminTokenIsCreatedPrivateAndReused) {
+  char tmpl[] = "/tmp/gpupool-token-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto first = EnsureAdminToken(dir);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_GE(first->size(), 32u);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir + "/admin.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto second = EnsureAdminToken(dir);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*first, *second);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpupool

@@ -1,0 +1,44 @@
+// The REST API of docs/api.md over HTTP (cpp-httplib): authentication, routing, content types,
+// size limits and the one error shape. All state lives in PoolService; this layer only
+// translates.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "server/config.h"
+#include "server/service.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace gpupool {
+
+class HttpApi {
+ public:
+  // `service` must outlive the API. Tokens come from config.tokens.
+  HttpApi(PoolService& service, ServerConfig config);
+  ~HttpApi();
+  HttpApi(const HttpApi&) = delete;
+  HttpApi& operator=(const HttpApi&) = delete;
+
+  // Binds host:port (port 0: any free port) and serves on a background thread. Returns the port.
+  Result<int> Start(const std::string& host, int port);
+  // Stops accepting, finishes requests in flight, joins the thread.
+  void Stop();
+
+  // HTTP status for a Status code (400, 401, 403, 404, 409, 422, 500).
+  static int HttpStatusFor(StatusCode code);
+
+ private:
+  void Routes();
+  PoolService& service_;
+  ServerConfig config_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+};
+
+}  // namespace gpupool

@@ -1,0 +1,729 @@
+// The REST API over real HTTP: a PoolService behind HttpApi on an ephemeral port. Bad input gets a
+// 4xx with the one error shape of docs/api.md and changes nothing (in memory, nor in the store);
+// the happy paths answer what docs/api.md says. Cycles are driven by RunCycle(), so every step is
+// deterministic; agents are played by the test over HTTP.
+#include "server/http_api.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "store/sqlite_store.h"
+
+namespace gpupool {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kAdminToken[] = "admin-token-0123456789";
+constexpr char kVisionToken[] = "vision-token-0123456789";
+constexpr char kNlpToken[] = "nlp-token-0123456789abc";
+constexpr char kAgentToken[] = "agent-token-0123456789";
+constexpr size_t kMaxBody = 16 * 1024;
+
+struct Reply {
+  int status = 0;  // 0: no HTTP answer at all
+  std::string raw;
+  std::string content_type;
+  json body;
+};
+
+// One HTTP call on a fresh connection. `token` "" sends no Authorization header.
+Reply Call(int port, const std::string& method, const std::string& path, const std::string& token,
+           const std::string& body = "", const std::string& content_type = "application/json") {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_connection_timeout(5, 0);
+  cli.set_read_timeout(30, 0);
+  cli.set_tcp_nodelay(true);
+  httplib::Headers headers;
+  if (!token.empty()) headers.emplace("Authorization", std::string("Bearer ") + token);
+  auto send = [&]() -> httplib::Result {
+    if (method == "GET") return cli.Get(path, headers);
+    if (method == "PUT") return cli.Put(path, headers, body, content_type);
+    if (method == "DELETE") return cli.Delete(path, headers);
+    if (body.empty() && content_type.empty()) return cli.Post(path, headers);
+    return cli.Post(path, headers, body, content_type);
+  };
+  httplib::Result r = send();
+  Reply out;
+  if (!r) return out;
+  out.status = r->status;
+  out.raw = r->body;
+  out.content_type = r->get_header_value("Content-Type");
+  out.body = json::parse(r->body, nullptr, false);
+  return out;
+}
+
+// A 4xx (or 5xx) answer in the error shape: {"error": {"code", "message", "field"?}}. `field` ""
+// checks only that a field, when present, is a non-empty string.
+::testing::AssertionResult IsError(const Reply& r, int status, const std::string& code,
+                                   const std::string& field = "") {
+  if (r.status != status)
+    return ::testing::AssertionFailure() << "status " << r.status << ", want " << status << ": " << r.raw;
+  if (r.content_type.rfind("application/json", 0) != 0)
+    return ::testing::AssertionFailure() << "content type '" << r.content_type << "'";
+  if (!r.body.is_object() || r.body.size() != 1 || !r.body.contains("error") || !r.body["error"].is_object())
+    return ::testing::AssertionFailure() << "not the error shape: " << r.raw;
+  const json& e = r.body["error"];
+  if (e.value("code", "") != code)
+    return ::testing::AssertionFailure() << "code, want " << code << ": " << r.raw;
+  if (!e.contains("message") || !e["message"].is_string() || e["message"].get<std::string>().empty())
+    return ::testing::AssertionFailure() << "no message: " << r.raw;
+  for (auto it = e.begin(); it != e.end(); ++it) {
+    if (it.key() != "code" && it.key() != "message" && it.key() != "field")
+      return ::testing::AssertionFailure() << "unexpected member " << it.key() << ": " << r.raw;
+  }
+  if (e.contains("field") && (!e["field"].is_string() || e["field"].get<std::string>().empty()))
+    return ::testing::AssertionFailure() << "empty field: " << r.raw;
+  if (!field.empty() && e.value("field", "") != field)
+    return ::testing::AssertionFailure() << "field, want " << field << ": " << r.raw;
+  return ::testing::AssertionSuccess();
+}
+
+std::string OneTaskJson(const std::string& name, const std::string& resources,
+                        const std::string& extra = "") {
+  return R"({"name": ")" + name + "\"" + extra + R"(, "tasks": [{"name": "w", "resources": )" + resources +
+         R"(, "command": ["sleep", "1"]}]})";
+}
+
+class HttpApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gpupool-http-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    config_.data_dir = dir_;
+    config_.profile = "bestfit";
+    config_.sync_full = false;
+    config_.max_body_bytes = kMaxBody;
+    config_.reserve_after_seconds = 3600;
+    config_.grace_period_seconds = 30;
+    config_.http_threads = 4;
+    config_.tokens[kAdminToken] = Principal{"", Role::kAdmin};
+    config_.tokens[kVisionToken] = Principal{"vision", Role::kTenant};
+    config_.tokens[kNlpToken] = Principal{"nlp", Role::kTenant};
+    config_.tokens[kAgentToken] = Principal{"", Role::kAgent};
+    Open();
+  }
+  void TearDown() override {
+    Close();
+    std::filesystem::remove_all(dir_);
+  }
+  // A new service and API over the store in dir_: what a restarted server would see.
+  void Open() {
+    Close();
+    auto store = OpenSqliteStore({dir_ + "/gpupool.db", false});
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    auto service = PoolService::Open(config_, std::move(store).value());
+    ASSERT_TRUE(service.ok()) << service.status().ToString();
+    service_ = std::move(service).value();
+    api_ = std::make_unique<HttpApi>(*service_, config_);
+    auto port = api_->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    port_ = *port;
+  }
+  void Close() {
+    if (api_) api_->Stop();
+    api_.reset();
+    service_.reset();
+  }
+
+  Reply Get(const std::string& path, const std::string& token = kAdminToken) {
+    return Call(port_, "GET", path, token);
+  }
+  Reply Post(const std::string& path, const std::string& body, const std::string& token = kAdminToken,
+             const std::string& content_type = "application/json") {
+    return Call(port_, "POST", path, token, body, content_type);
+  }
+  Reply Put(const std::string& path, const std::string& body, const std::string& token = kAdminToken) {
+    return Call(port_, "PUT", path, token, body);
+  }
+
+  void AddNode(const std::string& name, int gpus) {
+    json body = {{"name", name}, {"cpu", "64"}, {"memory", "512Gi"}, {"labels", {{"zone", "a"}}}};
+    json g = json::array();
+    for (int i = 0; i < gpus; ++i) g.push_back({{"index", i}, {"model", "A100-80GB"}});
+    body["gpus"] = g;
+    Reply r = Post("/api/v1/agent/register", body.dump(), kAgentToken);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["node"]["name"], name);
+    EXPECT_EQ(r.body["heartbeatIntervalSeconds"], config_.heartbeat_interval_seconds);
+  }
+  std::string Submit(const std::string& body, const std::string& token = kAdminToken,
+                     const std::string& content_type = "application/json") {
+    Reply r = Post("/api/v1/jobs", body, token, content_type);
+    EXPECT_EQ(r.status, 201) << r.raw;
+    return r.status == 201 ? r.body["id"].get<std::string>() : "";
+  }
+  json Job(const std::string& id) {
+    Reply r = Get("/api/v1/jobs/" + id);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.body;
+  }
+  std::string State(const std::string& id) { return Job(id).value("state", "?"); }
+  // Reports a task's state as its node's agent would.
+  void Report(const std::string& id, int index, const std::string& state) {
+    const std::string node = Job(id)["tasks"][static_cast<size_t>(index)]["node"];
+    Reply r = Post("/api/v1/agent/nodes/" + node + "/tasks/" + id + "/" + std::to_string(index) + "/status",
+                   json{{"state", state}, {"exitCode", 0}}.dump(), kAgentToken);
+    ASSERT_EQ(r.status, 200) << r.raw;
+  }
+  // Every job (admin view, all pages) reduced to what must not change, and the queues.
+  json Stored() {
+    json jobs = json::array();
+    std::string token;
+    for (int page = 0; page < 100; ++page) {
+      Reply r = Get("/api/v1/jobs?limit=1000" + (token.empty() ? "" : "&pageToken=" + token));
+      EXPECT_EQ(r.status, 200) << r.raw;
+      if (r.status != 200) break;
+      for (const json& j : r.body["items"]) {
+        json tasks = json::array();
+        for (const json& t : j["tasks"]) tasks.push_back({t["state"], t["node"], t["restarts"]});
+        jobs.push_back({j["id"], j["name"], j["tenant"], j["queue"], j["state"], j["spec"], tasks});
+      }
+      if (!r.body.contains("nextPageToken")) break;
+      token = r.body["nextPageToken"];
+    }
+    Reply queues = Get("/api/v1/queues");
+    EXPECT_EQ(queues.status, 200) << queues.raw;
+    Reply nodes = Get("/api/v1/nodes");
+    EXPECT_EQ(nodes.status, 200) << nodes.raw;
+    json node_view = json::array();
+    for (const json& n : nodes.body["items"]) node_view.push_back({n["name"], n["cordoned"], n["free"]});
+    return {{"jobs", jobs}, {"queues", queues.body}, {"nodes", node_view}};
+  }
+
+  std::string dir_;
+  ServerConfig config_;
+  std::unique_ptr<PoolService> service_;
+  std::unique_ptr<HttpApi> api_;
+  int port_ = 0;
+};
+
+TEST_F(HttpApiTest, HealthNeedsNoTokenButJobsDo) {
+  Reply health = Get("/healthz", "");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body["status"], "ok");
+  EXPECT_TRUE(IsError(Get("/api/v1/jobs", ""), 401, "Unauthenticated"));
+}
+
+// Every kind of bad request answers its 4xx in the error shape, and neither memory nor the store
+// changes: the job list, queues and nodes read the same afterwards, also from a reopened store,
+// and the next job id follows the last one acknowledged before the bad requests.
+TEST_F(HttpApiTest, BadInputIsRefusedInTheErrorShapeAndChangesNothing) {
+  AddNode("n1", 2);
+  ASSERT_EQ(Post("/api/v1/queues", R"({"name": "small", "limit": {"gpu": 1}})").status, 201);
+  const std::string vision =
+      Submit(OneTaskJson("v", R"({"cpu": "1", "memory": "1Gi", "gpu": 0.5})"), kVisionToken);
+  const std::string nlp = Submit(OneTaskJson("n", R"({"cpu": "1", "memory": "1Gi", "gpu": 0.5})"), kNlpToken);
+  const std::string done = Submit(OneTaskJson("d", R"({"cpu": "1"})"));
+  ASSERT_EQ(Post("/api/v1/jobs/" + done + "/cancel", "", kAdminToken, "").status, 200);
+  const json before = Stored();
+  ASSERT_EQ(before["jobs"].size(), 3u);
+
+  const std::string cpu1 = R"({"cpu": "1", "memory": "1Gi"})";
+  struct Case {
+    std::string what, method, path, token, body, content_type;
+    int status;
+    std::string code, field;
+  };
+  const std::vector<Case> cases = {
+      {"malformed JSON", "POST", "/api/v1/jobs", kAdminToken, R"({"name": "x", "tasks": [)",
+       "application/json", 400, "InvalidArgument", ""},
+      {"malformed YAML", "POST", "/api/v1/jobs", kAdminToken,
+       "name: x\ntasks: [{name: a, resources: {cpu: 1}\n", "application/yaml", 400, "InvalidArgument", ""},
+      {"unknown top-level field", "POST", "/api/v1/jobs", kAdminToken,
+       OneTaskJson("x", cpu1, R"(, "colour": "red")"), "application/json", 400, "InvalidArgument", "colour"},
+      {"unknown nested field", "POST", "/api/v1/jobs", kAdminToken,
+       OneTaskJson("x", R"({"cpu": "1", "vram": "8Gi"})"), "application/json", 400, "InvalidArgument",
+       "tasks[0].resources.vram"},
+      {"unknown field in YAML", "POST", "/api/v1/jobs", kAdminToken,
+       "name: x\ntasks: [{name: a, resources: {cpu: 1}, replica: 2}]\n", "text/yaml", 400, "InvalidArgument",
+       "tasks[0].replica"},
+      {"negative cpu", "POST", "/api/v1/jobs", kAdminToken, OneTaskJson("x", R"({"cpu": "-1"})"),
+       "application/json", 400, "InvalidArgument", "tasks[0].resources.cpu"},
+      {"negative cpu number", "POST", "/api/v1/jobs", kAdminToken, OneTaskJson("x", R"({"cpu": -2})"),
+       "application/json", 400, "InvalidArgument", "tasks[0].resources.cpu"},
+      {"gpu 1.5", "POST", "/api/v1/jobs", kAdminToken, OneTaskJson("x", R"({"cpu": "1", "gpu": 1.5})"),
+       "application/json", 400, "InvalidArgument", "tasks[0].resources.gpu"},
+      {"absurd replicas", "POST", "/api/v1/jobs", kAdminToken,
+       R"({"name": "x", "tasks": [{"name": "w", "replicas": 100000000, "resources": {"cpu": "1"}}]})",
+       "application/json", 400, "InvalidArgument", "tasks[0].replicas"},
+      {"no tasks", "POST", "/api/v1/jobs", kAdminToken, R"({"name": "x", "tasks": []})", "application/json",
+       400, "InvalidArgument", "tasks"},
+      {"unknown queue", "POST", "/api/v1/jobs", kAdminToken, OneTaskJson("x", cpu1, R"(, "queue": "nope")"),
+       "application/json", 400, "InvalidArgument", "queue"},
+      {"body over the limit", "POST", "/api/v1/jobs", kAdminToken,
+       OneTaskJson("x", cpu1, R"(, "labels": {"pad": ")" + std::string(kMaxBody + 100, 'a') + "\"}"),
+       "application/json", 413, "PayloadTooLarge", ""},
+      {"body over the limit, queue", "POST", "/api/v1/queues", kAdminToken,
+       R"({"name": ")" + std::string(kMaxBody + 100, 'q') + "\"}", "application/json", 413, "PayloadTooLarge",
+       ""},
+      {"text/plain job", "POST", "/api/v1/jobs", kAdminToken, OneTaskJson("x", cpu1), "text/plain", 415,
+       "UnsupportedMediaType", ""},
+      {"form-encoded queue", "POST", "/api/v1/queues", kAdminToken, "name=q",
+       "application/x-www-form-urlencoded", 415, "UnsupportedMediaType", ""},
+      {"unknown job", "GET", "/api/v1/jobs/j-999999999999", kAdminToken, "", "", 404, "NotFound", ""},
+      {"cancel unknown job", "POST", "/api/v1/jobs/j-999999999999/cancel", kAdminToken, "", "", 404,
+       "NotFound", ""},
+      {"events of unknown job", "GET", "/api/v1/jobs/nope/events", kAdminToken, "", "", 404, "NotFound", ""},
+      {"unknown node", "GET", "/api/v1/nodes/n9", kAdminToken, "", "", 404, "NotFound", ""},
+      {"cordon unknown node", "POST", "/api/v1/nodes/n9/cordon", kAdminToken, "", "", 404, "NotFound", ""},
+      {"unknown queue read", "GET", "/api/v1/queues/nope", kAdminToken, "", "", 404, "NotFound", ""},
+      {"update unknown queue", "PUT", "/api/v1/queues/nope", kAdminToken, R"({"weight": 2})",
+       "application/json", 404, "NotFound", ""},
+      {"missing token", "GET", "/api/v1/jobs", "", "", "", 401, "Unauthenticated", ""},
+      {"missing token, submit", "POST", "/api/v1/jobs", "", OneTaskJson("x", cpu1), "application/json", 401,
+       "Unauthenticated", ""},
+      {"wrong token", "GET", "/api/v1/jobs/" + vision, "not-a-token-0123456789", "", "", 401,
+       "Unauthenticated", ""},
+      {"wrong token, cancel", "POST", "/api/v1/jobs/" + vision + "/cancel", "admin-token-012345678", "", "",
+       401, "Unauthenticated", ""},
+      {"tenant reads another's job", "GET", "/api/v1/jobs/" + nlp, kVisionToken, "", "", 404, "NotFound", ""},
+      {"tenant reads another's events", "GET", "/api/v1/jobs/" + nlp + "/events", kVisionToken, "", "", 404,
+       "NotFound", ""},
+      {"tenant cancels another's job", "POST", "/api/v1/jobs/" + nlp + "/cancel", kVisionToken, "", "", 404,
+       "NotFound", ""},
+      {"tenant deletes another's job", "DELETE", "/api/v1/jobs/" + nlp, kVisionToken, "", "", 404, "NotFound",
+       ""},
+      {"tenant submits as another tenant", "POST", "/api/v1/jobs", kVisionToken,
+       OneTaskJson("x", cpu1, R"(, "tenant": "nlp")"), "application/json", 403, "PermissionDenied", ""},
+      {"tenant creates a queue", "POST", "/api/v1/queues", kVisionToken, R"({"name": "mine"})",
+       "application/json", 403, "PermissionDenied", ""},
+      {"tenant updates a queue", "PUT", "/api/v1/queues/small", kVisionToken, R"({"weight": 5})",
+       "application/json", 403, "PermissionDenied", ""},
+      {"tenant cordons a node", "POST", "/api/v1/nodes/n1/cordon", kVisionToken, "", "", 403,
+       "PermissionDenied", ""},
+      {"tenant registers a node", "POST", "/api/v1/agent/register", kVisionToken,
+       R"({"name": "n2", "cpu": "8", "memory": "8Gi"})", "application/json", 403, "PermissionDenied", ""},
+      {"agent lists jobs", "GET", "/api/v1/jobs", kAgentToken, "", "", 403, "PermissionDenied", ""},
+      {"agent reads a job", "GET", "/api/v1/jobs/" + vision, kAgentToken, "", "", 403, "PermissionDenied",
+       ""},
+      {"agent submits", "POST", "/api/v1/jobs", kAgentToken, OneTaskJson("x", cpu1), "application/json", 403,
+       "PermissionDenied", ""},
+      {"agent lists nodes", "GET", "/api/v1/nodes", kAgentToken, "", "", 403, "PermissionDenied", ""},
+      {"limit 0", "GET", "/api/v1/jobs?limit=0", kAdminToken, "", "", 400, "InvalidArgument", "limit"},
+      {"limit 1001", "GET", "/api/v1/jobs?limit=1001", kAdminToken, "", "", 400, "InvalidArgument", "limit"},
+      {"limit not a number", "GET", "/api/v1/jobs?limit=ten", kAdminToken, "", "", 400, "InvalidArgument",
+       "limit"},
+      {"negative page token", "GET", "/api/v1/jobs?pageToken=-5", kAdminToken, "", "", 400, "InvalidArgument",
+       "pageToken"},
+      {"unknown state filter", "GET", "/api/v1/jobs?state=pending,sleeping", kAdminToken, "", "", 400,
+       "InvalidArgument", "state"},
+      {"unknown query parameter", "GET", "/api/v1/jobs?colour=red", kAdminToken, "", "", 400,
+       "InvalidArgument", "colour"},
+      {"events limit 0", "GET", "/api/v1/jobs/" + vision + "/events?limit=0", kAdminToken, "", "", 400,
+       "InvalidArgument", "limit"},
+      {"events after -1", "GET", "/api/v1/jobs/" + vision + "/events?after=-1", kAdminToken, "", "", 400,
+       "InvalidArgument", "after"},
+      {"cancel a cancelled job", "POST", "/api/v1/jobs/" + done + "/cancel", kAdminToken, "", "", 409,
+       "FailedPrecondition", ""},
+      {"delete a cancelled job", "DELETE", "/api/v1/jobs/" + done, kAdminToken, "", "", 409,
+       "FailedPrecondition", ""},
+      {"create an existing queue", "POST", "/api/v1/queues", kAdminToken, R"({"name": "small"})",
+       "application/json", 409, "FailedPrecondition", ""},
+      {"queue weight negative", "POST", "/api/v1/queues", kAdminToken, R"({"name": "q2", "weight": -1})",
+       "application/json", 400, "InvalidArgument", "queue.weight"},
+      {"queue unknown key", "POST", "/api/v1/queues", kAdminToken, R"({"name": "q2", "colour": "red"})",
+       "application/json", 400, "InvalidArgument", "queue.colour"},
+      {"queue malformed JSON", "POST", "/api/v1/queues", kAdminToken, R"({"name": )", "application/json", 400,
+       "InvalidArgument", ""},
+      {"queue parent change", "PUT", "/api/v1/queues/small", kAdminToken, R"({"parent": "default"})",
+       "application/json", 400, "InvalidArgument", "queue.parent"},
+      {"node with negative cpu", "POST", "/api/v1/agent/register", kAgentToken,
+       R"({"name": "n2", "cpu": "-4", "memory": "8Gi"})", "application/json", 400, "InvalidArgument", "cpu"},
+      {"node re-registered with another inventory", "POST", "/api/v1/agent/register", kAgentToken,
+       R"({"name": "n1", "cpu": "64", "memory": "512Gi", "gpus": [{"index": 0, "model": "A100-80GB"}]})",
+       "application/json", 409, "FailedPrecondition", ""},
+      {"report with unknown state", "POST", "/api/v1/agent/nodes/n1/tasks/" + vision + "/0/status",
+       kAgentToken, R"({"state": "exploded"})", "application/json", 400, "InvalidArgument", "state"},
+      {"report for an unplaced task", "POST", "/api/v1/agent/nodes/n1/tasks/" + vision + "/0/status",
+       kAgentToken, R"({"state": "running"})", "application/json", 409, "FailedPrecondition", ""},
+      {"assignments of unknown node", "GET", "/api/v1/agent/nodes/n9/assignments", kAgentToken, "", "", 404,
+       "NotFound", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Reply r = Call(port_, c.method, c.path, c.token, c.body, c.content_type);
+    EXPECT_TRUE(IsError(r, c.status, c.code, c.field));
+  }
+
+  // The queue's limit at admission: 422, naming the queue; nothing stored.
+  Reply quota =
+      Post("/api/v1/jobs", R"({"name": "big", "queue": "small", "tasks": [{"name": "w", "replicas": 2,
+      "resources": {"cpu": "1", "memory": "1Gi", "gpu": 1}}]})",
+           kVisionToken);
+  EXPECT_TRUE(IsError(quota, 422, "QuotaExceeded"));
+  const std::string where =
+      quota.body["error"].value("field", "") + " " + quota.body["error"].value("message", "");
+  EXPECT_NE(where.find("small"), std::string::npos) << quota.raw;
+
+  EXPECT_EQ(Stored(), before);
+  Open();  // a restarted server reads exactly the same from the store
+  EXPECT_EQ(Stored(), before);
+  const std::string next = Submit(OneTaskJson("after", cpu1));
+  EXPECT_EQ(next, "j-000000000004") << "a refused submission must not take an id or a row";
+}
+
+TEST_F(HttpApiTest, SubmitsJsonAndYamlAndReadsThemBack) {
+  const std::string as_json = R"({"name": "infer", "priority": 5, "tasks": [{"name": "server", "replicas": 2,
+      "resources": {"cpu": "2", "memory": "8Gi", "gpu": 0.25, "gpuMemory": "10Gi"}, "command": ["python3", "serve.py"]}]})";
+  const std::string as_yaml = R"(
+name: infer
+priority: 5
+tasks:
+  - name: server
+    replicas: 2
+    resources: {cpu: 2, memory: 8Gi, gpu: 0.25, gpuMemory: 10Gi}
+    command: [python3, serve.py]
+)";
+  Reply j = Post("/api/v1/jobs", as_json, kVisionToken);
+  ASSERT_EQ(j.status, 201) << j.raw;
+  EXPECT_EQ(j.content_type.rfind("application/json", 0), 0u);
+  EXPECT_EQ(j.body["id"], "j-000000000001");
+  EXPECT_EQ(j.body["state"], "pending");
+  EXPECT_EQ(j.body["tenant"], "vision");
+  EXPECT_EQ(j.body["queue"], "default");
+  EXPECT_EQ(j.body["priority"], 5);
+  ASSERT_EQ(j.body["tasks"].size(), 2u);
+  EXPECT_EQ(j.body["tasks"][1]["state"], "pending");
+  EXPECT_FALSE(j.body["createdAt"].get<std::string>().empty());
+
+  for (const char* type : {"application/yaml", "text/yaml", "application/yaml; charset=utf-8"}) {
+    SCOPED_TRACE(type);
+    Reply y = Post("/api/v1/jobs", as_yaml, kVisionToken, type);
+    ASSERT_EQ(y.status, 201) << y.raw;
+    EXPECT_EQ(y.body["state"], "pending");
+    EXPECT_TRUE(y.body["id"].is_string());
+    EXPECT_EQ(y.body["spec"], j.body["spec"]) << "the same job in YAML and JSON has one canonical spec";
+  }
+  // An admin may submit for a tenant.
+  Reply a = Post("/api/v1/jobs", R"({"name": "x", "tenant": "nlp", "tasks": [{"name": "w"}]})");
+  ASSERT_EQ(a.status, 201) << a.raw;
+  EXPECT_EQ(a.body["tenant"], "nlp");
+
+  json got = Job("j-000000000001");
+  EXPECT_EQ(got["id"], "j-000000000001");
+  EXPECT_EQ(got["name"], "infer");
+  EXPECT_EQ(got["spec"], j.body["spec"]);
+  EXPECT_EQ(got["tasks"], j.body["tasks"]);
+  // The owner reads it too, the other tenant does not.
+  EXPECT_EQ(Get("/api/v1/jobs/j-000000000001", kVisionToken).status, 200);
+  EXPECT_TRUE(IsError(Get("/api/v1/jobs/j-000000000001", kNlpToken), 404, "NotFound"));
+}
+
+TEST_F(HttpApiTest, ListsWithFiltersAndPages) {
+  ASSERT_EQ(Post("/api/v1/queues", R"({"name": "research"})").status, 201);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(Submit(
+        OneTaskJson("v" + std::to_string(i), R"({"cpu": "1"})", i < 2 ? R"(, "queue": "research")" : ""),
+        kVisionToken));
+  }
+  for (int i = 0; i < 3; ++i)
+    ids.push_back(Submit(OneTaskJson("n" + std::to_string(i), R"({"cpu": "1"})"), kNlpToken));
+  ASSERT_EQ(Post("/api/v1/jobs/" + ids[3] + "/cancel", "", kVisionToken, "").status, 200);
+
+  // Pages of 3: 3 + 3 + 1, oldest first, nextPageToken absent on the last page.
+  std::vector<std::string> paged;
+  std::string token;
+  int pages = 0;
+  do {
+    Reply r = Get("/api/v1/jobs?limit=3" + (token.empty() ? "" : "&pageToken=" + token));
+    ASSERT_EQ(r.status, 200) << r.raw;
+    ++pages;
+    EXPECT_LE(r.body["items"].size(), 3u);
+    for (const json& j : r.body["items"]) paged.push_back(j["id"]);
+    token = r.body.contains("nextPageToken") ? r.body["nextPageToken"].get<std::string>() : "";
+    ASSERT_LE(pages, 10);
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(paged, ids);
+
+  auto count = [&](const std::string& query, const std::string& who = kAdminToken) -> int {
+    Reply r = Get("/api/v1/jobs?" + query, who);
+    EXPECT_EQ(r.status, 200) << query << ": " << r.raw;
+    return r.status == 200 ? static_cast<int>(r.body["items"].size()) : -1;
+  };
+  EXPECT_EQ(count("tenant=vision"), 4);
+  EXPECT_EQ(count("tenant=vision,nlp"), 7);
+  EXPECT_EQ(count("tenant=vision&tenant=nlp"), 7);
+  EXPECT_EQ(count("tenant=nobody"), 0);
+  EXPECT_EQ(count("state=cancelled"), 1);
+  EXPECT_EQ(count("state=pending"), 6);
+  EXPECT_EQ(count("state=pending,cancelled"), 7);
+  EXPECT_EQ(count("state=running"), 0);
+  EXPECT_EQ(count("queue=research"), 2);
+  EXPECT_EQ(count("queue=default&tenant=vision"), 2);
+  EXPECT_EQ(count("tenant=vision&state=pending"), 3);
+  // A tenant sees its own jobs only, whatever it filters by.
+  EXPECT_EQ(count("", kVisionToken), 4);
+  EXPECT_EQ(count("tenant=nlp", kVisionToken), 0);
+  EXPECT_EQ(count("limit=1000", kNlpToken), 3);
+  // Filters and pages together.
+  Reply first = Get("/api/v1/jobs?tenant=nlp&limit=2");
+  ASSERT_EQ(first.status, 200);
+  ASSERT_EQ(first.body["items"].size(), 2u);
+  ASSERT_TRUE(first.body.contains("nextPageToken"));
+  Reply second =
+      Get("/api/v1/jobs?tenant=nlp&limit=2&pageToken=" + first.body["nextPageToken"].get<std::string>());
+  ASSERT_EQ(second.status, 200);
+  ASSERT_EQ(second.body["items"].size(), 1u);
+  EXPECT_EQ(second.body["items"][0]["id"], ids[6]);
+  EXPECT_FALSE(second.body.contains("nextPageToken"));
+}
+
+TEST_F(HttpApiTest, CancelPendingAndRunningJobs) {
+  AddNode("n1", 1);
+  const std::string pending = Submit(OneTaskJson("p", R"({"cpu": "1", "gpu": 4})"), kVisionToken);
+  const std::string running =
+      Submit(OneTaskJson("r", R"({"cpu": "1", "memory": "1Gi", "gpu": 0.5})"), kVisionToken);
+  service_->RunCycle();
+  ASSERT_EQ(State(running), "running");
+  Report(running, 0, "running");
+
+  Reply c = Post("/api/v1/jobs/" + pending + "/cancel", "", kVisionToken, "");
+  ASSERT_EQ(c.status, 200) << c.raw;
+  EXPECT_EQ(c.body["state"], "cancelled");
+  EXPECT_EQ(c.body["tasks"][0]["state"], "cancelled");
+
+  Reply d = Call(port_, "DELETE", "/api/v1/jobs/" + running, kVisionToken);
+  ASSERT_EQ(d.status, 200) << d.raw;
+  EXPECT_EQ(d.body["state"], "cancelled");
+  EXPECT_EQ(d.body["tasks"][0]["state"], "stopping");
+  Reply a = Get("/api/v1/agent/nodes/n1/assignments", kAgentToken);
+  ASSERT_EQ(a.status, 200) << a.raw;
+  ASSERT_EQ(a.body["assignments"].size(), 1u);
+  EXPECT_EQ(a.body["assignments"][0]["desired"], "stop");
+  EXPECT_EQ(a.body["assignments"][0]["gracePeriodSeconds"], 30);
+  Report(running, 0, "stopped");
+  EXPECT_EQ(Job(running)["tasks"][0]["state"], "cancelled");
+  EXPECT_EQ(Get("/api/v1/agent/nodes/n1/assignments", kAgentToken).body["assignments"].size(), 0u);
+  EXPECT_EQ(Get("/api/v1/nodes/n1").body["free"]["gpuShare"], 1000);
+  EXPECT_TRUE(service_->CheckInvariants().ok());
+}
+
+TEST_F(HttpApiTest, EventsExplainWhyAJobIsPending) {
+  AddNode("n1", 2);
+  const std::string big = Submit(OneTaskJson("big", R"({"cpu": "1", "memory": "1Gi", "gpu": 4})"));
+  const std::string fits = Submit(OneTaskJson("fits", R"({"cpu": "1", "memory": "1Gi", "gpu": 1})"));
+  Reply before = Get("/api/v1/jobs/" + big + "/events");
+  ASSERT_EQ(before.status, 200) << before.raw;
+  ASSERT_TRUE(before.body.contains("pending"));
+  EXPECT_EQ(before.body["pending"]["message"], "not tried yet");
+  service_->RunCycle();
+
+  Reply r = Get("/api/v1/jobs/" + big + "/events");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::vector<std::string> types;
+  for (const json& e : r.body["items"]) {
+    types.push_back(e["type"]);
+    EXPECT_TRUE(e["id"].is_number_integer());
+    EXPECT_TRUE(e["time"].is_string());
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{"Submitted", "Pending"}));
+  ASSERT_TRUE(r.body.contains("pending")) << r.raw;
+  const json& p = r.body["pending"];
+  EXPECT_EQ(p["totalNodes"], 1);
+  EXPECT_EQ(p["feasibleNodes"], 0);
+  EXPECT_EQ(p["task"], json("w[0]")) << p.dump();
+  ASSERT_FALSE(p["reasons"].empty()) << p.dump();
+  EXPECT_EQ(p["reasons"][0]["nodes"], 1);
+  ASSERT_TRUE(p["nodes"].contains("n1")) << p.dump();
+  EXPECT_NE(p["nodes"]["n1"], "fits");
+  EXPECT_FALSE(p["message"].get<std::string>().empty());
+  EXPECT_EQ(p["message"], r.body["items"][1]["message"]);
+
+  // A placed job has no `pending`; `after` and `limit` page the events.
+  Reply placed = Get("/api/v1/jobs/" + fits + "/events", kAdminToken);
+  ASSERT_EQ(placed.status, 200);
+  EXPECT_FALSE(placed.body.contains("pending")) << placed.raw;
+  ASSERT_EQ(placed.body["items"].size(), 2u);
+  EXPECT_EQ(placed.body["items"][1]["type"], "Scheduled");
+  const int64_t first_id = placed.body["items"][0]["id"];
+  Reply after = Get("/api/v1/jobs/" + fits + "/events?after=" + std::to_string(first_id));
+  ASSERT_EQ(after.status, 200);
+  ASSERT_EQ(after.body["items"].size(), 1u);
+  EXPECT_EQ(after.body["items"][0]["type"], "Scheduled");
+  Reply one = Get("/api/v1/jobs/" + fits + "/events?limit=1");
+  ASSERT_EQ(one.status, 200);
+  ASSERT_EQ(one.body["items"].size(), 1u);
+  EXPECT_EQ(one.body["items"][0]["type"], "Submitted");
+}
+
+TEST_F(HttpApiTest, NodesListGetCordonUncordonDrain) {
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  AddNode("n1", 2);  // an agent restart: the same inventory again
+  Reply list = Get("/api/v1/nodes", kVisionToken);
+  ASSERT_EQ(list.status, 200) << list.raw;
+  ASSERT_EQ(list.body["items"].size(), 2u);
+  for (const json& n : list.body["items"]) {
+    EXPECT_EQ(n["state"], "ready");
+    EXPECT_EQ(n["cordoned"], false);
+    EXPECT_EQ(n["capacity"]["gpus"], 2);
+    EXPECT_EQ(n["capacity"]["gpuShare"], 2000);
+    EXPECT_EQ(n["capacity"]["cpu"], "64");
+    EXPECT_EQ(n["capacity"]["memory"], "512Gi");
+    EXPECT_EQ(n["free"]["gpuShare"], 2000);
+  }
+  const std::string id =
+      Submit(OneTaskJson("half", R"({"cpu": "2", "memory": "8Gi", "gpu": 0.5, "gpuMemory": "10Gi"})"));
+  service_->RunCycle();
+  const json job = Job(id);
+  ASSERT_EQ(job["state"], "running");
+  const std::string on = job["tasks"][0]["node"];
+  const std::string other = on == "n1" ? "n2" : "n1";
+  Reply node = Get("/api/v1/nodes/" + on, kNlpToken);
+  ASSERT_EQ(node.status, 200) << node.raw;
+  EXPECT_EQ(node.body["free"]["gpuShare"], 1500);
+  EXPECT_EQ(node.body["free"]["cpu"], "62");
+  ASSERT_EQ(node.body["gpus"].size(), 2u);
+  const int gpu = job["tasks"][0]["gpus"][0]["index"];
+  const json& g = node.body["gpus"][static_cast<size_t>(gpu)];
+  EXPECT_EQ(g["model"], "A100-80GB");
+  EXPECT_EQ(g["memory"], "80Gi");
+  EXPECT_EQ(g["freeShare"], 500);
+  EXPECT_EQ(g["freeMemory"], "70Gi");
+  ASSERT_EQ(g["tasks"].size(), 1u);
+  EXPECT_EQ(g["tasks"][0]["job"], id);
+  EXPECT_EQ(g["tasks"][0]["share"], 500);
+
+  // Cordon: no new placements there; uncordon: placements again.
+  Reply c = Post("/api/v1/nodes/" + other + "/cordon", "", kAdminToken, "");
+  ASSERT_EQ(c.status, 200) << c.raw;
+  EXPECT_EQ(c.body["cordoned"], true);
+  ASSERT_EQ(Post("/api/v1/nodes/" + on + "/cordon", "", kAdminToken, "").status, 200);
+  const std::string blocked = Submit(OneTaskJson("blocked", R"({"cpu": "1", "memory": "1Gi", "gpu": 1})"));
+  service_->RunCycle();
+  EXPECT_EQ(State(blocked), "pending");
+  Reply u = Post("/api/v1/nodes/" + other + "/uncordon", "", kAdminToken, "");
+  ASSERT_EQ(u.status, 200) << u.raw;
+  EXPECT_EQ(u.body["cordoned"], false);
+  EXPECT_EQ(Get("/api/v1/nodes/" + other).body["cordoned"], false);
+  service_->RunCycle();
+  EXPECT_EQ(Job(blocked)["tasks"][0]["node"], other);
+  ASSERT_EQ(Post("/api/v1/nodes/" + on + "/uncordon", "", kAdminToken, "").status, 200);
+
+  // Drain: cordoned, draining, its tasks stop and their job is queued again.
+  Report(id, 0, "running");
+  Reply d = Post("/api/v1/nodes/" + on + "/drain", "", kAdminToken, "");
+  ASSERT_EQ(d.status, 200) << d.raw;
+  EXPECT_EQ(d.body["cordoned"], true);
+  EXPECT_EQ(d.body["draining"], true);
+  Reply a = Get("/api/v1/agent/nodes/" + on + "/assignments", kAgentToken);
+  ASSERT_EQ(a.status, 200);
+  ASSERT_EQ(a.body["assignments"].size(), 1u);
+  EXPECT_EQ(a.body["assignments"][0]["desired"], "stop");
+  Report(id, 0, "stopped");
+  EXPECT_EQ(State(id), "pending");
+  service_->RunCycle();
+  const json moved = Job(id);
+  EXPECT_EQ(moved["state"], "running");
+  EXPECT_EQ(moved["tasks"][0]["node"], other);
+  EXPECT_EQ(moved["tasks"][0]["restarts"], 1);
+  EXPECT_EQ(Get("/api/v1/nodes/" + on).body["free"]["gpuShare"], 2000);
+  EXPECT_TRUE(service_->CheckInvariants().ok());
+}
+
+TEST_F(HttpApiTest, QueuesListCreateUpdate) {
+  Reply list = Get("/api/v1/queues", kVisionToken);
+  ASSERT_EQ(list.status, 200) << list.raw;
+  ASSERT_EQ(list.body["items"].size(), 1u);
+  EXPECT_EQ(list.body["items"][0]["name"], "default");
+
+  Reply c = Post("/api/v1/queues", R"({"name": "research", "weight": 2, "guaranteed": {"gpu": 1},
+                                      "limit": {"gpu": 4, "cpu": "32"}})");
+  ASSERT_EQ(c.status, 201) << c.raw;
+  EXPECT_EQ(c.body["name"], "research");
+  EXPECT_EQ(c.body["weight"], 2.0);
+  EXPECT_EQ(c.body["guaranteed"]["gpu"], 1.0);
+  EXPECT_EQ(c.body["limit"]["gpu"], 4.0);
+  EXPECT_EQ(c.body["pending"], 0);
+  EXPECT_EQ(c.body["running"], 0);
+  Reply child = Post("/api/v1/queues", R"({"name": "research-a", "parent": "research", "weight": 0.5})");
+  ASSERT_EQ(child.status, 201) << child.raw;
+  EXPECT_EQ(child.body["parent"], "research");
+
+  Reply u = Put("/api/v1/queues/research", R"({"weight": 3})");
+  ASSERT_EQ(u.status, 200) << u.raw;
+  EXPECT_EQ(u.body["weight"], 3.0);
+  EXPECT_EQ(u.body["limit"]["gpu"], 4.0) << "an update keeps what it does not name";
+  Reply g = Get("/api/v1/queues/research", kNlpToken);
+  ASSERT_EQ(g.status, 200) << g.raw;
+  EXPECT_EQ(g.body["weight"], 3.0);
+
+  Submit(OneTaskJson("q", R"({"cpu": "1"})", R"(, "queue": "research-a")"), kVisionToken);
+  Reply all = Get("/api/v1/queues");
+  ASSERT_EQ(all.status, 200);
+  std::vector<std::string> names;
+  for (const json& q : all.body["items"]) names.push_back(q["name"]);
+  EXPECT_EQ(names, (std::vector<std::string>{"default", "research", "research-a"}));
+  EXPECT_EQ(all.body["items"][2]["pending"], 1);
+}
+
+TEST_F(HttpApiTest, MetricsAndHealth) {
+  AddNode("n1", 2);
+  Submit(OneTaskJson("a", R"({"cpu": "1", "memory": "1Gi", "gpu": 1})"));
+  Submit(OneTaskJson("b", R"({"cpu": "1", "memory": "1Gi", "gpu": 4})"));
+  service_->RunCycle();
+  Reply m = Get("/metrics", "");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(m.content_type.rfind("text/plain", 0), 0u) << m.content_type;
+  EXPECT_NE(m.content_type.find("version=0.0.4"), std::string::npos) << m.content_type;
+  for (const char* want :
+       {"# TYPE gpupool_jobs gauge", "gpupool_jobs{state=\"pending\"} 1", "gpupool_jobs{state=\"running\"} 1",
+        "# TYPE gpupool_placements_total counter", "gpupool_placements_total 1",
+        "gpupool_preemptions_total 0", "gpupool_pool_gpus 2", "gpupool_jobs_submitted_total 2",
+        "gpupool_scheduling_latency_seconds_count 1", "gpupool_queue_pending_jobs{queue=\"default\"} 1"}) {
+    EXPECT_NE(m.raw.find(want), std::string::npos) << want << "\n" << m.raw;
+  }
+  Reply h = Get("/healthz", "");
+  ASSERT_EQ(h.status, 200);
+  EXPECT_EQ(h.body, (json{{"status", "ok"}, {"nodes", 1}, {"jobs", {{"pending", 1}, {"running", 1}}}}));
+  // Tokens are not needed, and a bad one does not hurt.
+  EXPECT_EQ(Get("/healthz", "not-a-token-0123456789").status, 200);
+  EXPECT_TRUE(IsError(Get("/api/v1/no-such-thing"), 404, "NotFound"));
+}
+
+// httplib writes an answer's headers and its body in separate writes. Without TCP_NODELAY, Nagle
+// holds the body back until the client acknowledges the headers, and on a kept-alive connection
+// Linux delays that ACK by ~40 ms: every answer after the first few on a connection arrives
+// ~40 ms late (an agent or a client that keeps its connection gets 25 answers a second). The
+// server's end of the connection lives in this process; its socket option is read directly.
+TEST_F(HttpApiTest, KeptAliveAnswersAreNotHeldBackByNagle) {
+  httplib::Client cli("127.0.0.1", port_);
+  cli.set_keep_alive(true);
+  auto r = cli.Get("/healthz");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    sockaddr_in local{}, peer{};
+    socklen_t len = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0 || local.sin_family != AF_INET)
+      continue;
+    len = sizeof peer;
+    if (ntohs(local.sin_port) != port_ || ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0)
+      continue;
+    int on = 0;
+    socklen_t on_len = sizeof on;
+    ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &on_len), 0);
+    EXPECT_NE(on, 0) << "the server's connection socket has Nagle on (TCP_NODELAY unset)";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1) << "the server's end of the one connection";
+}
+
+}  // namespace
+}  // namespace gpupool

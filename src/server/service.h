@@ -1,0 +1,246 @@
+// The control plane's heart: jobs, tasks, nodes and queues in memory, written through to the Store
+// before any change is acknowledged, and the scheduling loop that orders pending jobs
+// (sched/queueing.h) and places them with the core pipeline (sched/scheduler.h).
+//
+// Thread safety: every public method may be called from any thread (HTTP workers, the loop). One
+// mutex guards all state; the loop holds it for one scheduling cycle. A submission is written to
+// the store without the mutex (group commit batches concurrent submitters), and enters the
+// in-memory queue only once it is durable, so memory never holds what the disk does not.
+//
+// Lifecycle of a task: pending -> assigned (placed, the agent has not reported) -> running ->
+// succeeded | failed; a cancel or a preemption moves assigned/running to stopping, and the agent's
+// "stopped" report (or the stop deadline) releases the allocation: cancelled | preempted (the job
+// is queued again). The ledger holds an allocation for every assigned, running and stopping task.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "api/jobspec.h"
+#include "common/rng.h"
+#include "model/ledger.h"
+#include "model/workload.h"
+#include "sched/preemption.h"
+#include "sched/queueing.h"
+#include "sched/scheduler.h"
+#include "server/config.h"
+#include "server/metrics.h"
+#include "store/store.h"
+
+namespace gpupool {
+
+enum class JobPhase : uint8_t { kPending, kRunning, kSucceeded, kFailed, kCancelled };
+enum class TaskPhase : uint8_t {
+  kPending,
+  kAssigned,
+  kRunning,
+  kStopping,
+  kSucceeded,
+  kFailed,
+  kCancelled,
+  kPreempted
+};
+std::string_view JobPhaseName(JobPhase p);
+std::string_view TaskPhaseName(TaskPhase p);
+
+struct ListJobsQuery {
+  std::set<std::string> states, tenants, queues;  // empty: any
+  int limit = 100;
+  uint64_t after_seq = 0;  // page token
+};
+
+class PoolService {
+ public:
+  // Opens the store's state: queues, nodes, jobs, tasks and their allocations, exactly as last
+  // acknowledged. Fails when the stored state does not fit together (a placement that would
+  // overcommit, an unknown node) rather than guess.
+  static Result<std::unique_ptr<PoolService>> Open(ServerConfig config, std::unique_ptr<Store> store);
+  ~PoolService();
+  PoolService(const PoolService&) = delete;
+  PoolService& operator=(const PoolService&) = delete;
+
+  // The scheduling loop thread. Without Start(), tests drive cycles with RunCycle().
+  void Start();
+  void Stop();
+  // One scheduling cycle now; returns how many jobs it placed.
+  int RunCycle();
+
+  // ---- jobs -----------------------------------------------------------------------------------
+  Result<nlohmann::json> SubmitJob(const Principal& who, std::string_view body, SpecFormat format);
+  Result<nlohmann::json> GetJob(const Principal& who, const std::string& id);
+  Result<nlohmann::json> ListJobs(const Principal& who, const ListJobsQuery& query);
+  Result<nlohmann::json> CancelJob(const Principal& who, const std::string& id);
+  Result<nlohmann::json> JobEvents(const Principal& who, const std::string& id, int64_t after_id, int limit);
+
+  // ---- nodes and queues -----------------------------------------------------------------------
+  nlohmann::json ListNodes();
+  Result<nlohmann::json> GetNode(const std::string& name);
+  Result<nlohmann::json> SetCordon(const std::string& name, bool cordoned);
+  Result<nlohmann::json> DrainNode(const std::string& name);
+  nlohmann::json ListQueues();
+  Result<nlohmann::json> GetQueue(const std::string& name);
+  Result<nlohmann::json> CreateQueue(const nlohmann::json& body);
+  Result<nlohmann::json> UpdateQueue(const std::string& name, const nlohmann::json& body);
+
+  // ---- the node side (agents) -----------------------------------------------------------------
+  Result<nlohmann::json> RegisterNode(const nlohmann::json& body);
+  Result<nlohmann::json> Heartbeat(const std::string& node, const nlohmann::json& body);
+  Result<nlohmann::json> Assignments(const std::string& node);
+  Result<nlohmann::json> ReportTask(const std::string& node, const std::string& job_id, int index,
+                                    const nlohmann::json& body);
+
+  nlohmann::json Health();
+  std::string MetricsText();
+
+  // Ledger invariants, and that the ledger holds exactly the allocations of the live tasks.
+  Status CheckInvariants();
+  // Per GPU of every node: (used share, used memory) as the ledger has them, for tests.
+  // Two independent views: what the ledger's free counters say is used, and what the live tasks
+  // were granted (summed from their placements).
+  struct GpuUse {
+    std::string node;
+    int gpu = 0;
+    int64_t ledger_used_share = 0, ledger_used_memory = 0;
+    int64_t granted_share = 0, granted_memory = 0;
+    int64_t capacity_memory = 0;
+  };
+  std::vector<GpuUse> GpuUsage();
+
+  const ServerConfig& config() const { return config_; }
+
+ private:
+  struct TaskState {
+    TaskPhase phase = TaskPhase::kPending;
+    int group = 0;
+    int replica = 0;
+    bool placed = false;
+    Placement placement;
+    AllocationId allocation = 0;
+    int exit_code = 0;
+    int restarts = 0;
+    int64_t updated_ms = 0;
+    int64_t stop_deadline_ms = 0;
+    std::string stop_reason;
+    TaskPhase stop_outcome = TaskPhase::kCancelled;  // what "stopped" turns into
+  };
+  struct JobState {
+    JobRecord rec;
+    JobPhase phase = JobPhase::kPending;
+    Job job;
+    Resources demand;
+    std::vector<TaskState> tasks;
+    std::vector<int> task_group;  // task index -> group
+    int64_t pending_since_ms = 0;
+    std::string pending_message;  // last "why pending"
+    Diagnosis diagnosis;
+    std::string pending_task;           // the task the diagnosis is about
+    std::set<std::string> waiting_for;  // victims this job preempted, not yet stopped
+    // The capacity epoch at which the job last failed to fit; while the epoch is unchanged nothing
+    // was freed, so trying again cannot succeed (placements only take capacity away).
+    uint64_t failed_epoch = ~uint64_t{0};
+    uint64_t preempt_epoch = ~uint64_t{0};
+    int64_t started_ms = 0;
+    double submit_mono = 0;  // steady clock seconds, for the latency histogram
+  };
+
+  PoolService(ServerConfig config, std::unique_ptr<Store> store);
+  Status Recover();
+  Status RebuildScheduler();             // REQUIRES: mu_
+  Status CheckInvariantsLocked() const;  // REQUIRES: mu_
+  Status RebuildQueueOrder();            // REQUIRES: mu_
+  void Loop();
+  int CycleLocked(WriteBatch& batch);  // REQUIRES: mu_
+
+  // REQUIRES: mu_ for all below.
+  JobState* FindJob(const std::string& id);
+  Result<JobState*> VisibleJob(const Principal& who, const std::string& id);
+  nlohmann::json JobJson(const JobState& j) const;
+  nlohmann::json TaskJson(const JobState& j, int index) const;
+  nlohmann::json NodeJson(NodeIndex n) const;
+  nlohmann::json QueueJson(const QueueSpec& q) const;
+  void PutJobOps(JobState& j, WriteBatch& batch);
+  void PutTaskOp(const JobState& j, int index, WriteBatch& batch);
+  void Event(const std::string& job_id, const std::string& type, const std::string& message,
+             WriteBatch& batch);
+  Status CommitLocked(WriteBatch& batch);
+  void ReleaseTask(JobState& j, int index);
+  void StopTask(JobState& j, int index, TaskPhase outcome, const std::string& reason, WriteBatch& batch);
+  void AfterTaskEnded(JobState& j, WriteBatch& batch);
+  Result<nlohmann::json> GetQueueLocked(const std::string& name);
+  bool ComputeMask(const JobState& j, NodeMask& mask) const;
+  // Running jobs that could be preemption victims, built at most once per cycle (and again after
+  // a preemption changed it).
+  struct RunningView {
+    bool built = false;
+    bool any_best_effort = false;
+    std::vector<RunningEntry> entries;
+    std::vector<JobState*> jobs;
+  };
+  void BuildRunningView(RunningView& view);
+  bool TryPreempt(JobState& j, const PendingEntry& entry, RunningView& running, WriteBatch& batch);
+  void MaybeReserve(JobState& j, WriteBatch& batch);
+  void ExpireStops(WriteBatch& batch);
+  void LearnTypicalPods();
+  int64_t NowMs() const;
+
+  ServerConfig config_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<GroupCommitter> committer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool wake_pending_ = false;
+  std::atomic<bool> stopping_{false};
+  std::thread loop_;
+
+  Ledger ledger_;
+  SeededRng rng_{42};
+  std::unique_ptr<Scheduler> scheduler_;
+  Profile profile_;
+  std::vector<TypicalPod> typical_pods_;
+  std::vector<TaskRequest> recent_tasks_;  // ring of submitted tasks for the typical workload
+  size_t recent_next_ = 0;
+  uint64_t tasks_since_learn_ = 0;
+
+  std::optional<QueueOrder> order_;
+  std::vector<QueueSpec> queues_;
+
+  std::unordered_map<std::string, std::unique_ptr<JobState>> jobs_;
+  std::map<uint64_t, JobState*> by_seq_;
+  std::set<uint64_t> pending_;           // seqs of pending jobs
+  std::set<uint64_t> partial_;           // running jobs with unplaced tasks
+  std::set<std::string> stopping_jobs_;  // jobs with a task in kStopping
+  std::atomic<uint64_t> next_seq_{1};
+
+  struct NodeInfo {
+    std::string state = "ready";
+    int64_t last_heartbeat_ms = 0;
+    bool draining = false;
+    nlohmann::json spec_json;
+    std::set<std::pair<std::string, int>> tasks;  // live tasks (job id, index)
+  };
+  std::vector<NodeInfo> nodes_;
+  std::map<std::pair<std::string, std::string>, Resources> usage_;  // (tenant, queue) -> used
+
+  // Bumped whenever capacity may have grown: a release, a node registered or uncordoned, a queue
+  // changed, a reservation lifted. See JobState::failed_epoch.
+  uint64_t capacity_epoch_ = 0;
+  // Nodes held for one waiting gang.
+  std::string reserved_for_;
+  std::vector<uint8_t> reserved_nodes_;
+
+  ServerMetrics metrics_;
+};
+
+}  // namespace gpupool

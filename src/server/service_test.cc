@@ -1,0 +1,430 @@
+// PoolService without HTTP: the job lifecycle, gangs, preemption, reservations, affinity, and
+// recovery from the store. Cycles are driven by RunCycle(), so every step is deterministic.
+#include "server/service.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "store/sqlite_store.h"
+
+namespace gpupool {
+namespace {
+
+using nlohmann::json;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/gpupool-service-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+const Principal kAdmin{"", Role::kAdmin};
+const Principal kVision{"vision", Role::kTenant};
+const Principal kNlp{"nlp", Role::kTenant};
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_.data_dir = dir_.path();
+    config_.profile = "bestfit";
+    config_.grace_period_seconds = 30;
+    config_.reserve_after_seconds = 0;
+    config_.sync_full = false;
+    Open();
+  }
+  void Open() {
+    service_.reset();
+    SqliteStoreOptions o;
+    o.path = dir_.path() + "/gpupool.db";
+    o.synchronous_full = false;
+    auto store = OpenSqliteStore(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    auto s = PoolService::Open(config_, std::move(store).value());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    service_ = std::move(s).value();
+  }
+  void AddNode(const std::string& name, int gpus, const std::string& model = "A100-80GB",
+               json labels = json::object()) {
+    json body = {{"name", name}, {"cpu", "64"}, {"memory", "512Gi"}, {"labels", labels}};
+    json g = json::array();
+    for (int i = 0; i < gpus; ++i) g.push_back({{"index", i}, {"model", model}});
+    body["gpus"] = g;
+    auto r = service_->RegisterNode(body);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  std::string Submit(const Principal& who, const std::string& yaml) {
+    auto r = service_->SubmitJob(who, yaml, SpecFormat::kYaml);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? (*r)["id"].get<std::string>() : "";
+  }
+  json Get(const std::string& id) {
+    auto r = service_->GetJob(kAdmin, id);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : json();
+  }
+  std::string State(const std::string& id) { return Get(id)["state"].get<std::string>(); }
+  void Report(const std::string& id, int index, const std::string& state, int exit_code = 0) {
+    const json job = Get(id);
+    const std::string node = job["tasks"][static_cast<size_t>(index)]["node"];
+    auto r = service_->ReportTask(node, id, index, {{"state", state}, {"exitCode", exit_code}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  void ExpectConsistent() {
+    Status st = service_->CheckInvariants();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    for (const auto& g : service_->GpuUsage()) {
+      EXPECT_LE(g.granted_share, 1000) << g.node << "/" << g.gpu;
+      EXPECT_LE(g.granted_memory, g.capacity_memory) << g.node << "/" << g.gpu;
+      EXPECT_EQ(g.granted_share, g.ledger_used_share) << g.node << "/" << g.gpu;
+    }
+  }
+
+  TempDir dir_;
+  ServerConfig config_;
+  std::unique_ptr<PoolService> service_;
+};
+
+constexpr char kQuarter[] = R"(
+name: infer
+qos: guaranteed
+tasks:
+  - name: server
+    replicas: 4
+    resources: {cpu: 2, memory: 8Gi, gpu: 0.25, gpuMemory: 10Gi}
+    command: [python3, serve.py]
+)";
+
+TEST_F(ServiceTest, LifecycleFromSubmitToSuccess) {
+  AddNode("n1", 2);
+  const std::string id = Submit(kVision, kQuarter);
+  EXPECT_EQ(id, "j-000000000001");
+  EXPECT_EQ(State(id), "pending");
+  EXPECT_EQ(service_->RunCycle(), 1);
+  json job = Get(id);
+  EXPECT_EQ(job["state"], "running");
+  EXPECT_EQ(job["tenant"], "vision");
+  EXPECT_EQ(job["queue"], "default");
+  // Best fit packs the four quarters onto one GPU.
+  for (const auto& t : job["tasks"]) {
+    EXPECT_EQ(t["state"], "assigned");
+    EXPECT_EQ(t["node"], "n1");
+    EXPECT_EQ(t["gpus"][0]["index"], job["tasks"][0]["gpus"][0]["index"]);
+    EXPECT_EQ(t["gpus"][0]["share"], 250);
+  }
+  auto assignments = service_->Assignments("n1");
+  ASSERT_TRUE(assignments.ok());
+  ASSERT_EQ((*assignments)["assignments"].size(), 4u);
+  EXPECT_EQ((*assignments)["assignments"][0]["desired"], "run");
+  EXPECT_EQ((*assignments)["assignments"][0]["isolation"], "mps");
+  ExpectConsistent();
+  for (int i = 0; i < 4; ++i) Report(id, i, "running");
+  EXPECT_EQ(Get(id)["tasks"][0]["state"], "running");
+  for (int i = 0; i < 4; ++i) Report(id, i, "succeeded");
+  EXPECT_EQ(State(id), "succeeded");
+  ExpectConsistent();
+  auto events = service_->JobEvents(kAdmin, id, 0, 100);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> types;
+  for (const auto& e : (*events)["items"]) types.push_back(e["type"]);
+  EXPECT_EQ(types.front(), "Submitted");
+  EXPECT_EQ(types.back(), "Succeeded");
+}
+
+TEST_F(ServiceTest, TenantsSeeOnlyTheirOwnJobs) {
+  AddNode("n1", 1);
+  const std::string id = Submit(kVision, kQuarter);
+  EXPECT_EQ(service_->GetJob(kNlp, id).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(service_->CancelJob(kNlp, id).status().code(), StatusCode::kNotFound);
+  auto list = service_->ListJobs(kNlp, {});
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE((*list)["items"].empty());
+  EXPECT_EQ((*service_->ListJobs(kVision, {}))["items"].size(), 1u);
+  // A tenant cannot submit in another tenant's name.
+  auto r = service_->SubmitJob(kNlp, std::string(kQuarter) + "tenant: vision\n", SpecFormat::kYaml);
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(service_->SubmitJob({"", Role::kAgent}, kQuarter, SpecFormat::kYaml).status().code(),
+            StatusCode::kPermissionDenied);
+}
+
+TEST_F(ServiceTest, BadSpecsChangeNothing) {
+  AddNode("n1", 1);
+  for (const char* bad :
+       {"name: x\ntasks: []\n", "name: x\ntasks: [{name: a, resources: {gpu: 1.5}}]\n", "{not yaml: [",
+        "name: x\nqueue: nope\ntasks: [{name: a, resources: {cpu: 1}}]\n"}) {
+    auto r = service_->SubmitJob(kVision, bad, SpecFormat::kYaml);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  }
+  EXPECT_TRUE((*service_->ListJobs(kAdmin, {}))["items"].empty());
+  Open();  // and nothing reached the store either
+  EXPECT_TRUE((*service_->ListJobs(kAdmin, {}))["items"].empty());
+}
+
+TEST_F(ServiceTest, GangWaitsWholeAndSmallJobsBackfill) {
+  config_.reserve_after_seconds = 3600;  // no reservation in this test
+  Open();
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  const std::string hog = Submit(
+      kAdmin, "name: hog\ntasks: [{name: w, replicas: 3, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  service_->RunCycle();
+  ASSERT_EQ(State(hog), "running");
+  // A gang of 2 whole GPUs cannot fit (1 GPU free); a single GPU job behind it can.
+  const std::string gang = Submit(
+      kAdmin, "name: gang\ntasks: [{name: w, replicas: 2, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  const std::string small =
+      Submit(kAdmin, "name: small\ntasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.5}}]\n");
+  service_->RunCycle();
+  EXPECT_EQ(State(gang), "pending");
+  EXPECT_EQ(State(small), "running");
+  json g = Get(gang);
+  for (const auto& t : g["tasks"]) EXPECT_EQ(t["node"], "");  // nothing of the gang is held
+  auto events = service_->JobEvents(kAdmin, gang, 0, 100);
+  ASSERT_TRUE(events.ok());
+  ASSERT_TRUE((*events).contains("pending"));
+  EXPECT_NE((*events)["pending"]["message"].get<std::string>().find("gang needs 2"), std::string::npos)
+      << (*events)["pending"].dump();
+  ExpectConsistent();
+}
+
+TEST_F(ServiceTest, WaitingGangGetsNodesReserved) {
+  config_.reserve_after_seconds = 0;  // reserve at once
+  Open();
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  const std::string a =
+      Submit(kAdmin, "name: a\ntasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  const std::string b =
+      Submit(kAdmin, "name: b\ntasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  service_->RunCycle();  // best fit: a and b share n1
+  const std::string big = Submit(
+      kAdmin, "name: big\ntasks: [{name: w, replicas: 4, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  service_->RunCycle();  // big cannot fit (2 GPUs free) and reserves both nodes
+  const std::string filler =
+      Submit(kAdmin, "name: filler\ntasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  service_->RunCycle();
+  EXPECT_EQ(State(filler), "pending") << "a small job must not take the reserved GPUs";
+  auto ev = service_->JobEvents(kAdmin, filler, 0, 100);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_NE((*ev)["pending"]["message"].get<std::string>().find("reserved"), std::string::npos) << ev->dump();
+  Report(a, 0, "succeeded");
+  Report(b, 0, "succeeded");
+  service_->RunCycle();
+  EXPECT_EQ(State(big), "running");
+  EXPECT_EQ(State(filler), "pending");
+  ExpectConsistent();
+}
+
+TEST_F(ServiceTest, PriorityPreemptsBestEffortOnly) {
+  AddNode("n1", 2);
+  const std::string be = Submit(kAdmin, R"(
+name: train
+qos: best-effort
+priority: 0
+tasks: [{name: w, replicas: 2, resources: {cpu: 1, memory: 1Gi, gpu: 1}, checkpoint: {dir: /ckpt/train}}]
+)");
+  service_->RunCycle();
+  ASSERT_EQ(State(be), "running");
+  const std::string urgent = Submit(kAdmin, R"(
+name: urgent
+qos: guaranteed
+priority: 100
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]
+)");
+  service_->RunCycle();
+  json victim = Get(be);
+  EXPECT_EQ(victim["tasks"][0]["state"], "stopping");
+  auto assignments = service_->Assignments("n1");
+  ASSERT_TRUE(assignments.ok());
+  EXPECT_EQ((*assignments)["assignments"][0]["desired"], "stop");
+  EXPECT_EQ((*assignments)["assignments"][0]["gracePeriodSeconds"], 30);
+  EXPECT_EQ(State(urgent), "pending");
+  // The agent stops the victim's tasks after they checkpoint.
+  Report(be, 0, "stopped");
+  Report(be, 1, "stopped");
+  EXPECT_EQ(State(be), "pending");  // queued again, to restart from its checkpoint
+  EXPECT_EQ(Get(be)["tasks"][0]["restarts"], 1);
+  service_->RunCycle();
+  EXPECT_EQ(State(urgent), "running");
+  ExpectConsistent();
+
+  // A guaranteed job is never a victim, whatever the priority.
+  const std::string top = Submit(kAdmin, R"(
+name: top
+qos: guaranteed
+priority: 1000
+tasks: [{name: w, replicas: 2, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]
+)");
+  service_->RunCycle();
+  EXPECT_EQ(Get(urgent)["tasks"][0]["state"], "assigned");
+  EXPECT_EQ(State(top), "pending");
+}
+
+TEST_F(ServiceTest, CancelStopsRunningTasksAndReleasesOnReport) {
+  AddNode("n1", 1);
+  const std::string id = Submit(kVision, kQuarter);
+  service_->RunCycle();
+  auto r = service_->CancelJob(kVision, id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)["state"], "cancelled");
+  EXPECT_EQ((*r)["tasks"][0]["state"], "stopping");
+  EXPECT_EQ(service_->CancelJob(kVision, id).status().code(), StatusCode::kFailedPrecondition);
+  for (int i = 0; i < 4; ++i) Report(id, i, "stopped");
+  json job = Get(id);
+  for (const auto& t : job["tasks"]) EXPECT_EQ(t["state"], "cancelled");
+  ExpectConsistent();
+}
+
+TEST_F(ServiceTest, AffinityAndSpread) {
+  AddNode("a1", 2, "A100-80GB", {{"zone", "a"}});
+  AddNode("a2", 2, "A100-80GB", {{"zone", "a"}});
+  AddNode("b1", 2, "A100-80GB", {{"zone", "b"}});
+  const std::string spread = Submit(kAdmin, R"(
+name: spread
+labels: {app: web}
+affinity:
+  nodeSelector: {zone: a}
+  apartFrom: [{app: web}]
+tasks: [{name: w, replicas: 2, resources: {cpu: 1, memory: 1Gi, gpu: 0.5}}]
+)");
+  service_->RunCycle();
+  json job = Get(spread);
+  ASSERT_EQ(job["state"], "running");
+  std::set<std::string> nodes = {job["tasks"][0]["node"], job["tasks"][1]["node"]};
+  EXPECT_EQ(nodes, (std::set<std::string>{"a1", "a2"}));
+  const std::string third = Submit(kAdmin, R"(
+name: third
+labels: {app: web}
+affinity:
+  nodeSelector: {zone: a}
+  apartFrom: [{app: web}]
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.5}}]
+)");
+  const std::string buddy = Submit(kAdmin, R"(
+name: buddy
+affinity:
+  togetherWith: [{app: web}]
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.5}}]
+)");
+  service_->RunCycle();
+  EXPECT_EQ(State(third), "pending");
+  auto ev = service_->JobEvents(kAdmin, third, 0, 100);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ((*ev)["pending"]["nodes"]["b1"], "node labels do not match the job's node affinity");
+  EXPECT_EQ((*ev)["pending"]["nodes"]["a1"], "runs a task of an apart-from job");
+  json b = Get(buddy);
+  ASSERT_EQ(b["state"], "running");
+  EXPECT_TRUE(b["tasks"][0]["node"] == "a1" || b["tasks"][0]["node"] == "a2");
+  ExpectConsistent();
+}
+
+TEST_F(ServiceTest, QueueLimitsAdmissionAndHierarchy) {
+  config_.ordering.policy = OrderingPolicy::kHierarchical;
+  Open();
+  auto q = service_->CreateQueue({{"name", "vision"}, {"weight", 2}, {"limit", {{"gpu", 2}}}});
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(service_->CreateQueue({{"name", "vision"}}).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(service_->CreateQueue({{"name", "x"}, {"weight", -1}}).status().code(),
+            StatusCode::kInvalidArgument);
+  AddNode("n1", 4);
+  // Three whole GPUs can never run under a 2-GPU limit: refused at admission.
+  auto r = service_->SubmitJob(
+      kVision,
+      "name: big\nqueue: vision\ntasks: [{name: w, replicas: 3, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n",
+      SpecFormat::kYaml);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+  // Two one-GPU jobs fit the limit; the third waits even though GPUs are free.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i)
+    ids.push_back(Submit(
+        kVision, "name: j\nqueue: vision\ntasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n"));
+  service_->RunCycle();
+  EXPECT_EQ(State(ids[0]), "running");
+  EXPECT_EQ(State(ids[1]), "running");
+  EXPECT_EQ(State(ids[2]), "pending");
+  auto updated = service_->UpdateQueue("vision", {{"limit", {{"gpu", 3}}}});
+  ASSERT_TRUE(updated.ok()) << updated.status().ToString();
+  service_->RunCycle();
+  EXPECT_EQ(State(ids[2]), "running");
+  auto listed = service_->GetQueue("vision");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ((*listed)["used"]["gpu"], 3.0);
+  EXPECT_EQ((*listed)["running"], 3);
+}
+
+TEST_F(ServiceTest, RestartRecoversQueuesAllocationsAndTasksExactly) {
+  AddNode("n1", 2);
+  AddNode("n2", 2, "H100-80GB");
+  ASSERT_TRUE(service_->CreateQueue({{"name", "vision"}, {"weight", 3}}).ok());
+  const std::string a = Submit(kVision, std::string(kQuarter) + "queue: vision\n");
+  const std::string b = Submit(kAdmin,
+                               "name: b\ntasks: [{name: w, replicas: 2, resources: {cpu: 1, memory: 1Gi, "
+                               "gpu: 1, gpuModels: [H100-80GB]}}]\n");
+  const std::string c =
+      Submit(kAdmin, "name: c\ntasks: [{name: w, replicas: 8, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  service_->RunCycle();
+  Report(a, 0, "running");
+  ASSERT_TRUE(service_->SetCordon("n2", true).ok());
+  const json before_a = Get(a), before_b = Get(b), before_c = Get(c);
+  const json nodes_before = service_->ListNodes();
+  const json queues_before = service_->ListQueues();
+  auto usage_before = service_->GpuUsage();
+
+  Open();  // a new process over the same store
+  EXPECT_EQ(Get(a)["tasks"], before_a["tasks"]);
+  EXPECT_EQ(Get(a)["state"], "running");
+  EXPECT_EQ(Get(b)["tasks"], before_b["tasks"]);
+  EXPECT_EQ(Get(c)["state"], "pending");
+  EXPECT_EQ(Get(c)["spec"], before_c["spec"]);
+  json nodes_after = service_->ListNodes();
+  for (auto& n : nodes_after["items"]) n.erase("lastHeartbeat");
+  json nodes_expected = nodes_before;
+  for (auto& n : nodes_expected["items"]) n.erase("lastHeartbeat");
+  EXPECT_EQ(nodes_after, nodes_expected);
+  EXPECT_EQ(service_->ListQueues(), queues_before);
+  auto usage_after = service_->GpuUsage();
+  ASSERT_EQ(usage_after.size(), usage_before.size());
+  for (size_t i = 0; i < usage_after.size(); ++i)
+    EXPECT_EQ(usage_after[i].ledger_used_share, usage_before[i].ledger_used_share);
+  ExpectConsistent();
+  // New ids continue after the old ones.
+  EXPECT_EQ(Submit(kAdmin, "name: d\ntasks: [{name: w, resources: {cpu: 1}}]\n"), "j-000000000004");
+}
+
+TEST_F(ServiceTest, MetricsNameQueuesReasonsAndLatency) {
+  AddNode("n1", 1);
+  Submit(kVision, kQuarter);
+  Submit(kVision, "name: toolarge\ntasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 2}}]\n");
+  service_->RunCycle();
+  const std::string m = service_->MetricsText();
+  EXPECT_NE(m.find("gpupool_queue_pending_jobs{queue=\"default\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("gpupool_pending_jobs_by_reason{reason=\"insufficient GPU count\"} 1"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("gpupool_scheduling_latency_seconds_count 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("gpupool_placements_total 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("gpupool_queue_gpu_allocated{queue=\"default\"} 1"), std::string::npos) << m;
+}
+
+TEST_F(ServiceTest, ReregistrationMustMatchTheInventory) {
+  AddNode("n1", 2);
+  AddNode("n1", 2);  // the same inventory again: fine (an agent restart)
+  json body = {
+      {"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"}, {"gpus", json::array({{{"model", "A100-80GB"}}})}};
+  EXPECT_EQ(service_->RegisterNode(body).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(service_->RegisterNode({{"name", "n2"}, {"cpu", -1}}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace gpupool
