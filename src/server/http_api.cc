@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "api/jobspec.h"
@@ -72,18 +73,21 @@ std::string MediaType(const httplib::Request& req) {
   return ct;
 }
 
-// Parses a JSON body (empty: null). Unsupported media types are refused.
-Result<json> JsonBody(const httplib::Request& req, bool* unsupported) {
-  *unsupported = false;
+// Parses a JSON body (empty: null), or writes the error (415 for another media type, 400 for
+// malformed JSON) and returns nothing.
+std::optional<json> ReadJsonBody(const httplib::Request& req, httplib::Response& res) {
   const std::string ct = MediaType(req);
   if (!ct.empty() && ct != "application/json") {
-    *unsupported = true;
-    return Status::InvalidArgument(
-        fmt::format("body: content type '{}' is not supported here (use application/json)", ct));
+    SendError(res, 415, StatusCode::kInvalidArgument,
+              fmt::format("body: content type '{}' is not supported here (use application/json)", ct));
+    return std::nullopt;
   }
   if (req.body.empty()) return json(nullptr);
   json j = json::parse(req.body, nullptr, false);
-  if (j.is_discarded()) return Status::InvalidArgument("body: malformed JSON");
+  if (j.is_discarded()) {
+    SendStatus(res, Status::InvalidArgument("body: malformed JSON"));
+    return std::nullopt;
+  }
   return j;
 }
 
@@ -317,21 +321,15 @@ void HttpApi::Routes() {
   s.Post("/api/v1/queues", [=, this](const httplib::Request& req, httplib::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin}, res)) return;
-    bool unsupported = false;
-    auto body = JsonBody(req, &unsupported);
-    if (!body.ok())
-      return unsupported ? SendError(res, 415, StatusCode::kInvalidArgument, body.status().message())
-                         : SendStatus(res, body.status());
+    auto body = ReadJsonBody(req, res);
+    if (!body) return;
     reply(res, service_.CreateQueue(*body), 201);
   });
   auto update_queue = [=, this](const httplib::Request& req, httplib::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin}, res)) return;
-    bool unsupported = false;
-    auto body = JsonBody(req, &unsupported);
-    if (!body.ok())
-      return unsupported ? SendError(res, 415, StatusCode::kInvalidArgument, body.status().message())
-                         : SendStatus(res, body.status());
+    auto body = ReadJsonBody(req, res);
+    if (!body) return;
     reply(res, service_.UpdateQueue(req.matches[1], *body));
   };
   s.Put(R"(/api/v1/queues/([^/]+))", update_queue);
@@ -341,22 +339,16 @@ void HttpApi::Routes() {
   s.Post("/api/v1/agent/register", [=, this](const httplib::Request& req, httplib::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
-    bool unsupported = false;
-    auto body = JsonBody(req, &unsupported);
-    if (!body.ok())
-      return unsupported ? SendError(res, 415, StatusCode::kInvalidArgument, body.status().message())
-                         : SendStatus(res, body.status());
+    auto body = ReadJsonBody(req, res);
+    if (!body) return;
     reply(res, service_.RegisterNode(*body));
   });
   s.Post(R"(/api/v1/agent/nodes/([^/]+)/heartbeat)",
          [=, this](const httplib::Request& req, httplib::Response& res) {
            auto who = auth(req, res);
            if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
-           bool unsupported = false;
-           auto body = JsonBody(req, &unsupported);
-           if (!body.ok())
-             return unsupported ? SendError(res, 415, StatusCode::kInvalidArgument, body.status().message())
-                                : SendStatus(res, body.status());
+           auto body = ReadJsonBody(req, res);
+           if (!body) return;
            reply(res, service_.Heartbeat(req.matches[1], *body));
          });
   s.Get(R"(/api/v1/agent/nodes/([^/]+)/assignments)",
@@ -369,11 +361,8 @@ void HttpApi::Routes() {
          [=, this](const httplib::Request& req, httplib::Response& res) {
            auto who = auth(req, res);
            if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
-           bool unsupported = false;
-           auto body = JsonBody(req, &unsupported);
-           if (!body.ok())
-             return unsupported ? SendError(res, 415, StatusCode::kInvalidArgument, body.status().message())
-                                : SendStatus(res, body.status());
+           auto body = ReadJsonBody(req, res);
+           if (!body) return;
            reply(res, service_.ReportTask(req.matches[1], req.matches[2], std::stoi(req.matches[3]), *body));
          });
 
