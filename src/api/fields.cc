@@ -109,9 +109,7 @@ std::string Quote(std::string_view text) {
     cut = kMax;
     while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
   }
-  std::string out = "'" + PrintableUtf8(text.substr(0, cut));
-  if (cut < text.size()) out += "...";
-  return out + "'";
+  return fmt::format("'{}{}'", PrintableUtf8(text.substr(0, cut)), cut < text.size() ? "..." : "");
 }
 
 bool IsPathSafeKey(std::string_view key) {
@@ -144,7 +142,7 @@ namespace {
 // hit this with unquoted numbers, so say how to fix it.
 Status TypeError(const Json& v, const std::string& path, std::string_view expected) {
   std::string got(JsonTypeName(v));
-  if (v.is_primitive() && !v.is_null()) got += " " + DescribeValue(v);
+  if (v.is_primitive() && !v.is_null()) got = fmt::format("{} {}", got, DescribeValue(v));
   std::string hint;
   if (expected == "a string" && (v.is_number() || v.is_boolean())) hint = " (quote it in YAML)";
   return FieldError(path, fmt::format("expected {}, got {}{}", expected, got, hint));

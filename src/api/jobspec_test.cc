@@ -1,5 +1,6 @@
 #include "api/jobspec.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -469,7 +470,7 @@ TEST(JobSpec, BadInputsNameTheirField) {
       {"label prefix", [](Json& j) { j["labels"]["Example.com/x"] = "y"; }, "labels", "label name"},
       {"too many labels",
        [](Json& j) {
-         for (int i = 0; i < 65; ++i) j["labels"]["l" + std::to_string(i)] = "v";
+         for (int i = 0; i < 65; ++i) j["labels"][fmt::format("l{}", i)] = "v";
        },
        "labels", "over the limit of 64"},
       {"operator unknown", [](Json& j) { j["affinity"]["nodeAffinity"][0]["operator"] = "Gt"; },
@@ -590,8 +591,7 @@ TEST(JobSpec, YamlAliasBombIsRefused) {
   // Each level doubles the tree: 2^30 values from a few hundred bytes.
   std::string text = "a0: &a0 [x, x]\n";
   for (int i = 1; i <= 30; ++i) {
-    text += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [*a" + std::to_string(i - 1) + ", *a" +
-            std::to_string(i - 1) + "]\n";
+    text += fmt::format("a{0}: &a{0} [*a{1}, *a{1}]\n", i, i - 1);
   }
   EXPECT_TRUE(Refused(ParseJobSpec(text, SpecFormat::kYaml), "", "expands to more than 200000 values"));
   // Long strings repeated through aliases hit the byte budget.

@@ -1,5 +1,6 @@
 #include "api/node_codec.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -248,7 +249,7 @@ TEST(NodeCodec, RandomNodesRoundTrip) {
     spec.memory = MiB(pick(0, 1 << 22));
     spec.max_tasks = pick(0, 100);
     spec.healthy = pick(0, 1) == 1;
-    if (pick(0, 1)) spec.labels["zone"] = "z" + std::to_string(pick(0, 9));
+    if (pick(0, 1)) spec.labels["zone"] = fmt::format("z{}", pick(0, 9));
     const int n = pick(0, 8);
     const std::string model = models[static_cast<size_t>(pick(0, static_cast<int>(models.size()) - 1))];
     const GpuModelSpec* known = Catalog().Find(model);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <iterator>
 #include <cmath>
 #include <cstdlib>
 
@@ -108,9 +109,12 @@ Result<MilliCpu> ParseCpu(const std::string& text) {
 
 namespace {
 std::string FormatMilli(int64_t milli) {
-  if (milli < 0) return "-" + FormatMilli(-milli);
-  if (milli % 1000 == 0) return fmt::format("{}", milli / 1000);
-  std::string s = fmt::format("{}.{:03d}", milli / 1000, milli % 1000);
+  // Work on the magnitude as unsigned, so INT64_MIN has one too.
+  const bool negative = milli < 0;
+  const uint64_t mag = negative ? 0 - static_cast<uint64_t>(milli) : static_cast<uint64_t>(milli);
+  std::string s = fmt::format("{}{}", negative ? "-" : "", mag / 1000);
+  if (mag % 1000 == 0) return s;
+  fmt::format_to(std::back_inserter(s), ".{:03d}", mag % 1000);
   while (s.back() == '0') s.pop_back();
   return s;
 }

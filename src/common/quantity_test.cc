@@ -195,6 +195,11 @@ TEST(QuantityTest, FormatCpuAndGpuAsDecimalsWithoutTrailingZeros) {
   EXPECT_EQ(FormatGpu(MilliGpu(250)), "0.25");
   EXPECT_EQ(FormatGpu(MilliGpu(2500)), "2.5");
   EXPECT_EQ(FormatGpu(MilliGpu(0)), "0");
+  // Negative amounts (a deficit in a report), down to the smallest one there is.
+  EXPECT_EQ(FormatCpu(MilliCpu(-1500)), "-1.5");
+  EXPECT_EQ(FormatGpu(MilliGpu(-250)), "-0.25");
+  EXPECT_EQ(FormatCpu(MilliCpu(-3000)), "-3");
+  EXPECT_EQ(FormatCpu(MilliCpu(std::numeric_limits<int64_t>::min())), "-9223372036854775.808");
 }
 
 // Formatting then parsing gives back the same quantity: Format* loses nothing.
