@@ -539,7 +539,7 @@ void RunPartA(const Options& o) {
       "  commits); ops/app: writes per Apply; apply s: time inside Apply summed over calls (write + fsync);\n"
       "  cycles / cycle s: scheduling cycles during the row and their summed time\n"
       "  (gpupool_scheduling_cycle_seconds: under the service mutex, without the cycle's own commit, which\n"
-      "  the loop also makes under the mutex). what-if rows: the bench's own minimal POST /api/v1/jobs\n"
+      "  the loop makes after it lets go of the mutex). what-if rows: the bench's own minimal POST /api/v1/jobs\n"
       "  route (bearer check, SubmitJob, 201) on an httplib server with TCP_NODELAY and a listen backlog of\n"
       "  1024 instead of 5; not the server's code, but what HttpApi would do with those two settings.\n");
 }

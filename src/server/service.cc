@@ -1070,7 +1070,11 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
 }
 
 Result<json> PoolService::Assignments(const std::string& node) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // An assignment is handed out only once the cycle that made it is on disk: a task must never run
+  // that a restart would not know about.
+  const uint64_t gen = enqueued_gen_;
+  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
   auto n = ledger_.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
   json items = json::array();
@@ -1208,7 +1212,17 @@ void PoolService::Loop() {
     wake_pending_ = false;
     WriteBatch batch;
     CycleLocked(batch);
-    (void)CommitLocked(batch);
+    // The batch takes its place in the write order under the lock, so every later change is
+    // written after it; the write itself happens without the lock, so submitters and agents are
+    // not held up by the loop's fsync. Agents see this cycle's assignments only once they are
+    // durable (Assignments waits for durable_gen_).
+    GroupCommitter::Ticket ticket = committer_->Enqueue(std::move(batch));
+    const uint64_t gen = ++enqueued_gen_;
+    lock.unlock();
+    if (Status st = committer_->Wait(std::move(ticket)); !st.ok()) FailStop(st);
+    lock.lock();
+    durable_gen_ = gen;
+    durable_.notify_all();
     // Let submitters and agents in between cycles: under a stream of submissions the loop would
     // otherwise run back to back and hold the lock nearly all the time. Work that arrives in the
     // gap is picked up by the next cycle, in one pass.

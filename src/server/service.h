@@ -201,6 +201,11 @@ class PoolService {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool wake_pending_ = false;
+  // Loop cycles whose batch is enqueued / durable; Assignments waits until they are equal to what
+  // it saw on entry (see Loop).
+  uint64_t enqueued_gen_ = 0;
+  uint64_t durable_gen_ = 0;
+  std::condition_variable durable_;
   std::atomic<bool> stopping_{false};
   std::thread loop_;
 

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <future>
+#include <mutex>
 #include <filesystem>
 #include <string>
 
@@ -424,6 +428,100 @@ TEST_F(ServiceTest, ReregistrationMustMatchTheInventory) {
   EXPECT_EQ(service_->RegisterNode(body).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(service_->RegisterNode({{"name", "n2"}, {"cpu", -1}}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Forwards to a real store; while closed, every Apply waits until Open(). Lets a test hold the
+// scheduling loop's write in flight.
+class GatedStore : public Store {
+ public:
+  explicit GatedStore(std::unique_ptr<Store> inner) : inner_(std::move(inner)) {}
+  Status Apply(const WriteBatch& batch) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++entered_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    return inner_->Apply(batch);
+  }
+  Result<StoreSnapshot> Load() override { return inner_->Load(); }
+  Result<std::vector<EventRecord>> ListEvents(const std::string& job_id, int64_t after_id,
+                                              int limit) override {
+    return inner_->ListEvents(job_id, after_id, limit);
+  }
+  int schema_version() const override { return inner_->schema_version(); }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+    entered_ = 0;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool WaitEntered(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return entered_ > 0; });
+  }
+
+ private:
+  std::unique_ptr<Store> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int entered_ = 0;
+};
+
+// The loop writes its batch without the service lock, so the service goes on answering while the
+// write is in flight; but an agent is handed an assignment only once it is durable, so no task
+// runs that a restart would not know about.
+TEST(ServiceLoopTest, AssignmentsWaitUntilTheCycleThatMadeThemIsDurable) {
+  TempDir dir;
+  ServerConfig config;
+  config.data_dir = dir.path();
+  config.profile = "bestfit";
+  config.cycle_interval_ms = 10;
+  SqliteStoreOptions o;
+  o.path = dir.path() + "/gpupool.db";
+  o.synchronous_full = false;
+  auto inner = OpenSqliteStore(o);
+  ASSERT_TRUE(inner.ok()) << inner.status().ToString();
+  auto gated_owner = std::make_unique<GatedStore>(std::move(inner).value());
+  GatedStore* gated = gated_owner.get();
+  auto opened = PoolService::Open(config, std::move(gated_owner));
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<PoolService> service = std::move(opened).value();
+  json node = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"}, {"gpus", {{{"index", 0}, {"model", "A100-80GB"}}}}};
+  ASSERT_TRUE(service->RegisterNode(node).ok());
+  auto job = service->SubmitJob(kAdmin, kQuarter, SpecFormat::kYaml);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  const std::string id = (*job)["id"];
+
+  gated->Close();
+  service->Start();
+  ASSERT_TRUE(gated->WaitEntered(std::chrono::seconds(10))) << "the loop never wrote its cycle";
+  // The placement is in memory, its write is held: reads go on, the assignment waits.
+  auto got = service->GetJob(kAdmin, id);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)["state"], "running");
+  auto assignments = std::async(std::launch::async, [&] { return service->Assignments("n1"); });
+  EXPECT_EQ(assignments.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "an assignment was handed out before the cycle that made it was on disk";
+  gated->Open();
+  auto a = assignments.get();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)["assignments"].size(), 4u);
+  service->Stop();
+  service.reset();
+
+  // And it was durable: a restart finds the four tasks placed.
+  auto again = OpenSqliteStore(o);
+  ASSERT_TRUE(again.ok());
+  auto reopened = PoolService::Open(config, std::move(again).value());
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  auto after = (*reopened)->GetJob(kAdmin, id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ((*after)["state"], "running");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <deque>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -28,8 +29,9 @@ void WriteBatch::Append(WriteBatch other) {
 // batch need not be in the group it wrote (the front of the queue goes first, so callers are served
 // in arrival order); it then simply waits or leads again.
 //
-// A Pending lives on its caller's stack: it stays valid because the caller does not return before
-// `done` is set, and only the leader of its group touches it while `writing` is true.
+// A Pending is shared by its caller's Ticket and the queue (then the leader's group), so a ticket
+// dropped without Wait leaves nothing dangling; only the leader of its group touches it while
+// `writing` is true.
 
 struct GroupCommitter::Impl {
   struct Pending {
@@ -45,7 +47,7 @@ struct GroupCommitter::Impl {
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::deque<Pending*> queue;  // guarded by mu
+  std::deque<std::shared_ptr<Pending>> queue;  // guarded by mu
   bool writing = false;        // guarded by mu: a leader is inside Store::Apply
   Stats stats;                 // guarded by mu
 };
@@ -57,26 +59,38 @@ GroupCommitter::GroupCommitter(Store& store, size_t max_ops_per_group)
 GroupCommitter::~GroupCommitter() = default;
 
 Status GroupCommitter::Commit(WriteBatch batch) {
+  return Wait(Enqueue(std::move(batch)));
+}
+
+GroupCommitter::Ticket GroupCommitter::Enqueue(WriteBatch batch) {
   Impl& im = *impl_;
-  std::unique_lock<std::mutex> lock(im.mu);
+  std::lock_guard<std::mutex> lock(im.mu);
   ++im.stats.commits;
-  // Nothing to make durable: answering at once keeps empty batches out of the groups.
-  if (batch.empty()) return Status::Ok();
+  Ticket t;
+  // Nothing to make durable: an empty ticket answers at once and keeps empty batches out of groups.
+  if (batch.empty()) return t;
+  auto p = std::make_shared<Impl::Pending>();
+  p->batch = std::move(batch);
+  im.queue.push_back(p);
+  t.pending_ = std::move(p);
+  return t;
+}
 
-  Impl::Pending self;
-  self.batch = std::move(batch);
-  im.queue.push_back(&self);
-
-  while (!self.done) {
+Status GroupCommitter::Wait(Ticket ticket) {
+  if (!ticket.pending_) return Status::Ok();
+  Impl& im = *impl_;
+  auto* self = static_cast<Impl::Pending*>(ticket.pending_.get());
+  std::unique_lock<std::mutex> lock(im.mu);
+  while (!self->done) {
     if (im.writing || im.queue.empty()) {
       im.cv.wait(lock);
       continue;
     }
     // Lead: take whole batches from the front while they fit, but always at least one.
-    std::vector<Impl::Pending*> group;
+    std::vector<std::shared_ptr<Impl::Pending>> group;
     size_t ops = 0;
     while (!im.queue.empty()) {
-      Impl::Pending* next = im.queue.front();
+      std::shared_ptr<Impl::Pending> next = im.queue.front();
       if (!group.empty() && ops + next->batch.ops.size() > im.max_ops_per_group) break;
       ops += next->batch.ops.size();
       group.push_back(next);
@@ -90,11 +104,11 @@ Status GroupCommitter::Commit(WriteBatch batch) {
     // moved out without the mutex.
     WriteBatch merged;
     merged.ops.reserve(ops);
-    for (Impl::Pending* p : group) merged.Append(std::move(p->batch));
+    for (const auto& p : group) merged.Append(std::move(p->batch));
     const Status st = im.store.Apply(merged);
 
     lock.lock();
-    for (Impl::Pending* p : group) {
+    for (const auto& p : group) {
       p->status = st;
       p->done = true;
     }
@@ -102,7 +116,7 @@ Status GroupCommitter::Commit(WriteBatch batch) {
     // Wake the group's callers and let one of the waiting ones lead the next group.
     im.cv.notify_all();
   }
-  return std::move(self.status);
+  return std::move(self->status);
 }
 
 GroupCommitter::Stats GroupCommitter::stats() const {

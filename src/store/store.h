@@ -123,7 +123,25 @@ class GroupCommitter {
  public:
   explicit GroupCommitter(Store& store, size_t max_ops_per_group = 4096);
   ~GroupCommitter();
+  // Enqueue + Wait.
   Status Commit(WriteBatch batch);
+
+  // Two halves of Commit, for a caller that must fix its batch's place in the write order while it
+  // holds a lock of its own but must not hold that lock through the write: batches are applied in
+  // the order they were enqueued. Every Ticket must be waited on (an enqueued batch is written by
+  // whichever caller leads the next group; an unwaited ticket would still be written, but nobody
+  // would learn its status).
+  class Ticket {
+   public:
+    Ticket() = default;
+
+   private:
+    friend class GroupCommitter;
+    std::shared_ptr<void> pending_;
+  };
+  Ticket Enqueue(WriteBatch batch);
+  // Returns once the ticket's batch is durable (or failed); an empty ticket returns Ok at once.
+  Status Wait(Ticket ticket);
   struct Stats {
     uint64_t commits = 0;   // Commit calls
     uint64_t groups = 0;    // Store::Apply calls

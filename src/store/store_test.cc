@@ -730,6 +730,30 @@ TEST_F(SqliteStoreTest, GroupCommitterOneCallerAtATimeMakesOneGroupPerCommit) {
   EXPECT_EQ(LoadOrDie().jobs.size(), 20u);
 }
 
+// Enqueue fixes the write order, whoever waits first: the later state of a record wins even when
+// its ticket is waited on before the earlier one. A ticket dropped unwaited is still written.
+TEST_F(SqliteStoreTest, GroupCommitterWritesEnqueuedBatchesInEnqueueOrder) {
+  GroupCommitter committer(*store_);
+  WriteBatch first = OneJobBatch(1);
+  JobRecord later = MakeJob(1);
+  later.state = "running";
+  WriteBatch second;
+  second.Add(PutJob{later});
+  GroupCommitter::Ticket a = committer.Enqueue(std::move(first));
+  GroupCommitter::Ticket b = committer.Enqueue(std::move(second));
+  (void)committer.Enqueue(OneJobBatch(2));  // dropped: written with the next group all the same
+  EXPECT_TRUE(committer.Wait(std::move(b)).ok());
+  EXPECT_TRUE(committer.Wait(std::move(a)).ok());
+  EXPECT_TRUE(committer.Wait(GroupCommitter::Ticket{}).ok());  // an empty ticket
+  StoreSnapshot snap = LoadOrDie();
+  ASSERT_EQ(snap.jobs.size(), 2u);
+  EXPECT_EQ(snap.jobs[0].id, JobId(1));
+  EXPECT_EQ(snap.jobs[0].state, "running");
+  EXPECT_EQ(snap.jobs[1].id, JobId(2));
+  EXPECT_EQ(committer.stats().commits, 3u);
+  EXPECT_EQ(committer.stats().groups, 1u);  // the first Wait led one group for all three
+}
+
 TEST_F(SqliteStoreTest, GroupCommitterGroupsConcurrentCommitsAndStoresEveryOne) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 300;
