@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev libcpp-httplib-dev sqlite3 curl python3 python3-yaml
   clang libclang-rt-14-dev
+  runc busybox-static prometheus
 )
 
 missing=()

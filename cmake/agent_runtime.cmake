@@ -1,0 +1,2 @@
+# ---- agent: task runtimes (process, runc) ----
+# (filled in by the runtime work)

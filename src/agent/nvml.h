@@ -1,0 +1,73 @@
+// NVML loaded at run time: dlopen("libnvidia-ml.so.1"), so neither the build nor a machine without
+// NVIDIA's driver needs any NVIDIA package. The declarations are gpupool's own minimal ones (opaque
+// handles, the few structs used, function-pointer types); no NVIDIA header is included.
+//
+// Tests load a fake libnvidia-ml.so.1 (tests/fake_nvml) through the very same path.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/inventory.h"
+#include "common/status.h"
+
+namespace gpupool {
+
+// One sample of a GPU's counters, in base units. A field the device does not give stays empty and
+// is left out of /metrics, never invented.
+struct GpuSample {
+  int index = 0;
+  std::optional<double> sm_clock_hz;
+  std::optional<double> memory_clock_hz;
+  std::optional<double> memory_temperature_celsius;
+  std::optional<double> gpu_temperature_celsius;
+  std::optional<double> power_watts;
+  std::optional<double> energy_joules_total;        // since driver load
+  std::optional<double> pcie_replays_total;
+  std::optional<double> gpu_utilization_ratio;      // 0..1
+  std::optional<double> memory_copy_utilization_ratio;
+  std::optional<double> encoder_utilization_ratio;
+  std::optional<double> decoder_utilization_ratio;
+  std::optional<double> last_xid;                   // value of the last XID error (0: none)
+  std::optional<double> framebuffer_free_bytes;
+  std::optional<double> framebuffer_used_bytes;
+  std::optional<double> framebuffer_reserved_bytes;
+  std::optional<double> nvlink_bandwidth_bytes_total;
+  std::optional<double> vgpu_license_status;
+  std::optional<double> remapped_rows_uncorrectable_total;
+  std::optional<double> remapped_rows_correctable_total;
+  std::optional<double> row_remap_failure;          // 0 or 1
+  std::optional<double> graphics_engine_active_ratio;
+  std::optional<double> tensor_pipe_active_ratio;
+  std::optional<double> dram_active_ratio;
+  std::optional<double> pcie_tx_bytes_per_second;
+  std::optional<double> pcie_rx_bytes_per_second;
+};
+
+class Nvml {
+ public:
+  // Opens `library` (default "libnvidia-ml.so.1"; then the usual driver directories), resolves the
+  // entry points and calls nvmlInit. NotFound when the library is absent (the agent then says so
+  // and simulates); Unavailable/Internal with NVML's own error string otherwise.
+  static Result<std::unique_ptr<Nvml>> Load(const std::string& library = "");
+  ~Nvml();  // nvmlShutdown, dlclose
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+
+  // Every GPU with identity, memory, PCI/NUMA placement, MIG mode and profiles, health (pending
+  // XID events, uncorrectable ECC, remapping failure), processes, and the pair topology derived
+  // from NVLink link counts and common PCIe ancestors.
+  Result<Inventory> Discover();
+  // Counters of every GPU now. Per-field failures (NOT_SUPPORTED, ...) leave the field empty.
+  Result<std::vector<GpuSample>> Sample();
+
+  struct Impl;
+
+ private:
+  explicit Nvml(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpupool

@@ -1,0 +1,73 @@
+// How an agent runs a task: the `process` runtime (fork/exec in its own process group, cgroup
+// limits where the machine allows) and the `runc` runtime (an OCI bundle per task). Both keep
+// stdout/stderr in log files, stop with SIGTERM, a grace period, then SIGKILL, and can adopt the
+// tasks they left running when the agent restarts (state lives under the runtime's state dir).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace gpupool {
+
+struct LaunchSpec {
+  std::string id;                           // unique on the node, path-safe: "j-000000000042.0"
+  std::vector<std::string> argv;            // argv[0] is looked up in PATH (process) / rootfs
+  std::map<std::string, std::string> env;   // the whole environment of the task
+  std::string workdir;                      // empty: the task's own directory under the state dir
+  int64_t cpu_milli = 0;                    // 0: no CPU limit
+  int64_t memory_bytes = 0;                 // 0: no memory limit
+  // runc only: an existing OCI bundle directory, or a root filesystem to build a bundle around.
+  std::string bundle;
+  std::string rootfs;
+  // Device nodes to expose (/dev/nvidia0, /dev/nvidiactl, ...) and host paths to bind read-only
+  // (driver libraries), when present on the host.
+  std::vector<std::string> devices;
+  std::vector<std::string> readonly_binds;
+};
+
+enum class RunState { kRunning, kExited, kUnknown };
+
+struct TaskStatusInfo {
+  RunState state = RunState::kUnknown;
+  int exit_code = 0;     // when exited normally
+  int term_signal = 0;   // when killed by a signal
+  std::string message;   // "exit code 3", "killed by SIGKILL after the grace period", ...
+};
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual std::string name() const = 0;  // "process" or "runc"
+  // Starts the task and returns once it runs (or failed to start: the error says why).
+  virtual Status Start(const LaunchSpec& spec) = 0;
+  // Non-blocking.
+  virtual Result<TaskStatusInfo> Poll(const std::string& id) = 0;
+  // Sends SIGTERM now and SIGKILL once `grace` has passed (checked by later Poll/Stop calls, so it
+  // never blocks); a task already gone is Ok.
+  virtual Status Stop(const std::string& id, std::chrono::seconds grace) = 0;
+  // Frees what the task left behind (cgroup, bundle state) once it has exited. Logs stay.
+  virtual Status Remove(const std::string& id) = 0;
+  // Ids of the tasks this runtime knows, including those adopted from its state dir at start.
+  virtual std::vector<std::string> List() = 0;
+  // Paths of the task's log files.
+  virtual std::string StdoutPath(const std::string& id) const = 0;
+  virtual std::string StderrPath(const std::string& id) const = 0;
+};
+
+struct RuntimeOptions {
+  std::string state_dir;   // per-task directories, logs, pid files / bundles
+  std::string cgroup_root; // empty: auto-detect a writable cgroup (v2 unified or v1 cpu+memory); none: no limits
+  std::string runc_binary = "runc";
+};
+
+// Fails with a clear message when the runtime cannot work here (runc not installed, ...).
+Result<std::unique_ptr<Runtime>> MakeProcessRuntime(const RuntimeOptions& options);
+Result<std::unique_ptr<Runtime>> MakeRuncRuntime(const RuntimeOptions& options);
+
+}  // namespace gpupool
