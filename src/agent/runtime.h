@@ -58,6 +58,9 @@ class Runtime {
   // Paths of the task's log files.
   virtual std::string StdoutPath(const std::string& id) const = 0;
   virtual std::string StderrPath(const std::string& id) const = 0;
+  // Empty when CPU/memory limits are enforced; otherwise why they are not (said once, here,
+  // rather than on every Start): "no writable cgroup: ...". Added with the runtimes.
+  virtual std::string limits_note() const { return {}; }
 };
 
 struct RuntimeOptions {

@@ -657,6 +657,11 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
                                              Quote(key)));
       }
       const std::string vpath = IsPathSafeKey(key) ? FieldPath(epath, key) : epath;
+      // The agent sets these to enforce the allocation (docs/agent.md); a job may not.
+      if (key.rfind("GPUPOOL_", 0) == 0 || key.rfind("CUDA_MPS_", 0) == 0 || key == "CUDA_VISIBLE_DEVICES" ||
+          key == "NVIDIA_VISIBLE_DEVICES") {
+        return FieldError(vpath, "is set by gpupool to enforce the task's allocation; a job may not set it");
+      }
       ASSIGN_OR_RETURN(std::string s, ReadString(value, vpath, limits.max_string_bytes));
       g->exec.env.emplace(key, std::move(s));
     }

@@ -443,6 +443,10 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "tasks[0].isolation", "'mps' applies to GPU shares"},
       // Exec.
       {"env name", [](Json& j) { j["tasks"][0]["env"]["1A"] = "x"; }, "tasks[0].env", "variable name '1A'"},
+      {"env reserved", [](Json& j) { j["tasks"][0]["env"]["CUDA_VISIBLE_DEVICES"] = "0,1"; },
+       "tasks[0].env.CUDA_VISIBLE_DEVICES", "set by gpupool"},
+      {"env reserved prefix", [](Json& j) { j["tasks"][0]["env"]["GPUPOOL_GPU_UUIDS"] = "x"; },
+       "tasks[0].env.GPUPOOL_GPU_UUIDS", "set by gpupool"},
       {"env NUL", [](Json& j) { j["tasks"][0]["env"]["A"] = std::string("a\0b", 3); }, "tasks[0].env.A",
        "NUL"},
       {"arg too long", [](Json& j) { j["tasks"][0]["command"][0] = std::string(5000, 'x'); },

@@ -3,13 +3,19 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <map>
+#include <vector>
 #include <iostream>
 #include <memory>
 #include <string>
 
+#include "agent/agent.h"
 #include "server/config.h"
 #include "server/http_api.h"
 #include "server/service.h"
@@ -47,59 +53,193 @@ Status MakeDirs(const std::string& path) {
 }
 
 int Fail(const Status& st) {
-  std::cerr << "gpupool server: " << st.ToString() << "\n";
+  std::cerr << "gpupool: " << st.ToString() << "\n";
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-int RunServer(const ServerFlags& flags) {
+// A started control plane: the service with its loop running and the HTTP API listening.
+struct RunningServer {
   ServerConfig config;
-  if (!flags.config.empty()) {
-    auto c = LoadServerConfig(flags.config);
-    if (!c.ok()) return Fail(c.status());
-    config = std::move(c).value();
+  std::unique_ptr<PoolService> service;
+  std::unique_ptr<HttpApi> api;
+  std::string url;
+  std::string agent_token;  // a token agents in this process may use
+  void Stop() {
+    if (api) api->Stop();
+    if (service) service->Stop();
   }
-  if (!flags.listen.empty()) config.listen = flags.listen;
-  if (!flags.data_dir.empty()) config.data_dir = flags.data_dir;
-  if (config.data_dir.empty()) config.data_dir = DefaultDataDir();
-  std::string host;
-  int port = 0;
-  if (Status st = ParseListen(config.listen, &host, &port); !st.ok()) return Fail(st);
-  if (Status st = MakeDirs(config.data_dir); !st.ok()) return Fail(st);
-  if (config.tokens.empty()) {
-    auto token = EnsureAdminToken(config.data_dir);
-    if (!token.ok()) return Fail(token.status());
-    config.tokens[*token] = Principal{"", Role::kAdmin};
-    std::cout << fmt::format("gpupool server: no config: one admin token, in {}/admin.token\n",
-                             config.data_dir);
-  }
-  SqliteStoreOptions store_options;
-  store_options.path = config.data_dir + "/gpupool.db";
-  store_options.synchronous_full = config.sync_full;
-  auto store = OpenSqliteStore(store_options);
-  if (!store.ok()) return Fail(store.status());
+};
 
-  // Block the stop signals before any thread starts, so that only sigwait below sees them.
+// Blocks SIGINT and SIGTERM in this thread (and so in every thread started after), so that only
+// WaitForStopSignal sees them. Call before starting any thread.
+sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  return stop_signals;
+}
 
-  auto service = PoolService::Open(config, std::move(store).value());
-  if (!service.ok()) return Fail(service.status());
-  (*service)->Start();
-  HttpApi api(**service, config);
-  auto bound = api.Start(host, port);
-  if (!bound.ok()) return Fail(bound.status());
-  std::cout << fmt::format("gpupool server: listening on http://{}:{} (data in {})\n", host, *bound,
-                           config.data_dir)
-            << std::flush;
+Result<std::unique_ptr<RunningServer>> StartServer(const ServerFlags& flags, const char* who) {
+  auto running = std::make_unique<RunningServer>();
+  ServerConfig& config = running->config;
+  if (!flags.config.empty()) {
+    ASSIGN_OR_RETURN(config, LoadServerConfig(flags.config));
+  }
+  if (!flags.listen.empty()) config.listen = flags.listen;
+  if (!flags.data_dir.empty()) config.data_dir = flags.data_dir;
+  if (config.data_dir.empty()) config.data_dir = DefaultDataDir();
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(ParseListen(config.listen, &host, &port));
+  RETURN_IF_ERROR(MakeDirs(config.data_dir));
+  if (config.tokens.empty()) {
+    ASSIGN_OR_RETURN(std::string token, EnsureAdminToken(config.data_dir));
+    config.tokens[token] = Principal{"", Role::kAdmin};
+    std::cout << fmt::format("{}: no config: one admin token, in {}/admin.token\n", who, config.data_dir);
+  }
+  for (const auto& [token, principal] : config.tokens) {
+    if (principal.role == Role::kAgent || (principal.role == Role::kAdmin && running->agent_token.empty()))
+      running->agent_token = token;
+  }
+  SqliteStoreOptions store_options;
+  store_options.path = config.data_dir + "/gpupool.db";
+  store_options.synchronous_full = config.sync_full;
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenSqliteStore(store_options));
+  ASSIGN_OR_RETURN(running->service, PoolService::Open(config, std::move(store)));
+  running->service->Start();
+  running->api = std::make_unique<HttpApi>(*running->service, config);
+  auto bound = running->api->Start(host, port);
+  if (!bound.ok()) {
+    running->service->Stop();
+    return bound.status();
+  }
+  running->url = fmt::format("http://{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, *bound);
+  std::cout << fmt::format("{}: listening on {} (data in {})\n", who, running->url, config.data_dir) << std::flush;
+  return running;
+}
+
+int RunServer(const ServerFlags& flags) {
+  sigset_t stop_signals = BlockStopSignals();
+  auto running = StartServer(flags, "gpupool server");
+  if (!running.ok()) return Fail(running.status());
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::cout << "gpupool server: stopping\n" << std::flush;
-  api.Stop();
-  (*service)->Stop();
+  (*running)->Stop();
+  return 0;
+}
+
+struct AgentFlags {
+  AgentOptions options;
+  std::vector<std::string> labels;
+  std::string token_file;
+};
+
+Status ApplyLabels(const std::vector<std::string>& labels, std::map<std::string, std::string>* out) {
+  for (const std::string& l : labels) {
+    const size_t eq = l.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return Status::InvalidArgument(fmt::format("--label '{}': want key=value", l));
+    (*out)[l.substr(0, eq)] = l.substr(eq + 1);
+  }
+  return Status::Ok();
+}
+
+int RunAgent(AgentFlags flags) {
+  sigset_t stop_signals = BlockStopSignals();
+  AgentOptions& o = flags.options;
+  if (Status st = ApplyLabels(flags.labels, &o.labels); !st.ok()) return Fail(st);
+  if (o.token.empty()) {
+    if (const char* t = std::getenv("GPUPOOL_TOKEN"); t != nullptr) o.token = t;
+  }
+  if (!flags.token_file.empty()) {
+    std::ifstream in(flags.token_file);
+    if (!in) return Fail(Status::InvalidArgument(fmt::format("--token-file {}: cannot read it", flags.token_file)));
+    std::getline(in, o.token);
+  }
+  if (o.state_dir.empty()) o.state_dir = DefaultDataDir() + "/agent";
+  if (Status st = MakeDirs(o.state_dir); !st.ok()) return Fail(st);
+  auto agent = Agent::Create(o);
+  if (!agent.ok()) return Fail(agent.status());
+  std::cout << fmt::format("gpupool agent {}: {}\n", (*agent)->node(), (*agent)->summary()) << std::flush;
+  if (Status st = (*agent)->Start(); !st.ok()) return Fail(st);
+  if ((*agent)->metrics_port() > 0)
+    std::cout << fmt::format("gpupool agent {}: metrics on port {}\n", (*agent)->node(), (*agent)->metrics_port())
+              << std::flush;
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::cout << fmt::format("gpupool agent {}: stopping (tasks keep running)\n", (*agent)->node()) << std::flush;
+  (*agent)->Stop(false);
+  return 0;
+}
+
+struct UpFlags {
+  ServerFlags server;
+  std::string simulate;
+  int nodes = 1;
+  std::string metrics_listen = "127.0.0.1:9400";
+  double heartbeat_seconds = 0;
+};
+
+int RunUp(UpFlags flags) {
+  if (flags.nodes < 1 || flags.nodes > 64) return Fail(Status::InvalidArgument("--nodes: must be 1..64"));
+  sigset_t stop_signals = BlockStopSignals();
+  auto running = StartServer(flags.server, "gpupool up");
+  if (!running.ok()) return Fail(running.status());
+  RunningServer& server = **running;
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = 9400;
+  if (Status st = ParseListen(flags.metrics_listen, &metrics_host, &metrics_port); !st.ok()) {
+    server.Stop();
+    return Fail(st.WithContext("--metrics-listen"));
+  }
+  std::vector<std::unique_ptr<Agent>> agents;
+  const std::string host = [] {
+    char buf[128] = {};
+    return ::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0' ? std::string(buf) : std::string("local");
+  }();
+  for (int i = 0; i < flags.nodes; ++i) {
+    AgentOptions o;
+    o.server = server.url;
+    o.token = server.agent_token;
+    o.node = flags.nodes == 1 ? host : fmt::format("{}-{}", host, i);
+    o.simulate = flags.simulate;
+    o.state_dir = server.config.data_dir + "/agent/" + o.node;
+    o.metrics_listen = fmt::format("{}:{}", metrics_host, metrics_port == 0 ? 0 : metrics_port + i);
+    o.heartbeat_seconds = flags.heartbeat_seconds;
+    if (Status st = MakeDirs(o.state_dir); !st.ok()) {
+      server.Stop();
+      return Fail(st);
+    }
+    auto agent = Agent::Create(o);
+    if (!agent.ok()) {
+      server.Stop();
+      return Fail(agent.status().WithContext("node " + o.node));
+    }
+    if (i == 0 || !flags.simulate.empty())
+      std::cout << fmt::format("gpupool up: node {}: {}\n", (*agent)->node(), (*agent)->summary());
+    if (Status st = (*agent)->Start(std::chrono::seconds(10)); !st.ok()) {
+      server.Stop();
+      return Fail(st.WithContext("node " + o.node));
+    }
+    std::cout << fmt::format("gpupool up: node {}: {} GPU(s){}, metrics at http://{}:{}/metrics\n", (*agent)->node(),
+                             (*agent)->inventory().gpus.size(), (*agent)->inventory().simulated ? " (simulated)" : "",
+                             metrics_host, (*agent)->metrics_port());
+    agents.push_back(std::move(agent).value());
+  }
+  std::cout << fmt::format(
+                   "gpupool up: ready. Try:\n  export GPUPOOL_SERVER={} GPUPOOL_DATA_DIR={}\n"
+                   "  gpupool submit examples/jobs/bert-train.yaml && gpupool list\n",
+                   server.url, server.config.data_dir)
+            << std::flush;
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::cout << "gpupool up: stopping\n" << std::flush;
+  for (auto& a : agents) a->Stop(true);
+  server.Stop();
   return 0;
 }
 
@@ -112,9 +252,41 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                   "Where the store and the admin token live (default: " + DefaultDataDir() + ")");
   cmd->add_option("--listen", flags->listen, "host:port to serve on (default 127.0.0.1:8470)");
   cmd->add_option("--config", flags->config, "Server config YAML (tokens, queues, ordering; docs/server.md)");
-  return [cmd, flags]() -> int {
-    if (!*cmd) return -1;
-    return RunServer(*flags);
+
+  auto agent = std::make_shared<AgentFlags>();
+  auto* agent_cmd = app.add_subcommand("agent", "Run a node agent: discover GPUs, run the tasks the server assigns");
+  agent_cmd->add_option("--server", agent->options.server, "Server address (default http://127.0.0.1:8470)");
+  agent_cmd->add_option("--token", agent->options.token, "Bearer token (default: $GPUPOOL_TOKEN)");
+  agent_cmd->add_option("--token-file", agent->token_file, "Read the token from this file");
+  agent_cmd->add_option("--node", agent->options.node, "Node name (default: the host name)");
+  agent_cmd->add_option("--simulate", agent->options.simulate,
+                        "Simulate GPUs: 8xH100-80GB-SXM, 4xA100-80GB-PCIE, dgx-a100, or a YAML machine spec");
+  agent_cmd->add_option("--nvml", agent->options.nvml_library, "Path of libnvidia-ml.so.1 (default: the driver's)");
+  agent_cmd->add_option("--state-dir", agent->options.state_dir, "Task logs and runtime state (default: <data dir>/agent)");
+  agent_cmd->add_option("--metrics-listen", agent->options.metrics_listen, "host:port for /metrics and task logs");
+  agent_cmd->add_option("--label", agent->labels, "Node label key=value (repeatable)");
+  agent_cmd->add_option("--cpu", agent->options.cpu, "CPU cores to offer (default: all online)");
+  agent_cmd->add_option("--memory", agent->options.memory, "Memory to offer, e.g. 64Gi (default: all)");
+  agent_cmd->add_option("--heartbeat-interval", agent->options.heartbeat_seconds,
+                        "Seconds between heartbeats (default: what the server asks)");
+
+  auto up = std::make_shared<UpFlags>();
+  auto* up_cmd = app.add_subcommand("up", "Server and local agent(s) in one process: the pool on this machine");
+  up_cmd->add_option("--data-dir", up->server.data_dir, "Store, token and task logs (default: " + DefaultDataDir() + ")");
+  up_cmd->add_option("--listen", up->server.listen, "host:port of the API (default 127.0.0.1:8470)");
+  up_cmd->add_option("--config", up->server.config, "Server config YAML (docs/server.md)");
+  up_cmd->add_option("--simulate", up->simulate,
+                     "Simulate GPUs (8xH100-80GB-SXM, ...); default: real GPUs through NVML, else 4xA100-80GB");
+  up_cmd->add_option("--nodes", up->nodes, "Local agents, each a node (default 1)");
+  up_cmd->add_option("--metrics-listen", up->metrics_listen,
+                     "host:port of the first agent's /metrics; node i uses port+i (default 127.0.0.1:9400; port 0: any)");
+  up_cmd->add_option("--heartbeat-interval", up->heartbeat_seconds, "Seconds between agent heartbeats");
+
+  return [cmd, flags, agent_cmd, agent, up_cmd, up]() -> int {
+    if (*cmd) return RunServer(*flags);
+    if (*agent_cmd) return RunAgent(*agent);
+    if (*up_cmd) return RunUp(*up);
+    return -1;
   };
 }
 

@@ -1,0 +1,456 @@
+#include "agent/agent.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "agent/gpu_metrics.h"
+#include "cli/client.h"
+#include "common/quantity.h"
+
+namespace gpupool {
+
+using nlohmann::json;
+
+namespace {
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "node";
+  return buf;
+}
+
+std::string MachineCpu() {
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return std::to_string(n > 0 ? n : 1);
+}
+
+std::string MachineMemory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  const int64_t mib = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / (1024 * 1024) : 1024;
+  return FormatMemory(MiB(mib));
+}
+
+Status ReplyError(const Result<HttpReply>& r, const std::string& what) {
+  if (!r.ok()) return r.status().WithContext(what);
+  // The server answered 5xx: as good as unreachable (it may be starting); a 4xx is a refusal.
+  if (r->status >= 500) return Status::IoError(fmt::format("{}: {}", what, ErrorMessage(*r)));
+  return Status::FailedPrecondition(fmt::format("{}: {}", what, ErrorMessage(*r)));
+}
+
+bool Ok2xx(const Result<HttpReply>& r) {
+  return r.ok() && r->status >= 200 && r->status < 300;
+}
+
+Result<std::pair<std::string, int>> SplitListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return Status::InvalidArgument(fmt::format("metrics listen address '{}': want host:port", listen));
+  const std::string host = listen.substr(0, colon);
+  int port = 0;
+  try {
+    size_t used = 0;
+    port = std::stoi(listen.substr(colon + 1), &used);
+    if (used != listen.size() - colon - 1) throw std::invalid_argument("trailing");
+  } catch (const std::exception&) {
+    return Status::InvalidArgument(fmt::format("metrics listen address '{}': bad port", listen));
+  }
+  if (port < 0 || port > 65535)
+    return Status::InvalidArgument(fmt::format("metrics listen address '{}': port out of range", listen));
+  return std::make_pair(host, port);
+}
+
+}  // namespace
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
+
+Agent::~Agent() {
+  Stop(false);
+}
+
+Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
+  if (options.node.empty()) options.node = HostName();
+  if (options.cpu.empty()) options.cpu = MachineCpu();
+  if (options.memory.empty()) options.memory = MachineMemory();
+  if (options.state_dir.empty()) return Status::InvalidArgument("agent: a state directory is needed");
+  std::unique_ptr<Agent> agent(new Agent(std::move(options)));
+  AgentOptions& o = agent->options_;
+  if (o.simulate.empty()) {
+    auto nvml = Nvml::Load(o.nvml_library);
+    if (nvml.ok()) {
+      auto inv = (*nvml)->Discover();
+      if (!inv.ok()) return inv.status().WithContext("discovering GPUs through NVML");
+      agent->inventory_ = std::move(inv).value();
+      agent->nvml_ = std::move(nvml).value();
+      agent->summary_ = fmt::format("{} GPU(s) found through NVML (driver {})", agent->inventory_.gpus.size(),
+                                    agent->inventory_.driver_version);
+    } else {
+      agent->summary_ = fmt::format("no NVIDIA GPUs here ({}); simulating {}", nvml.status().message(),
+                                    o.default_simulation);
+      o.simulate = o.default_simulation;
+    }
+  } else {
+    agent->summary_ = fmt::format("simulating {} as asked", o.simulate);
+  }
+  if (agent->inventory_.gpus.empty() && !o.simulate.empty()) {
+    auto inv = SimulatedInventory(o.simulate, o.node);
+    if (!inv.ok()) return inv.status().WithContext("--simulate");
+    agent->inventory_ = std::move(inv).value();
+  }
+  RuntimeOptions ro;
+  ro.state_dir = o.state_dir + "/process";
+  auto process = MakeProcessRuntime(ro);
+  if (!process.ok()) return process.status().WithContext("the process runtime");
+  agent->process_runtime_ = std::move(process).value();
+  RuntimeOptions rc = ro;
+  rc.state_dir = o.state_dir + "/runc";
+  auto runc = MakeRuncRuntime(rc);
+  if (runc.ok()) {
+    agent->runc_runtime_ = std::move(runc).value();
+  } else {
+    agent->runc_error_ = runc.status().message();
+  }
+  ClientConfig cc;
+  cc.server = o.server;
+  cc.token = o.token;
+  cc.connect_timeout_s = 2;
+  cc.read_timeout_s = 10;
+  auto client = ApiClient::Create(cc);
+  if (!client.ok()) return client.status().WithContext("--server");
+  agent->client_ = std::make_unique<ApiClient>(std::move(client).value());
+  return agent;
+}
+
+Status Agent::Register() {
+  const json body = NodeRegistration(inventory_, options_.node, options_.cpu, options_.memory, options_.labels);
+  auto r = client_->Post("/api/v1/agent/register", body.dump());
+  if (!Ok2xx(r)) return ReplyError(r, fmt::format("registering node '{}'", options_.node));
+  double interval = 5;
+  if (r->is_json && r->json.contains("heartbeatIntervalSeconds") && r->json["heartbeatIntervalSeconds"].is_number())
+    interval = r->json["heartbeatIntervalSeconds"].get<double>();
+  heartbeat_interval_ = options_.heartbeat_seconds > 0 ? options_.heartbeat_seconds : interval;
+  return Status::Ok();
+}
+
+Status Agent::Start(std::chrono::seconds register_timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + register_timeout;
+  for (;;) {
+    Status st = Register();
+    if (st.ok()) break;
+    // Unreachable (the server may still be starting): retry until the deadline. Refused: say why.
+    if (st.code() != StatusCode::kIoError || std::chrono::steady_clock::now() >= deadline) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (!options_.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(auto hp, SplitListen(options_.metrics_listen));
+    http_ = std::make_unique<httplib::Server>();
+    http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    http_->Get(R"(/tasks/([A-Za-z0-9_.-]+)/logs/(stdout|stderr))",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 if (!options_.token.empty() && req.get_header_value("Authorization") != "Bearer " + options_.token) {
+                   res.status = 401;
+                   res.set_content(R"({"error":{"code":"Unauthenticated","message":"a bearer token is needed"}})",
+                                   "application/json");
+                   return;
+                 }
+                 const std::string id = req.matches[1];
+                 Runtime* rt = nullptr;
+                 {
+                   std::lock_guard<std::mutex> lock(mu_);
+                   auto it = tasks_.find(id);
+                   if (it != tasks_.end()) rt = it->second.runtime;
+                 }
+                 // A finished task is forgotten once reported, but its logs stay on disk.
+                 for (Runtime* r : {process_runtime_.get(), runc_runtime_.get()}) {
+                   if (rt == nullptr && r != nullptr && ::access(r->StdoutPath(id).c_str(), R_OK) == 0) rt = r;
+                 }
+                 if (rt == nullptr) {
+                   res.status = 404;
+                   res.set_content(R"({"error":{"code":"NotFound","message":"no such task on this node"}})",
+                                   "application/json");
+                   return;
+                 }
+                 const std::string path = req.matches[2] == "stdout" ? rt->StdoutPath(id) : rt->StderrPath(id);
+                 std::ifstream in(path, std::ios::binary);
+                 std::ostringstream text;
+                 text << in.rdbuf();
+                 res.set_content(text.str(), "text/plain; charset=utf-8");
+               });
+    const int port = hp.second == 0 ? http_->bind_to_any_port(hp.first.c_str())
+                                    : (http_->bind_to_port(hp.first.c_str(), hp.second) ? hp.second : -1);
+    if (port < 0) return Status::IoError(fmt::format("cannot listen on {}", options_.metrics_listen));
+    metrics_port_ = port;
+    http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  }
+  stopping_ = false;
+  next_heartbeat_ = std::chrono::steady_clock::now();
+  loop_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void Agent::Stop(bool stop_tasks) {
+  stopping_ = true;
+  if (loop_.joinable()) loop_.join();
+  if (http_) {
+    http_->stop();
+    if (http_thread_.joinable()) http_thread_.join();
+    http_.reset();
+  }
+  if (stop_tasks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, t] : tasks_) {
+      if (t.started && !t.exited && t.runtime != nullptr)
+        (void)t.runtime->Stop(id, std::chrono::seconds(t.assignment.grace_period_seconds));
+    }
+  }
+}
+
+void Agent::Loop() {
+  while (!stopping_) {
+    Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(options_.poll_seconds * 1000)));
+  }
+}
+
+void Agent::Tick() {
+  PollTasks();
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_heartbeat_) return;
+  next_heartbeat_ = now + std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_ * 1000));
+  auto r = client_->Post(fmt::format("/api/v1/agent/nodes/{}/heartbeat", PercentEncode(options_.node)), "{}");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++heartbeats_;
+    if (!Ok2xx(r)) ++heartbeat_failures_;
+  }
+  if (r.ok() && r->status == 404) {
+    // The server does not know the node (a new store): register again, then carry on.
+    if (Status st = Register(); !st.ok())
+      std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
+    return;
+  }
+  if (!Ok2xx(r) || !r->is_json) return;
+  auto assignments = ParseAssignments(json::parse(r->json.dump()));
+  if (!assignments.ok()) {
+    std::cerr << fmt::format("gpupool agent {}: the server's assignments: {}\n", options_.node,
+                             assignments.status().ToString());
+    return;
+  }
+  Reconcile(*assignments);
+  PollTasks();
+}
+
+Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {
+  if (a.bundle.empty() && a.rootfs.empty()) return process_runtime_.get();
+  if (!runc_runtime_)
+    return Status::FailedPrecondition(fmt::format("the task needs a container, but runc cannot run here: {}",
+                                                  runc_error_));
+  return runc_runtime_.get();
+}
+
+void Agent::Reconcile(const std::vector<Assignment>& assignments) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, t] : tasks_) t.in_assignments = false;
+  for (const Assignment& a : assignments) {
+    const std::string id = a.task_id();
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) {
+      LocalTask t;
+      t.assignment = a;
+      if (a.desired == "stop") {
+        // Asked to stop something this agent never ran (or has forgotten): it is stopped.
+        t.exited = true;
+        t.final_state = "stopped";
+        t.final_message = "not running on this node";
+        tasks_.emplace(id, std::move(t));
+        continue;
+      }
+      auto inserted = tasks_.emplace(id, std::move(t));
+      StartTask(inserted.first->second);
+      continue;
+    }
+    LocalTask& t = it->second;
+    t.in_assignments = true;
+    if (a.desired == "stop" && !t.stop_requested && !t.exited) {
+      t.stop_requested = true;
+      t.assignment.grace_period_seconds = a.grace_period_seconds;
+      if (t.runtime != nullptr) (void)t.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+    }
+  }
+  // Tasks the server no longer lists: stop what still runs, forget what has been reported.
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    LocalTask& t = it->second;
+    if (t.in_assignments) {
+      ++it;
+      continue;
+    }
+    if (t.started && !t.exited) {
+      if (!t.stop_requested && t.runtime != nullptr) {
+        t.stop_requested = true;
+        (void)t.runtime->Stop(it->first, std::chrono::seconds(10));
+      }
+      ++it;
+      continue;
+    }
+    if (t.exited && t.final_reported) {
+      if (t.runtime != nullptr) (void)t.runtime->Remove(it->first);
+      it = tasks_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+// REQUIRES: mu_ held.
+void Agent::StartTask(LocalTask& t) {
+  const Assignment& a = t.assignment;
+  const std::string id = a.task_id();
+  auto fail = [&](const Status& st) {
+    ++start_failures_;
+    t.exited = true;
+    t.final_state = "failed";
+    t.final_message = "could not start: " + st.message();
+  };
+  auto rt = RuntimeFor(a);
+  if (!rt.ok()) return fail(rt.status());
+  t.runtime = *rt;
+  // Adopt a task that is still running from before an agent restart.
+  for (const std::string& known : t.runtime->List()) {
+    if (known != id) continue;
+    auto st = t.runtime->Poll(id);
+    if (st.ok() && st->state == RunState::kRunning) {
+      t.started = true;
+      return;
+    }
+    (void)t.runtime->Remove(id);
+  }
+  TaskEnvOptions eo;
+  eo.node = options_.node;
+  eo.mps_pipe_root = options_.state_dir + "/mps";
+  auto env = TaskEnvironment(a, inventory_, eo);
+  if (!env.ok()) return fail(env.status());
+  if (a.command.empty() && a.bundle.empty()) return fail(Status::InvalidArgument("the task has no command"));
+  LaunchSpec spec;
+  spec.id = id;
+  spec.argv = a.command;
+  spec.env = std::move(env).value();
+  spec.cpu_milli = a.cpu_milli;
+  spec.memory_bytes = a.memory_bytes;
+  spec.bundle = a.bundle;
+  spec.rootfs = a.rootfs;
+  if (!inventory_.simulated) {
+    spec.devices = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"};
+    for (const AssignedGpu& g : a.gpus) {
+      const GpuInfo& info = inventory_.gpus[static_cast<size_t>(g.index)];
+      if (info.minor_number >= 0) spec.devices.push_back(fmt::format("/dev/nvidia{}", info.minor_number));
+    }
+  }
+  if (Status st = t.runtime->Start(spec); !st.ok()) return fail(st);
+  ++starts_;
+  t.started = true;
+}
+
+// Polls every started task and sends the reports that are due. Takes mu_.
+void Agent::PollTasks() {
+  std::vector<std::string> due;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, t] : tasks_) {
+      if (t.started && !t.exited && t.runtime != nullptr) {
+        auto st = t.runtime->Poll(id);
+        if (st.ok() && st->state == RunState::kExited) {
+          t.exited = true;
+          t.exit_code = st->exit_code;
+          if (t.stop_requested) {
+            t.final_state = "stopped";
+          } else if (st->term_signal == 0 && st->exit_code == 0) {
+            t.final_state = "succeeded";
+          } else {
+            t.final_state = "failed";
+          }
+          t.final_message = st->message;
+        }
+      }
+      if ((t.exited && !t.final_reported) || (t.started && !t.exited && !t.running_reported)) due.push_back(id);
+    }
+  }
+  for (const std::string& id : due) {
+    LocalTask copy;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = tasks_.find(id);
+      if (it == tasks_.end()) continue;
+      copy = it->second;
+    }
+    const bool final = copy.exited;
+    json body = {{"state", final ? copy.final_state : "running"}};
+    if (final) {
+      body["exitCode"] = copy.exit_code;
+      if (!copy.final_message.empty()) body["message"] = copy.final_message;
+    }
+    auto r = client_->Post(fmt::format("/api/v1/agent/nodes/{}/tasks/{}/{}/status", PercentEncode(options_.node),
+                                       PercentEncode(copy.assignment.job_id), copy.assignment.index),
+                           body.dump());
+    // A 4xx means the server has moved on (the task was released or the job is gone): nothing to
+    // retry. Unreachable or 5xx: try again on the next tick.
+    const bool done = r.ok() && r->status >= 200 && r->status < 500;
+    if (!done) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) continue;
+    if (final) {
+      it->second.final_reported = true;
+    } else {
+      it->second.running_reported = true;
+    }
+  }
+}
+
+std::string Agent::MetricsText() {
+  std::vector<GpuSample> samples;
+  if (nvml_) {
+    auto s = nvml_->Sample();
+    if (s.ok()) samples = std::move(s).value();
+  }
+  std::vector<GpuHolder> holders;
+  uint64_t running = 0, starts = 0, failures = 0, heartbeats = 0, heartbeat_failures = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, t] : tasks_) {
+      if (!t.started || t.exited) continue;
+      ++running;
+      for (const AssignedGpu& g : t.assignment.gpus)
+        holders.push_back({g.index, t.assignment.job_id, t.assignment.name, g.share_milli, g.memory_bytes});
+    }
+    starts = starts_;
+    failures = start_failures_;
+    heartbeats = heartbeats_;
+    heartbeat_failures = heartbeat_failures_;
+  }
+  std::string out = RenderGpuMetrics(options_.node, inventory_, samples, holders);
+  const std::string label = fmt::format("node=\"{}\"", options_.node);
+  out += "# HELP gpupool_agent_tasks_running Tasks this agent runs now.\n# TYPE gpupool_agent_tasks_running gauge\n";
+  out += fmt::format("gpupool_agent_tasks_running{{{}}} {}\n", label, running);
+  out += "# HELP gpupool_agent_task_starts_total Tasks started.\n# TYPE gpupool_agent_task_starts_total counter\n";
+  out += fmt::format("gpupool_agent_task_starts_total{{{}}} {}\n", label, starts);
+  out += "# HELP gpupool_agent_task_start_failures_total Tasks that could not be started.\n"
+         "# TYPE gpupool_agent_task_start_failures_total counter\n";
+  out += fmt::format("gpupool_agent_task_start_failures_total{{{}}} {}\n", label, failures);
+  out += "# HELP gpupool_agent_heartbeats_total Heartbeats sent to the server.\n"
+         "# TYPE gpupool_agent_heartbeats_total counter\n";
+  out += fmt::format("gpupool_agent_heartbeats_total{{{}}} {}\n", label, heartbeats);
+  out += "# HELP gpupool_agent_heartbeat_failures_total Heartbeats that got no good answer.\n"
+         "# TYPE gpupool_agent_heartbeat_failures_total counter\n";
+  out += fmt::format("gpupool_agent_heartbeat_failures_total{{{}}} {}\n", label, heartbeat_failures);
+  return out;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,117 @@
+// The node agent: registers its node and GPUs with the server, heartbeats, runs what the server
+// assigns (level-triggered: it compares the assignments with what it runs), reports task status,
+// and serves the node's GPU metrics and task logs over HTTP.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/inventory.h"
+#include "agent/nvml.h"
+#include "agent/runtime.h"
+#include "agent/task_env.h"
+#include "common/status.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace gpupool {
+
+class ApiClient;
+
+struct AgentOptions {
+  std::string server = "http://127.0.0.1:8470";
+  std::string token;
+  std::string node;                 // default: the host name
+  std::string cpu;                  // default: the machine's online CPUs
+  std::string memory;               // default: the machine's physical memory
+  std::map<std::string, std::string> labels;
+  std::string simulate;             // a SimulatedInventory spec; empty: NVML, or simulate when absent
+  std::string default_simulation = "4xA100-80GB";
+  std::string nvml_library;         // empty: libnvidia-ml.so.1
+  std::string state_dir;            // task directories, logs, runtime state
+  std::string metrics_listen;       // "host:port" for /metrics and task logs; empty: none; port 0: any
+  double heartbeat_seconds = 0;     // 0: what the server asks for
+  double poll_seconds = 0.2;        // how often task state is checked
+};
+
+class Agent {
+ public:
+  // Discovers (or simulates) the GPUs and prepares the runtimes; talks to nobody yet.
+  static Result<std::unique_ptr<Agent>> Create(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Registers the node (retrying while the server is unreachable, up to `register_timeout`), starts
+  // the metrics listener and the loop thread.
+  Status Start(std::chrono::seconds register_timeout = std::chrono::seconds(30));
+  // Stops the loop and the listener. Tasks keep running (a restarted agent adopts them) unless
+  // `stop_tasks`: then they get SIGTERM and their grace period.
+  void Stop(bool stop_tasks = false);
+
+  const Inventory& inventory() const { return inventory_; }
+  const std::string& node() const { return options_.node; }
+  int metrics_port() const { return metrics_port_; }
+  std::string MetricsText();
+  // What the agent printed about itself at Create (GPU source, simulated or not).
+  const std::string& summary() const { return summary_; }
+
+ private:
+  struct LocalTask {
+    Assignment assignment;
+    Runtime* runtime = nullptr;
+    bool started = false;
+    bool stop_requested = false;
+    bool exited = false;
+    std::string final_state;    // succeeded, failed, stopped: once exited
+    std::string final_message;
+    int exit_code = 0;
+    bool running_reported = false;
+    bool final_reported = false;
+    bool in_assignments = true;
+  };
+
+  explicit Agent(AgentOptions options);
+  Status Register();
+  void Loop();
+  void Tick();
+  void Reconcile(const std::vector<Assignment>& assignments);
+  void StartTask(LocalTask& t);
+  void PollTasks();
+  void Report(LocalTask& t);
+  Result<Runtime*> RuntimeFor(const Assignment& a);
+
+  AgentOptions options_;
+  Inventory inventory_;
+  std::unique_ptr<Nvml> nvml_;
+  std::string summary_;
+  std::unique_ptr<ApiClient> client_;
+  std::unique_ptr<Runtime> process_runtime_;
+  std::unique_ptr<Runtime> runc_runtime_;
+  std::string runc_error_;
+
+  std::mutex mu_;  // guards tasks_ and counters
+  std::map<std::string, LocalTask> tasks_;
+  uint64_t starts_ = 0;
+  uint64_t start_failures_ = 0;
+  uint64_t heartbeats_ = 0;
+  uint64_t heartbeat_failures_ = 0;
+
+  std::atomic<bool> stopping_{false};
+  std::thread loop_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  int metrics_port_ = 0;
+  std::chrono::steady_clock::time_point next_heartbeat_{};
+  double heartbeat_interval_ = 5;
+};
+
+}  // namespace gpupool

@@ -1,0 +1,633 @@
+#include "agent/nvml.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "model/gpu_catalog.h"
+#include "model/topology.h"
+
+namespace gpupool {
+namespace {
+
+// ---- gpupool's own minimal declarations of the NVML C ABI (INTERFACES.md section 3) ----------
+// Handles are opaque pointers; only the struct layouts gpupool reads are declared, field for field
+// in the order and widths the ABI uses.
+
+using NvmlReturn = int;
+using NvmlDevice = struct NvmlDeviceOpaque*;
+using NvmlEventSet = struct NvmlEventSetOpaque*;
+
+constexpr NvmlReturn kSuccess = 0;
+constexpr NvmlReturn kErrInvalidArgument = 2;
+constexpr NvmlReturn kErrNotSupported = 3;
+constexpr NvmlReturn kErrInsufficientSize = 7;
+constexpr NvmlReturn kErrTimeout = 10;
+
+constexpr unsigned kNvLinkMaxLinks = 36;
+constexpr unsigned kGpuInstanceProfileCount = 0x12;
+constexpr unsigned kProfileOneSliceMediaExt = 7;  // 1_SLICE_REV1: "1g...+me"
+constexpr unsigned kProfileTwoSliceMediaExt = 8;  // 2_SLICE_REV1: "2g...+me"
+constexpr unsigned long long kEventXidCritical = 0x8;
+constexpr unsigned long long kValueNotAvailable = ~0ULL;
+
+constexpr int kClockSm = 1;
+constexpr int kClockMem = 2;
+constexpr int kTemperatureGpu = 0;
+constexpr int kMemoryErrorUncorrected = 1;
+constexpr int kEccCounterVolatile = 0;
+constexpr int kPcieCounterTx = 0;
+constexpr int kPcieCounterRx = 1;
+
+struct PciInfo {  // v3
+  char bus_id_legacy[16];
+  unsigned domain;
+  unsigned bus;
+  unsigned device;
+  unsigned pci_device_id;
+  unsigned pci_subsystem_id;
+  char bus_id[32];
+};
+
+struct MemoryInfo {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+
+struct MemoryInfoV2 {
+  unsigned version;
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
+  unsigned long long used;
+};
+
+struct Utilization {
+  unsigned gpu;
+  unsigned memory;
+};
+
+struct ProcessInfo {
+  unsigned pid;
+  unsigned long long used_gpu_memory;
+  unsigned gpu_instance_id;
+  unsigned compute_instance_id;
+};
+
+struct GpuInstanceProfileInfo {
+  unsigned id;
+  unsigned is_p2p_supported;
+  unsigned slice_count;
+  unsigned instance_count;
+  unsigned multiprocessor_count;
+  unsigned copy_engine_count;
+  unsigned decoder_count;
+  unsigned encoder_count;
+  unsigned jpeg_count;
+  unsigned ofa_count;
+  unsigned long long memory_size_mb;
+};
+
+struct EventData {
+  NvmlDevice device;
+  unsigned long long event_type;
+  unsigned long long event_data;
+  unsigned gpu_instance_id;
+  unsigned compute_instance_id;
+};
+
+struct TemperatureV1 {
+  unsigned version;
+  int sensor_type;
+  int temperature;
+};
+
+constexpr unsigned StructVersion(size_t size, unsigned v) {
+  return static_cast<unsigned>(size) | (v << 24U);
+}
+
+// Function-pointer types, one per entry point used.
+using InitFn = NvmlReturn (*)();
+using ShutdownFn = NvmlReturn (*)();
+using ErrorStringFn = const char* (*)(NvmlReturn);
+using DriverVersionFn = NvmlReturn (*)(char*, unsigned);
+using CountFn = NvmlReturn (*)(unsigned*);
+using HandleByIndexFn = NvmlReturn (*)(unsigned, NvmlDevice*);
+using StringFn = NvmlReturn (*)(NvmlDevice, char*, unsigned);
+using UintFn = NvmlReturn (*)(NvmlDevice, unsigned*);
+using UllFn = NvmlReturn (*)(NvmlDevice, unsigned long long*);
+using PciInfoFn = NvmlReturn (*)(NvmlDevice, PciInfo*);
+using CudaCcFn = NvmlReturn (*)(NvmlDevice, int*, int*);
+using MemoryInfoFn = NvmlReturn (*)(NvmlDevice, MemoryInfo*);
+using MemoryInfoV2Fn = NvmlReturn (*)(NvmlDevice, MemoryInfoV2*);
+using MigModeFn = NvmlReturn (*)(NvmlDevice, unsigned*, unsigned*);
+using GiProfileInfoFn = NvmlReturn (*)(NvmlDevice, unsigned, GpuInstanceProfileInfo*);
+using CommonAncestorFn = NvmlReturn (*)(NvmlDevice, NvmlDevice, int*);
+using NvLinkStateFn = NvmlReturn (*)(NvmlDevice, unsigned, int*);
+using NvLinkRemotePciFn = NvmlReturn (*)(NvmlDevice, unsigned, PciInfo*);
+using ProcessesFn = NvmlReturn (*)(NvmlDevice, unsigned*, ProcessInfo*);
+using EccFn = NvmlReturn (*)(NvmlDevice, int, int, unsigned long long*);
+using EventSetCreateFn = NvmlReturn (*)(NvmlEventSet*);
+using EventSetFreeFn = NvmlReturn (*)(NvmlEventSet);
+using RegisterEventsFn = NvmlReturn (*)(NvmlDevice, unsigned long long, NvmlEventSet);
+using EventSetWaitFn = NvmlReturn (*)(NvmlEventSet, EventData*, unsigned);
+using ClockFn = NvmlReturn (*)(NvmlDevice, int, unsigned*);
+using TemperatureFn = NvmlReturn (*)(NvmlDevice, int, unsigned*);
+using TemperatureVFn = NvmlReturn (*)(NvmlDevice, TemperatureV1*);
+using UtilizationFn = NvmlReturn (*)(NvmlDevice, Utilization*);
+using CodecUtilFn = NvmlReturn (*)(NvmlDevice, unsigned*, unsigned*);
+using RemappedRowsFn = NvmlReturn (*)(NvmlDevice, unsigned*, unsigned*, unsigned*, unsigned*);
+using PcieThroughputFn = NvmlReturn (*)(NvmlDevice, int, unsigned*);
+
+// XIDs caused by the application rather than the GPU (illegal address, MMU fault from user code,
+// preemptive cleanup, ...): reported as the last XID but they do not make the GPU unhealthy.
+bool ApplicationXid(unsigned long long xid) {
+  constexpr std::array<unsigned long long, 6> kApp = {13, 31, 43, 45, 68, 109};
+  return std::find(kApp.begin(), kApp.end(), xid) != kApp.end();
+}
+
+PcieLevel LevelFromNvml(int level) {
+  if (level <= 0) return PcieLevel::kSameBoard;
+  if (level <= 10) return PcieLevel::kSingleSwitch;
+  if (level <= 20) return PcieLevel::kMultiSwitch;
+  if (level <= 30) return PcieLevel::kHostBridge;
+  if (level <= 40) return PcieLevel::kSameNuma;
+  return PcieLevel::kCrossCpu;
+}
+
+std::string CString(const char* buf, size_t cap) {
+  return std::string(buf, strnlen(buf, cap));
+}
+
+// Catalog name for a device name: exact name or alias, then without the vendor prefix.
+std::string CatalogModel(const GpuCatalog& catalog, const std::string& name) {
+  if (const GpuModelSpec* m = catalog.Find(name)) return m->name;
+  for (std::string_view prefix : {"NVIDIA ", "Tesla "}) {
+    if (name.rfind(prefix, 0) == 0) {
+      if (const GpuModelSpec* m = catalog.Find(std::string_view(name).substr(prefix.size()))) return m->name;
+    }
+  }
+  return name;
+}
+
+}  // namespace
+
+struct Nvml::Impl {
+  std::mutex mu;  // Discover and Sample share the XID event state
+  void* lib = nullptr;
+  std::string path;
+  bool initialized = false;
+
+  InitFn init = nullptr;
+  ShutdownFn shutdown = nullptr;
+  ErrorStringFn error_string = nullptr;
+  DriverVersionFn driver_version = nullptr;
+  CountFn device_count = nullptr;
+  HandleByIndexFn handle_by_index = nullptr;
+  StringFn uuid = nullptr;
+  StringFn name = nullptr;
+  UintFn minor_number = nullptr;
+  PciInfoFn pci_info = nullptr;
+  CudaCcFn cuda_cc = nullptr;
+  UintFn numa_node = nullptr;
+  MemoryInfoFn memory_info = nullptr;
+  MemoryInfoV2Fn memory_info_v2 = nullptr;
+  MigModeFn mig_mode = nullptr;
+  GiProfileInfoFn gi_profile_info = nullptr;
+  CommonAncestorFn common_ancestor = nullptr;
+  NvLinkStateFn nvlink_state = nullptr;
+  NvLinkRemotePciFn nvlink_remote_pci = nullptr;
+  ProcessesFn processes = nullptr;
+  EccFn total_ecc = nullptr;
+  EventSetCreateFn event_set_create = nullptr;
+  EventSetFreeFn event_set_free = nullptr;
+  RegisterEventsFn register_events = nullptr;
+  EventSetWaitFn event_set_wait = nullptr;
+  ClockFn clock_info = nullptr;
+  TemperatureFn temperature = nullptr;
+  TemperatureVFn temperature_v = nullptr;
+  UintFn power_usage = nullptr;
+  UllFn total_energy = nullptr;
+  UtilizationFn utilization = nullptr;
+  CodecUtilFn encoder_util = nullptr;
+  CodecUtilFn decoder_util = nullptr;
+  UintFn pcie_replay = nullptr;
+  RemappedRowsFn remapped_rows = nullptr;
+  PcieThroughputFn pcie_throughput = nullptr;
+
+  // XID health: one event set for all devices, drained without waiting on every Discover/Sample.
+  NvmlEventSet events = nullptr;
+  std::vector<NvmlDevice> registered;                       // devices whose XID events are watched
+  std::vector<std::optional<unsigned long long>> last_xid;  // per index; empty: not watched
+  std::vector<unsigned long long> critical_xid;             // per index; 0: none seen
+
+  std::string Error(NvmlReturn r) const {
+    const char* text = error_string != nullptr ? error_string(r) : nullptr;
+    return fmt::format("{} (NVML error {})", text != nullptr ? text : "unknown error", r);
+  }
+
+  template <typename Fn>
+  Fn Sym(const char* symbol) const {
+    return reinterpret_cast<Fn>(dlsym(lib, symbol));
+  }
+
+  Result<std::vector<NvmlDevice>> Devices() const {
+    unsigned count = 0;
+    if (NvmlReturn r = device_count(&count); r != kSuccess) {
+      return Status::Internal("nvmlDeviceGetCount_v2: " + Error(r));
+    }
+    std::vector<NvmlDevice> devices(count, nullptr);
+    for (unsigned i = 0; i < count; ++i) {
+      if (NvmlReturn r = handle_by_index(i, &devices[i]); r != kSuccess) {
+        return Status::Internal(fmt::format("nvmlDeviceGetHandleByIndex_v2({}): {}", i, Error(r)));
+      }
+    }
+    return devices;
+  }
+
+  // Registers XID events once per device and drains what is pending (timeout 0).
+  void PollXids(const std::vector<NvmlDevice>& devices) {
+    if (event_set_create == nullptr || register_events == nullptr || event_set_wait == nullptr) return;
+    if (events == nullptr && event_set_create(&events) != kSuccess) {
+      events = nullptr;
+      return;
+    }
+    last_xid.resize(devices.size());
+    critical_xid.resize(devices.size(), 0);
+    registered.resize(devices.size(), nullptr);
+    for (size_t i = 0; i < devices.size(); ++i) {
+      if (registered[i] == devices[i]) continue;
+      if (register_events(devices[i], kEventXidCritical, events) == kSuccess) {
+        registered[i] = devices[i];
+        if (!last_xid[i]) last_xid[i] = 0;
+      }
+    }
+    for (int guard = 0; guard < 4096; ++guard) {
+      EventData data{};
+      if (event_set_wait(events, &data, 0) != kSuccess) break;  // TIMEOUT: nothing pending
+      if ((data.event_type & kEventXidCritical) == 0) continue;
+      for (size_t i = 0; i < devices.size(); ++i) {
+        if (devices[i] != data.device) continue;
+        last_xid[i] = data.event_data;
+        if (!ApplicationXid(data.event_data)) critical_xid[i] = data.event_data;
+      }
+    }
+  }
+
+  void FillMig(NvmlDevice dev, GpuInfo& gpu) const {
+    if (mig_mode == nullptr) return;
+    unsigned current = 0;
+    unsigned pending = 0;
+    if (mig_mode(dev, &current, &pending) != kSuccess) return;  // not MIG-capable
+    gpu.mig_enabled = current == 1;
+    if (gi_profile_info == nullptr) return;
+    for (unsigned p = 0; p < kGpuInstanceProfileCount; ++p) {
+      GpuInstanceProfileInfo info{};
+      const NvmlReturn r = gi_profile_info(dev, p, &info);
+      if (r == kErrInvalidArgument) break;  // past the last profile this driver knows
+      if (r != kSuccess || info.slice_count == 0) continue;
+      MigProfileInfo m;
+      m.profile_id = static_cast<int>(info.id);
+      m.slice_count = static_cast<int>(info.slice_count);
+      m.instance_count = static_cast<int>(info.instance_count);
+      m.memory_mib = static_cast<int64_t>(info.memory_size_mb);
+      // Profile names round the usable memory up to whole GB ("3g.40gb" for 40192 MiB).
+      m.name = fmt::format("{}g.{}gb", info.slice_count, (info.memory_size_mb + 1023) / 1024);
+      if (p == kProfileOneSliceMediaExt || p == kProfileTwoSliceMediaExt) m.name += "+me";
+      gpu.mig_profiles.push_back(std::move(m));
+    }
+  }
+
+  void FillProcesses(NvmlDevice dev, GpuInfo& gpu) const {
+    if (processes == nullptr) return;
+    unsigned count = 0;
+    NvmlReturn r = processes(dev, &count, nullptr);
+    if (r != kErrInsufficientSize) return;  // SUCCESS: none running; else unsupported
+    // Room for processes starting between the two calls.
+    std::vector<ProcessInfo> infos(count + 8U);
+    count = static_cast<unsigned>(infos.size());
+    r = processes(dev, &count, infos.data());
+    if (r != kSuccess) return;
+    for (unsigned i = 0; i < count && i < infos.size(); ++i) {
+      const unsigned long long used = infos[i].used_gpu_memory;
+      gpu.processes.push_back(
+          {.pid = infos[i].pid,
+           .used_memory_bytes = used == kValueNotAvailable ? 0 : static_cast<int64_t>(used)});
+    }
+  }
+
+  std::vector<std::vector<int>> TopologyOf(const std::vector<NvmlDevice>& devices,
+                                           const std::vector<PciInfo>& pci,
+                                           const std::vector<bool>& pci_ok) const {
+    const size_t n = devices.size();
+    std::vector<std::vector<int>> links(n, std::vector<int>(n, 0));
+    if (nvlink_state != nullptr && nvlink_remote_pci != nullptr) {
+      for (size_t a = 0; a < n; ++a) {
+        for (unsigned link = 0; link < kNvLinkMaxLinks; ++link) {
+          int active = 0;
+          const NvmlReturn r = nvlink_state(devices[a], link, &active);
+          if (r == kErrInvalidArgument || r == kErrNotSupported) break;  // no (more) links
+          if (r != kSuccess || active != 1) continue;
+          PciInfo remote{};
+          if (nvlink_remote_pci(devices[a], link, &remote) != kSuccess) continue;
+          for (size_t b = 0; b < n; ++b) {
+            if (b == a || !pci_ok[b]) continue;
+            if (remote.domain == pci[b].domain && remote.bus == pci[b].bus &&
+                remote.device == pci[b].device) {
+              ++links[a][b];
+            }
+          }
+        }
+      }
+    }
+    std::vector<std::vector<int>> levels(n, std::vector<int>(n, 50));
+    bool levels_ok = common_ancestor != nullptr;
+    for (size_t a = 0; a < n && levels_ok; ++a) {
+      for (size_t b = a + 1; b < n && levels_ok; ++b) {
+        int level = 0;
+        if (common_ancestor(devices[a], devices[b], &level) != kSuccess) {
+          levels_ok = false;
+          break;
+        }
+        levels[a][b] = levels[b][a] = level;
+      }
+    }
+    std::vector<std::vector<int>> scores(n, std::vector<int>(n, 0));
+    for (size_t a = 0; a < n; ++a) {
+      for (size_t b = 0; b < n; ++b) {
+        if (a == b) continue;
+        // Without every pair's common ancestor, all pairs count as across sockets (a valid tree).
+        const PcieLevel level = levels_ok ? LevelFromNvml(levels[a][b]) : PcieLevel::kCrossCpu;
+        scores[a][b] = PcieLevelScore(level) + 100 * std::max(links[a][b], links[b][a]);
+      }
+    }
+    return scores;
+  }
+};
+
+Nvml::Nvml(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Nvml::~Nvml() {
+  if (!impl_) return;
+  if (impl_->events != nullptr && impl_->event_set_free != nullptr) impl_->event_set_free(impl_->events);
+  if (impl_->initialized && impl_->shutdown != nullptr) impl_->shutdown();
+  if (impl_->lib != nullptr) dlclose(impl_->lib);
+}
+
+Result<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
+  auto impl = std::make_unique<Impl>();
+  std::vector<std::string> candidates;
+  if (!library.empty()) {
+    candidates.push_back(library);
+  } else {
+    constexpr const char* kSoname = "libnvidia-ml.so.1";
+    candidates.emplace_back(kSoname);
+    for (const char* dir : {"/usr/lib/x86_64-linux-gnu/", "/usr/lib64/", "/usr/lib64/nvidia/", "/usr/lib/"}) {
+      candidates.push_back(std::string(dir) + kSoname);
+    }
+  }
+  std::string first_error;
+  for (const std::string& candidate : candidates) {
+    impl->lib = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (impl->lib != nullptr) {
+      impl->path = candidate;
+      break;
+    }
+    if (first_error.empty()) {
+      const char* err = dlerror();
+      first_error = err != nullptr ? err : candidate;
+    }
+  }
+  if (impl->lib == nullptr) {
+    return Status::NotFound(
+        fmt::format("NVML library not found ({}): is the NVIDIA driver installed?", first_error));
+  }
+  Impl& m = *impl;
+  // The library is held by `holder` from here on, so an early return closes it.
+  std::unique_ptr<Nvml> holder(new Nvml(std::move(impl)));
+
+  m.error_string = m.Sym<ErrorStringFn>("nvmlErrorString");
+  m.init = m.Sym<InitFn>("nvmlInit_v2");
+  m.shutdown = m.Sym<ShutdownFn>("nvmlShutdown");
+  m.device_count = m.Sym<CountFn>("nvmlDeviceGetCount_v2");
+  m.handle_by_index = m.Sym<HandleByIndexFn>("nvmlDeviceGetHandleByIndex_v2");
+  m.uuid = m.Sym<StringFn>("nvmlDeviceGetUUID");
+  m.name = m.Sym<StringFn>("nvmlDeviceGetName");
+  m.memory_info = m.Sym<MemoryInfoFn>("nvmlDeviceGetMemoryInfo");
+  const std::pair<const char*, bool> required[] = {
+      {"nvmlInit_v2", m.init != nullptr},
+      {"nvmlShutdown", m.shutdown != nullptr},
+      {"nvmlDeviceGetCount_v2", m.device_count != nullptr},
+      {"nvmlDeviceGetHandleByIndex_v2", m.handle_by_index != nullptr},
+      {"nvmlDeviceGetUUID", m.uuid != nullptr},
+      {"nvmlDeviceGetName", m.name != nullptr},
+      {"nvmlDeviceGetMemoryInfo", m.memory_info != nullptr},
+  };
+  for (const auto& [symbol, found] : required) {
+    if (!found) return Status::Internal(fmt::format("{} lacks the NVML entry point {}", m.path, symbol));
+  }
+  // Optional entry points: missing ones leave their fields empty.
+  m.driver_version = m.Sym<DriverVersionFn>("nvmlSystemGetDriverVersion");
+  m.minor_number = m.Sym<UintFn>("nvmlDeviceGetMinorNumber");
+  m.pci_info = m.Sym<PciInfoFn>("nvmlDeviceGetPciInfo_v3");
+  m.cuda_cc = m.Sym<CudaCcFn>("nvmlDeviceGetCudaComputeCapability");
+  m.numa_node = m.Sym<UintFn>("nvmlDeviceGetNumaNodeId");
+  m.memory_info_v2 = m.Sym<MemoryInfoV2Fn>("nvmlDeviceGetMemoryInfo_v2");
+  m.mig_mode = m.Sym<MigModeFn>("nvmlDeviceGetMigMode");
+  m.gi_profile_info = m.Sym<GiProfileInfoFn>("nvmlDeviceGetGpuInstanceProfileInfo");
+  m.common_ancestor = m.Sym<CommonAncestorFn>("nvmlDeviceGetTopologyCommonAncestor");
+  m.nvlink_state = m.Sym<NvLinkStateFn>("nvmlDeviceGetNvLinkState");
+  m.nvlink_remote_pci = m.Sym<NvLinkRemotePciFn>("nvmlDeviceGetNvLinkRemotePciInfo_v2");
+  m.processes = m.Sym<ProcessesFn>("nvmlDeviceGetComputeRunningProcesses_v3");
+  m.total_ecc = m.Sym<EccFn>("nvmlDeviceGetTotalEccErrors");
+  m.event_set_create = m.Sym<EventSetCreateFn>("nvmlEventSetCreate");
+  m.event_set_free = m.Sym<EventSetFreeFn>("nvmlEventSetFree");
+  m.register_events = m.Sym<RegisterEventsFn>("nvmlDeviceRegisterEvents");
+  m.event_set_wait = m.Sym<EventSetWaitFn>("nvmlEventSetWait_v2");
+  m.clock_info = m.Sym<ClockFn>("nvmlDeviceGetClockInfo");
+  m.temperature = m.Sym<TemperatureFn>("nvmlDeviceGetTemperature");
+  m.temperature_v = m.Sym<TemperatureVFn>("nvmlDeviceGetTemperatureV");
+  m.power_usage = m.Sym<UintFn>("nvmlDeviceGetPowerUsage");
+  m.total_energy = m.Sym<UllFn>("nvmlDeviceGetTotalEnergyConsumption");
+  m.utilization = m.Sym<UtilizationFn>("nvmlDeviceGetUtilizationRates");
+  m.encoder_util = m.Sym<CodecUtilFn>("nvmlDeviceGetEncoderUtilization");
+  m.decoder_util = m.Sym<CodecUtilFn>("nvmlDeviceGetDecoderUtilization");
+  m.pcie_replay = m.Sym<UintFn>("nvmlDeviceGetPcieReplayCounter");
+  m.remapped_rows = m.Sym<RemappedRowsFn>("nvmlDeviceGetRemappedRows");
+  m.pcie_throughput = m.Sym<PcieThroughputFn>("nvmlDeviceGetPcieThroughput");
+
+  if (NvmlReturn r = m.init(); r != kSuccess) {
+    return Status::FailedPrecondition(fmt::format("nvmlInit_v2 failed ({}): {}", m.path, m.Error(r)));
+  }
+  m.initialized = true;
+  return holder;
+}
+
+Result<Inventory> Nvml::Discover() {
+  Impl& m = *impl_;
+  const std::lock_guard<std::mutex> lock(m.mu);
+  ASSIGN_OR_RETURN(const std::vector<NvmlDevice> devices, m.Devices());
+  m.PollXids(devices);
+  const GpuCatalog catalog = GpuCatalog::Builtin();
+  Inventory inv;
+  inv.source = "nvml";
+  if (m.driver_version != nullptr) {
+    std::array<char, 96> buf{};
+    if (m.driver_version(buf.data(), static_cast<unsigned>(buf.size())) == kSuccess) {
+      inv.driver_version = CString(buf.data(), buf.size());
+    }
+  }
+  std::vector<PciInfo> pci(devices.size());
+  std::vector<bool> pci_ok(devices.size(), false);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    NvmlDevice dev = devices[i];
+    GpuInfo gpu;
+    gpu.index = static_cast<int>(i);
+    std::array<char, 96> buf{};
+    if (NvmlReturn r = m.uuid(dev, buf.data(), static_cast<unsigned>(buf.size())); r != kSuccess) {
+      return Status::Internal(fmt::format("nvmlDeviceGetUUID(GPU {}): {}", i, m.Error(r)));
+    }
+    gpu.uuid = CString(buf.data(), buf.size());
+    buf.fill(0);
+    if (NvmlReturn r = m.name(dev, buf.data(), static_cast<unsigned>(buf.size())); r != kSuccess) {
+      return Status::Internal(fmt::format("nvmlDeviceGetName(GPU {}): {}", i, m.Error(r)));
+    }
+    gpu.name = CString(buf.data(), buf.size());
+    gpu.model = CatalogModel(catalog, gpu.name);
+    MemoryInfo mem{};
+    if (NvmlReturn r = m.memory_info(dev, &mem); r != kSuccess) {
+      return Status::Internal(fmt::format("nvmlDeviceGetMemoryInfo(GPU {}): {}", i, m.Error(r)));
+    }
+    gpu.memory_bytes = static_cast<int64_t>(mem.total);
+    int major = 0;
+    int minor = 0;
+    if (m.cuda_cc != nullptr && m.cuda_cc(dev, &major, &minor) == kSuccess) {
+      gpu.compute_capability = fmt::format("{}.{}", major, minor);
+    }
+    if (m.pci_info != nullptr && m.pci_info(dev, &pci[i]) == kSuccess) {
+      pci_ok[i] = true;
+      gpu.pci_bus_id = CString(pci[i].bus_id, sizeof(pci[i].bus_id));
+    }
+    unsigned value = 0;
+    if (m.numa_node != nullptr && m.numa_node(dev, &value) == kSuccess)
+      gpu.numa_node = static_cast<int>(value);
+    if (m.minor_number != nullptr && m.minor_number(dev, &value) == kSuccess)
+      gpu.minor_number = static_cast<int>(value);
+    m.FillMig(dev, gpu);
+    // Name MIG profiles as the catalog does when it knows the model (the driver's memory figures
+    // are a little below the nominal size the names carry).
+    if (const GpuModelSpec* spec = catalog.Find(gpu.model); spec != nullptr && spec->mig) {
+      for (MigProfileInfo& p : gpu.mig_profiles) {
+        for (const MigProfile& known : spec->mig->profiles) {
+          if (known.driver_id == p.profile_id) p.name = known.name;
+        }
+      }
+    }
+    m.FillProcesses(dev, gpu);
+    // Health: a critical XID seen since start, uncorrectable ECC errors, a failed row remapping.
+    if (i < m.critical_xid.size() && m.critical_xid[i] != 0) {
+      gpu.healthy = false;
+      gpu.health_reason = fmt::format("XID {}", m.critical_xid[i]);
+    }
+    unsigned long long ecc = 0;
+    if (gpu.healthy && m.total_ecc != nullptr &&
+        m.total_ecc(dev, kMemoryErrorUncorrected, kEccCounterVolatile, &ecc) == kSuccess && ecc > 0) {
+      gpu.healthy = false;
+      gpu.health_reason = fmt::format("uncorrectable ECC errors: {}", ecc);
+    }
+    unsigned corr = 0;
+    unsigned unc = 0;
+    unsigned pending = 0;
+    unsigned failed = 0;
+    if (gpu.healthy && m.remapped_rows != nullptr &&
+        m.remapped_rows(dev, &corr, &unc, &pending, &failed) == kSuccess && failed != 0) {
+      gpu.healthy = false;
+      gpu.health_reason = "row remapping failed";
+    }
+    inv.gpus.push_back(std::move(gpu));
+  }
+  if (!devices.empty()) inv.topology = m.TopologyOf(devices, pci, pci_ok);
+  return inv;
+}
+
+Result<std::vector<GpuSample>> Nvml::Sample() {
+  Impl& m = *impl_;
+  const std::lock_guard<std::mutex> lock(m.mu);
+  ASSIGN_OR_RETURN(const std::vector<NvmlDevice> devices, m.Devices());
+  m.PollXids(devices);
+  std::vector<GpuSample> samples;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    NvmlDevice dev = devices[i];
+    GpuSample s;
+    s.index = static_cast<int>(i);
+    unsigned u = 0;
+    if (m.clock_info != nullptr && m.clock_info(dev, kClockSm, &u) == kSuccess) s.sm_clock_hz = u * 1e6;
+    if (m.clock_info != nullptr && m.clock_info(dev, kClockMem, &u) == kSuccess) s.memory_clock_hz = u * 1e6;
+    TemperatureV1 t{
+        .version = StructVersion(sizeof(TemperatureV1), 1), .sensor_type = kTemperatureGpu, .temperature = 0};
+    if (m.temperature_v != nullptr && m.temperature_v(dev, &t) == kSuccess) {
+      s.gpu_temperature_celsius = t.temperature;
+    } else if (m.temperature != nullptr && m.temperature(dev, kTemperatureGpu, &u) == kSuccess) {
+      s.gpu_temperature_celsius = u;
+    }
+    if (m.power_usage != nullptr && m.power_usage(dev, &u) == kSuccess) s.power_watts = u / 1000.0;
+    unsigned long long ull = 0;
+    if (m.total_energy != nullptr && m.total_energy(dev, &ull) == kSuccess) {
+      s.energy_joules_total = static_cast<double>(ull) / 1000.0;
+    }
+    if (m.pcie_replay != nullptr && m.pcie_replay(dev, &u) == kSuccess) s.pcie_replays_total = u;
+    Utilization util{};
+    if (m.utilization != nullptr && m.utilization(dev, &util) == kSuccess) {
+      s.gpu_utilization_ratio = util.gpu / 100.0;
+      s.memory_copy_utilization_ratio = util.memory / 100.0;
+    }
+    unsigned period = 0;
+    if (m.encoder_util != nullptr && m.encoder_util(dev, &u, &period) == kSuccess)
+      s.encoder_utilization_ratio = u / 100.0;
+    if (m.decoder_util != nullptr && m.decoder_util(dev, &u, &period) == kSuccess)
+      s.decoder_utilization_ratio = u / 100.0;
+    if (i < m.last_xid.size() && m.last_xid[i]) s.last_xid = static_cast<double>(*m.last_xid[i]);
+    MemoryInfoV2 mem2{};
+    mem2.version = StructVersion(sizeof(MemoryInfoV2), 2);
+    MemoryInfo mem{};
+    if (m.memory_info_v2 != nullptr && m.memory_info_v2(dev, &mem2) == kSuccess) {
+      s.framebuffer_free_bytes = static_cast<double>(mem2.free);
+      s.framebuffer_used_bytes = static_cast<double>(mem2.used);
+      s.framebuffer_reserved_bytes = static_cast<double>(mem2.reserved);
+    } else if (m.memory_info(dev, &mem) == kSuccess) {
+      s.framebuffer_free_bytes = static_cast<double>(mem.free);
+      s.framebuffer_used_bytes = static_cast<double>(mem.used);
+    }
+    unsigned corr = 0;
+    unsigned unc = 0;
+    unsigned pending = 0;
+    unsigned failed = 0;
+    if (m.remapped_rows != nullptr && m.remapped_rows(dev, &corr, &unc, &pending, &failed) == kSuccess) {
+      s.remapped_rows_correctable_total = corr;
+      s.remapped_rows_uncorrectable_total = unc;
+      s.row_remap_failure = failed != 0 ? 1.0 : 0.0;
+    }
+    // NVML gives PCIe throughput in KB/s over a short window.
+    if (m.pcie_throughput != nullptr && m.pcie_throughput(dev, kPcieCounterTx, &u) == kSuccess) {
+      s.pcie_tx_bytes_per_second = u * 1024.0;
+    }
+    if (m.pcie_throughput != nullptr && m.pcie_throughput(dev, kPcieCounterRx, &u) == kSuccess) {
+      s.pcie_rx_bytes_per_second = u * 1024.0;
+    }
+    // Left empty (NVML's basic API has no equivalent; DCGM profiling fields): memory temperature,
+    // NVLink bandwidth, vGPU license status, graphics engine / tensor pipe / DRAM active ratios.
+    samples.push_back(std::move(s));
+  }
+  return samples;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,258 @@
+// Tests of the NVML loader against the fake libnvidia-ml.so.1 of tests/fake_nvml.
+#include "agent/nvml.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "api/node_codec.h"
+#include "model/gpu_catalog.h"
+
+namespace gpupool {
+namespace {
+
+// Writes a fake-NVML configuration and points GPUPOOL_FAKE_NVML at it for the test's lifetime.
+class FakeNvmlConfig {
+ public:
+  explicit FakeNvmlConfig(const std::string& text) {
+    path_ = std::filesystem::temp_directory_path() /
+            ("gpupool_fake_nvml_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".conf");
+    std::ofstream(path_) << text;
+    ::setenv("GPUPOOL_FAKE_NVML", path_.c_str(), 1);
+  }
+  ~FakeNvmlConfig() {
+    ::unsetenv("GPUPOOL_FAKE_NVML");
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::unique_ptr<Nvml> LoadFake(const char* path = FAKE_NVML_PATH) {
+  Result<std::unique_ptr<Nvml>> nvml = Nvml::Load(path);
+  EXPECT_TRUE(nvml.ok()) << nvml.status().ToString();
+  return nvml.ok() ? std::move(nvml).value() : nullptr;
+}
+
+TEST(Nvml, LoadOfMissingLibraryIsNotFound) {
+  Result<std::unique_ptr<Nvml>> nvml = Nvml::Load("/nonexistent/dir/libnvidia-ml.so.1");
+  ASSERT_FALSE(nvml.ok());
+  EXPECT_EQ(nvml.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(nvml.status().message().find("/nonexistent/dir/libnvidia-ml.so.1"), std::string::npos)
+      << nvml.status().message();
+}
+
+TEST(Nvml, InitFailureIsAClearError) {
+  FakeNvmlConfig config("init_error=9\n");
+  Result<std::unique_ptr<Nvml>> nvml = Nvml::Load(FAKE_NVML_PATH);
+  ASSERT_FALSE(nvml.ok());
+  EXPECT_EQ(nvml.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(nvml.status().message().find("nvmlInit_v2"), std::string::npos) << nvml.status().message();
+  EXPECT_NE(nvml.status().message().find("Driver Not Loaded"), std::string::npos) << nvml.status().message();
+}
+
+TEST(Nvml, DiscoversTheDefaultMachine) {
+  FakeNvmlConfig config("");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_FALSE(inv->simulated);
+  EXPECT_EQ(inv->source, "nvml");
+  EXPECT_EQ(inv->driver_version, "550.54.15");
+  ASSERT_EQ(inv->gpus.size(), 4u);
+  const GpuInfo& g0 = inv->gpus[0];
+  EXPECT_EQ(g0.uuid, "GPU-fa6e0000-0000-4000-8000-000000000000");
+  EXPECT_EQ(g0.name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(g0.model, "H100-80GB");
+  EXPECT_EQ(g0.memory_bytes, 81559LL << 20);
+  EXPECT_EQ(g0.compute_capability, "9.0");
+  EXPECT_EQ(g0.pci_bus_id, "00000000:18:00.0");
+  EXPECT_EQ(inv->gpus[2].pci_bus_id, "00000000:9A:00.0");
+  EXPECT_EQ(g0.numa_node, 0);
+  EXPECT_EQ(inv->gpus[3].numa_node, 1);
+  EXPECT_EQ(inv->gpus[3].minor_number, 3);
+  EXPECT_TRUE(g0.healthy);
+  // Processes on GPU 0 only.
+  ASSERT_EQ(g0.processes.size(), 2u);
+  EXPECT_EQ(g0.processes[0].pid, 1234u);
+  EXPECT_EQ(g0.processes[1].used_memory_bytes, 2LL << 30);
+  EXPECT_TRUE(inv->gpus[1].processes.empty());
+  // MIG capable but off: the profiles are still listed.
+  EXPECT_FALSE(g0.mig_enabled);
+  ASSERT_EQ(g0.mig_profiles.size(), 7u);
+  EXPECT_EQ(g0.mig_profiles[0].profile_id, 19);
+  EXPECT_EQ(g0.mig_profiles[0].name, "1g.10gb");
+  EXPECT_EQ(g0.mig_profiles[0].instance_count, 7);
+  EXPECT_EQ(g0.mig_profiles[2].name, "3g.40gb");
+  EXPECT_EQ(g0.mig_profiles[2].profile_id, 9);
+  EXPECT_EQ(g0.mig_profiles[4].name, "7g.80gb");  // the catalog's name, not 79 from 80384 MiB
+  EXPECT_EQ(g0.mig_profiles[5].name, "1g.10gb+me");
+  EXPECT_EQ(g0.mig_profiles[6].name, "1g.20gb");
+  EXPECT_EQ(g0.mig_profiles[6].profile_id, 15);
+  // Topology: (0,1) and (2,3) one switch + 4 NVLink links; same NUMA 20 is not used here;
+  // across the halves: cross CPU.
+  ASSERT_EQ(inv->topology.size(), 4u);
+  EXPECT_EQ(inv->topology[0][1], 50 + 400);
+  EXPECT_EQ(inv->topology[1][0], 50 + 400);
+  EXPECT_EQ(inv->topology[2][3], 50 + 400);
+  EXPECT_EQ(inv->topology[0][2], 10);
+  EXPECT_EQ(inv->topology[1][3], 10);
+  EXPECT_EQ(inv->topology[0][0], 0);
+}
+
+TEST(Nvml, DiscoveredInventoryRegisters) {
+  FakeNvmlConfig config("gpus=8\nmig=2\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  const nlohmann::json body = NodeRegistration(*inv, "gpu-node", "64", "512Gi", {});
+  Result<NodeSpec> spec = ParseNodeSpec(body, GpuCatalog::Builtin());
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString() << "\n" << body.dump();
+  ASSERT_EQ(spec->gpus.size(), 8u);
+  EXPECT_EQ(spec->gpus[0].model, "H100-80GB");
+  EXPECT_EQ(spec->gpus[0].memory, MiB(81559));
+  EXPECT_TRUE(spec->gpus[2].mig_enabled);
+  EXPECT_EQ(spec->topology.NvLinks(4, 5), 4);
+  EXPECT_EQ(spec->topology.Score(0, 7), 10);
+  EXPECT_EQ(spec->labels.at("gpupool.io/gpu-source"), "nvml");
+}
+
+TEST(Nvml, SameNumaLevelAndNoNvLinkOnEightGpus) {
+  FakeNvmlConfig config("gpus=8\nunsupported=nvlink\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  ASSERT_EQ(inv->gpus.size(), 8u);
+  EXPECT_EQ(inv->topology[0][1], 50);  // one switch, NVLink not reported
+  EXPECT_EQ(inv->topology[0][2], 20);  // same NUMA node
+  EXPECT_EQ(inv->topology[0][4], 10);  // across sockets
+}
+
+TEST(Nvml, ConfiguredModelMigAndHealth) {
+  FakeNvmlConfig config(
+      "gpus=3\nname=NVIDIA A100-SXM4-80GB\nmemory_mib=81920\ncc=8.0\nmig=1\nxid.1=79\necc.2=3\nxid.0=13\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  ASSERT_EQ(inv->gpus.size(), 3u);
+  EXPECT_EQ(inv->gpus[0].model, "A100-80GB");
+  EXPECT_EQ(inv->gpus[0].compute_capability, "8.0");
+  EXPECT_FALSE(inv->gpus[0].mig_enabled);
+  EXPECT_TRUE(inv->gpus[1].mig_enabled);
+  // XID 13 is an application error: reported, not unhealthy.
+  EXPECT_TRUE(inv->gpus[0].healthy) << inv->gpus[0].health_reason;
+  EXPECT_FALSE(inv->gpus[1].healthy);
+  EXPECT_EQ(inv->gpus[1].health_reason, "XID 79");
+  EXPECT_FALSE(inv->gpus[2].healthy);
+  EXPECT_EQ(inv->gpus[2].health_reason, "uncorrectable ECC errors: 3");
+  // The XID is delivered once by the driver; health stays bad on the next discovery.
+  Result<Inventory> again = nvml->Discover();
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->gpus[1].healthy);
+  Result<std::vector<GpuSample>> samples = nvml->Sample();
+  ASSERT_TRUE(samples.ok());
+  ASSERT_TRUE((*samples)[1].last_xid.has_value());
+  EXPECT_EQ(*(*samples)[1].last_xid, 79);
+  EXPECT_EQ(*(*samples)[0].last_xid, 13);
+  EXPECT_EQ(*(*samples)[2].last_xid, 0);
+}
+
+TEST(Nvml, UnknownDeviceNameKeepsItsName) {
+  FakeNvmlConfig config("gpus=1\nname=NVIDIA Future GPU\nno_mig=1\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->gpus[0].model, "NVIDIA Future GPU");
+  EXPECT_TRUE(inv->gpus[0].mig_profiles.empty());
+  EXPECT_FALSE(inv->gpus[0].mig_enabled);
+  ASSERT_EQ(inv->topology.size(), 1u);
+}
+
+TEST(Nvml, SampleConvertsUnits) {
+  FakeNvmlConfig config("");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<std::vector<GpuSample>> samples = nvml->Sample();
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  ASSERT_EQ(samples->size(), 4u);
+  const GpuSample& s = (*samples)[1];
+  EXPECT_EQ(s.index, 1);
+  EXPECT_DOUBLE_EQ(*s.sm_clock_hz, 1980e6);
+  EXPECT_DOUBLE_EQ(*s.memory_clock_hz, 2619e6);
+  EXPECT_DOUBLE_EQ(*s.gpu_temperature_celsius, 41);
+  EXPECT_DOUBLE_EQ(*s.power_watts, 350.124);             // 350124 mW
+  EXPECT_DOUBLE_EQ(*s.energy_joules_total, 123456.789);  // 123456789 mJ
+  EXPECT_DOUBLE_EQ(*s.gpu_utilization_ratio, 0.76);      // 76 %
+  EXPECT_DOUBLE_EQ(*s.memory_copy_utilization_ratio, 0.30);
+  EXPECT_DOUBLE_EQ(*s.encoder_utilization_ratio, 0.10);
+  EXPECT_DOUBLE_EQ(*s.decoder_utilization_ratio, 0.05);
+  EXPECT_DOUBLE_EQ(*s.pcie_replays_total, 2);
+  EXPECT_DOUBLE_EQ(*s.remapped_rows_correctable_total, 1);
+  EXPECT_DOUBLE_EQ(*s.remapped_rows_uncorrectable_total, 0);
+  EXPECT_DOUBLE_EQ(*s.row_remap_failure, 0);
+  EXPECT_DOUBLE_EQ(*s.framebuffer_reserved_bytes, 512.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(*s.framebuffer_used_bytes, 512.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(*s.framebuffer_free_bytes, (81559.0 - 1024) * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(*s.pcie_tx_bytes_per_second, 1000.0 * 1024);
+  EXPECT_DOUBLE_EQ(*s.pcie_rx_bytes_per_second, 2000.0 * 1024);
+  EXPECT_DOUBLE_EQ(*s.last_xid, 0);
+  // What NVML's basic API cannot give stays empty.
+  EXPECT_FALSE(s.memory_temperature_celsius.has_value());
+  EXPECT_FALSE(s.tensor_pipe_active_ratio.has_value());
+  EXPECT_FALSE(s.nvlink_bandwidth_bytes_total.has_value());
+}
+
+TEST(Nvml, UnsupportedFieldsStayEmpty) {
+  FakeNvmlConfig config("unsupported=power,energy,utilization,numa,processes,ancestor\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<std::vector<GpuSample>> samples = nvml->Sample();
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  const GpuSample& s = (*samples)[0];
+  EXPECT_FALSE(s.power_watts.has_value());
+  EXPECT_FALSE(s.energy_joules_total.has_value());
+  EXPECT_FALSE(s.gpu_utilization_ratio.has_value());
+  EXPECT_FALSE(s.memory_copy_utilization_ratio.has_value());
+  EXPECT_TRUE(s.sm_clock_hz.has_value());  // others still there
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->gpus[3].numa_node, 0);  // unknown: default
+  EXPECT_TRUE(inv->gpus[0].processes.empty());
+  // Without common ancestors every pair is across sockets; NVLink still counts.
+  EXPECT_EQ(inv->topology[0][1], 10 + 400);
+  EXPECT_EQ(inv->topology[0][2], 10);
+}
+
+TEST(Nvml, MissingOptionalSymbolsDoNotFailLoad) {
+  FakeNvmlConfig config("");
+  auto nvml = LoadFake(FAKE_NVML_MINIMAL_PATH);
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  ASSERT_EQ(inv->gpus.size(), 4u);
+  EXPECT_EQ(inv->gpus[3].numa_node, 0);
+  EXPECT_TRUE(inv->gpus[0].healthy);
+  Result<std::vector<GpuSample>> samples = nvml->Sample();
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  const GpuSample& s = (*samples)[0];
+  EXPECT_FALSE(s.power_watts.has_value());
+  EXPECT_FALSE(s.energy_joules_total.has_value());
+  EXPECT_FALSE(s.gpu_temperature_celsius.has_value());
+  EXPECT_FALSE(s.framebuffer_reserved_bytes.has_value());
+  EXPECT_FALSE(s.last_xid.has_value());               // no event API: unknown, not "none"
+  ASSERT_TRUE(s.framebuffer_used_bytes.has_value());  // from nvmlDeviceGetMemoryInfo
+  EXPECT_DOUBLE_EQ(*s.framebuffer_used_bytes, 3.0 * 1024 * 1024 * 1024);
+}
+
+}  // namespace
+}  // namespace gpupool

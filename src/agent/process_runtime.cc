@@ -1,0 +1,116 @@
+// The process runtime: each task is a plain process tree in its own process group, started by a
+// supervisor (see runtime_internal.h), optionally inside cgroups that carry its CPU and memory
+// limits.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <ctime>
+
+#include <fmt/format.h>
+
+#include "agent/runtime.h"
+#include "agent/runtime_internal.h"
+
+namespace gpupool {
+namespace {
+
+using namespace agent_internal;
+
+class ProcessRuntime final : public SupervisedRuntime {
+ public:
+  ProcessRuntime(std::string state_dir, CgroupLayout cgroups)
+      : SupervisedRuntime(std::move(state_dir)), cgroups_(std::move(cgroups)) {
+    AdoptExisting();
+    // A process runtime adopts only its own kind of task.
+    for (auto it = tasks_.begin(); it != tasks_.end();) {
+      if (it->second.runc)
+        it = tasks_.erase(it);
+      else
+        ++it;
+    }
+  }
+
+  std::string name() const override { return "process"; }
+  std::string limits_note() const override { return cgroups_.note; }
+
+  Status Start(const LaunchSpec& spec) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(ValidateTaskId(spec.id));
+    if (spec.argv.empty() || spec.argv[0].empty())
+      return Status::InvalidArgument(fmt::format("task {}: argv is empty", spec.id));
+    if (spec.cpu_milli < 0 || spec.memory_bytes < 0)
+      return Status::InvalidArgument(fmt::format("task {}: negative CPU or memory limit", spec.id));
+    auto path_it = spec.env.find("PATH");
+    std::string path_var = path_it != spec.env.end() ? path_it->second : DefaultPath();
+    ASSIGN_OR_RETURN(std::string exe, FindExecutable(spec.argv[0], path_var));
+    RETURN_IF_ERROR(PrepareTaskDir(spec.id));
+
+    SpawnRequest req;
+    req.executable = exe;
+    req.argv = spec.argv;
+    for (const auto& [k, v] : spec.env) {
+      if (k.empty() || k.find('=') != std::string::npos)
+        return Status::InvalidArgument(fmt::format("task {}: bad environment variable name '{}'", spec.id, k));
+      req.envp.push_back(k + "=" + v);
+    }
+    req.workdir = spec.workdir.empty() ? TaskDir(spec.id) : spec.workdir;
+    req.stdout_path = StdoutPath(spec.id);
+    req.stderr_path = StderrPath(spec.id);
+    req.exit_path = ExitPath(spec.id);
+    if (cgroups_.kind != CgroupLayout::Kind::kNone && (spec.cpu_milli > 0 || spec.memory_bytes > 0)) {
+      ASSIGN_OR_RETURN(req.cgroup_dirs, CreateTaskCgroups(cgroups_, spec.id, spec.cpu_milli, spec.memory_bytes));
+    }
+
+    auto spawned = SpawnSupervised(req);
+    if (!spawned.ok()) {
+      (void)RemoveCgroupDirs(req.cgroup_dirs);
+      return spawned.status().WithContext(fmt::format("starting task {}", spec.id));
+    }
+    TaskRecord rec;
+    rec.id = spec.id;
+    rec.argv = spec.argv;
+    rec.pid = spawned->task;
+    rec.pgid = spawned->task;
+    if (auto ps = ReadProcStat(rec.pid)) rec.start_time = ps->start_time;
+    rec.supervisor_pid = spawned->supervisor;
+    if (auto ps = ReadProcStat(rec.supervisor_pid)) rec.supervisor_start_time = ps->start_time;
+    rec.started_unix = static_cast<int64_t>(::time(nullptr));
+    rec.cgroup_dirs = req.cgroup_dirs;
+    return Register(std::move(rec));
+  }
+
+ protected:
+  Status Signal(TaskRecord& rec, int sig) override {
+    if (rec.pgid <= 1) return Status::Internal(fmt::format("task {} has no process group", rec.id));
+    // The group outlives its leader while members remain; the leader's start time guards against
+    // signalling a stranger only while the leader is known. A pid (and so a pgid) is not reused
+    // while any process still belongs to the group.
+    if (::kill(-rec.pgid, sig) != 0 && errno != ESRCH)
+      return Status::Internal(fmt::format("kill(-{}, {}): {}", rec.pgid, sig, ErrnoText(errno)));
+    return Status::Ok();
+  }
+
+  Status Cleanup(TaskRecord& rec) override { return RemoveCgroupDirs(rec.cgroup_dirs); }
+
+ private:
+  CgroupLayout cgroups_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Runtime>> MakeProcessRuntime(const RuntimeOptions& options) {
+  if (options.state_dir.empty()) return Status::InvalidArgument("process runtime: state_dir is empty");
+  RETURN_IF_ERROR(agent_internal::MakeDirs(options.state_dir).WithContext("process runtime"));
+  // Absolute, so the default working directory stays right whatever the agent's cwd.
+  std::string state_dir = options.state_dir;
+  char buf[PATH_MAX];
+  if (::realpath(options.state_dir.c_str(), buf) != nullptr) state_dir = buf;
+  std::unique_ptr<Runtime> rt =
+      std::make_unique<ProcessRuntime>(state_dir, agent_internal::DetectCgroups(options.cgroup_root));
+  return rt;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,170 @@
+// Private pieces shared by the process and runc runtimes: file helpers, /proc start times, cgroup
+// detection, the supervisor that runs a task and records how it ended, and the task table both
+// runtimes build on (Poll/Stop/Remove/List and adoption of tasks left by an earlier agent).
+//
+// The supervisor: Start forks a small process S (its own session) which forks the task T (its own
+// process group, pgid = T), waits for T and writes `<task dir>/exit.json` ({"code":N} or
+// {"signal":N}) before it exits. Exit codes therefore reach any runtime object that reads the task
+// directory, whether it started the task or adopted it after an agent restart. S runs only
+// async-signal-safe calls (everything it needs is prepared before the fork), so starting a task
+// from a multi-threaded agent is safe. A CLOEXEC pipe carries T's pid from S and, when the exec
+// fails, the stage and errno from T back to Start.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/runtime.h"
+#include "common/status.h"
+
+namespace gpupool::agent_internal {
+
+// ---- files -------------------------------------------------------------------------------------
+Result<std::string> ReadFile(const std::string& path);
+// Writes `path.tmp` and renames it over `path`.
+Status WriteFileAtomic(const std::string& path, const std::string& content);
+// Writes into an existing file (cgroup control files): no truncation games, one write.
+Status WriteControlFile(const std::string& path, const std::string& content);
+Status MakeDirs(const std::string& path);
+// Removes a directory tree; a missing path is Ok.
+Status RemoveTree(const std::string& path);
+bool PathExists(const std::string& path);
+std::string ErrnoText(int err);
+// "j-1.0": letters, digits, '.', '_', '-'; not starting with '.'; at most 128 characters.
+Status ValidateTaskId(const std::string& id);
+// Looks `name` up in `path_var` (colon-separated); a name with '/' is returned as is.
+Result<std::string> FindExecutable(const std::string& name, const std::string& path_var);
+std::string DefaultPath();
+
+// ---- /proc -------------------------------------------------------------------------------------
+struct ProcStat {
+  char state = '?';         // field 3: R, S, Z, ...
+  uint64_t start_time = 0;  // field 22: clock ticks after boot
+};
+// Empty when the process does not exist.
+std::optional<ProcStat> ReadProcStat(pid_t pid);
+// The process exists, is not a zombie, and started at `start_time` (not a reused pid).
+bool ProcessAlive(pid_t pid, uint64_t start_time);
+
+// ---- cgroups -----------------------------------------------------------------------------------
+struct CgroupLayout {
+  enum class Kind { kNone, kV1, kV2 } kind = Kind::kNone;
+  std::string v2_base;      // <unified>/gpupool
+  std::string v1_cpu_base;  // <cpu>/gpupool
+  std::string v1_mem_base;  // <memory>/gpupool
+  std::string note;         // why there are no limits, when kind == kNone
+};
+// `root`: "" auto-detects under /sys/fs/cgroup (v2 unified, /sys/fs/cgroup/unified in hybrid mode,
+// or v1 cpu+memory); "none" turns limits off; another path is a cgroup mount root probed the same
+// way (a v2 hierarchy itself, or a directory holding v1 `cpu` and `memory` hierarchies).
+CgroupLayout DetectCgroups(const std::string& root);
+// Creates the task's groups and writes its limits; returns the created directories.
+Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, const std::string& id,
+                                                   int64_t cpu_milli, int64_t memory_bytes);
+// Kills what is left in the groups and removes them.
+Status RemoveCgroupDirs(const std::vector<std::string>& dirs);
+
+// ---- the supervisor ------------------------------------------------------------------------------
+struct SpawnRequest {
+  std::string executable;          // resolved path (or a relative path with '/', against workdir)
+  std::vector<std::string> argv;
+  std::vector<std::string> envp;   // "KEY=value"
+  std::string workdir;
+  std::string stdout_path;
+  std::string stderr_path;
+  std::vector<std::string> cgroup_dirs;  // T writes itself into each dir's cgroup.procs
+  std::string exit_path;                 // where S writes exit.json
+};
+struct SpawnResult {
+  pid_t supervisor = -1;
+  pid_t task = -1;
+};
+// Returns once the task has exec'd, or an error naming the stage that failed ("no such file",
+// "cannot change to workdir", "cannot join cgroup"). On error the supervisor has been reaped.
+Result<SpawnResult> SpawnSupervised(const SpawnRequest& req);
+
+// Runs a short helper command (runc kill/delete) to completion with a timeout; its combined
+// stdout/stderr lands in `output`. Returns the exit status (or an error when it could not run).
+Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,
+                       std::chrono::milliseconds timeout);
+
+// What the supervisor recorded.
+struct ExitRecord {
+  int code = 0;
+  int signal = 0;
+};
+std::optional<ExitRecord> ReadExitRecord(const std::string& path);
+
+// ---- the task table ----------------------------------------------------------------------------
+struct TaskRecord {
+  std::string id;
+  std::vector<std::string> argv;
+  pid_t pid = -1;   // the task (T); for runc, the foreground `runc run`
+  pid_t pgid = -1;
+  uint64_t start_time = 0;
+  pid_t supervisor_pid = -1;
+  uint64_t supervisor_start_time = 0;
+  int64_t started_unix = 0;
+  std::vector<std::string> cgroup_dirs;  // process runtime
+  std::string bundle_dir;                // runc: the bundle we generated (removed on Remove)
+  bool runc = false;
+
+  // In memory only.
+  bool our_child = false;          // we forked the supervisor; waitpid reaps it
+  bool supervisor_reaped = false;
+  bool stop_requested = false;
+  std::chrono::steady_clock::time_point kill_deadline{};
+  bool kill_sent = false;
+  bool exited_before_kill = false;
+};
+
+std::string TaskRecordToJson(const TaskRecord& rec);
+Result<TaskRecord> TaskRecordFromJson(const std::string& text);
+
+// The shared half of both runtimes. Subclasses start tasks, deliver signals and clean up.
+// Every public method takes `mu_`, so an agent may call from several threads.
+class SupervisedRuntime : public Runtime {
+ public:
+  explicit SupervisedRuntime(std::string state_dir);
+
+  Result<TaskStatusInfo> Poll(const std::string& id) override;
+  Status Stop(const std::string& id, std::chrono::seconds grace) override;
+  Status Remove(const std::string& id) override;
+  std::vector<std::string> List() override;
+  std::string StdoutPath(const std::string& id) const override;
+  std::string StderrPath(const std::string& id) const override;
+
+ protected:
+  std::string TaskDir(const std::string& id) const;
+  std::string ExitPath(const std::string& id) const;
+  std::string RecordPath(const std::string& id) const;
+  // Reads every <state_dir>/<id>/task.json.
+  void AdoptExisting();
+  // Checks the id is valid and unused; creates the task directory.
+  Status PrepareTaskDir(const std::string& id);
+  // Writes task.json and registers the record.
+  Status Register(TaskRecord rec);
+  // Signals the task (process group / runc kill). A task already gone is Ok.
+  virtual Status Signal(TaskRecord& rec, int sig) = 0;
+  // Frees runtime-specific leftovers (cgroups, runc state, bundle).
+  virtual Status Cleanup(TaskRecord& rec) = 0;
+  // True while the supervisor lives; reaps it when it is our child.
+  bool SupervisorAlive(TaskRecord& rec);
+
+  std::mutex mu_;
+  std::string state_dir_;
+  std::map<std::string, TaskRecord> tasks_;
+};
+
+// Exposed for tests: the OCI config.json the runc runtime writes for a spec around `rootfs`.
+Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs);
+
+}  // namespace gpupool::agent_internal

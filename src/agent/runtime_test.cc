@@ -1,0 +1,582 @@
+// Tests of the task runtimes. They start real processes; the runc tests also start containers
+// around a busybox root filesystem built here, and skip only when runc or /bin/busybox is absent.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "agent/runtime.h"
+#include "agent/runtime_internal.h"
+
+namespace gpupool {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Parallel test processes share the cgroup tree: ids carry the pid.
+std::string UniqueId(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/gpupool-rt-XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    path_ = p != nullptr ? p : "";
+  }
+  ~TempDir() {
+    if (!path_.empty()) (void)agent_internal::RemoveTree(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Polls until the task leaves kRunning or the timeout passes.
+TaskStatusInfo WaitDone(Runtime& rt, const std::string& id, std::chrono::milliseconds timeout = 10s) {
+  auto deadline = Clock::now() + timeout;
+  TaskStatusInfo info;
+  while (true) {
+    auto r = rt.Poll(id);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return info;
+    info = *r;
+    if (info.state != RunState::kRunning || Clock::now() >= deadline) return info;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+// Waits until `path` holds at least `lines` lines.
+std::string WaitLines(const std::string& path, int lines, std::chrono::milliseconds timeout = 5s) {
+  auto deadline = Clock::now() + timeout;
+  while (true) {
+    std::string text = ReadText(path);
+    int n = 0;
+    for (char c : text) n += c == '\n';
+    if (n >= lines || Clock::now() >= deadline) return text;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+std::unique_ptr<Runtime> MakeProcess(const std::string& dir, const std::string& cgroup_root = "none") {
+  RuntimeOptions opts;
+  opts.state_dir = dir;
+  opts.cgroup_root = cgroup_root;
+  auto rt = MakeProcessRuntime(opts);
+  EXPECT_TRUE(rt.ok()) << rt.status().ToString();
+  return rt.ok() ? std::move(rt).value() : nullptr;
+}
+
+LaunchSpec Spec(const std::string& id, std::vector<std::string> argv) {
+  LaunchSpec s;
+  s.id = id;
+  s.argv = std::move(argv);
+  s.env = {{"PATH", "/usr/bin:/bin"}};
+  return s;
+}
+
+// ---- process runtime ------------------------------------------------------------------------------
+
+TEST(ProcessRuntime, ExitCodeAndLogs) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  EXPECT_EQ(rt->name(), "process");
+  std::string id = UniqueId("exit");
+  ASSERT_TRUE(rt->Start(Spec(id, {"sh", "-c", "echo out; echo err >&2; pwd; exit 3"})).ok());
+  TaskStatusInfo info = WaitDone(*rt, id);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.exit_code, 3);
+  EXPECT_EQ(info.term_signal, 0);
+  EXPECT_EQ(info.message, "exit code 3");
+  EXPECT_EQ(rt->StdoutPath(id), dir.path() + "/" + id + "/stdout.log");
+  // The default working directory is the task's own directory.
+  EXPECT_EQ(ReadText(rt->StdoutPath(id)), "out\n" + dir.path() + "/" + id + "\n");
+  EXPECT_EQ(ReadText(rt->StderrPath(id)), "err\n");
+  EXPECT_EQ(rt->List(), std::vector<std::string>{id});
+  ASSERT_TRUE(rt->Remove(id).ok());
+  EXPECT_TRUE(rt->List().empty());
+  // Logs stay after Remove; the state does not.
+  EXPECT_EQ(ReadText(rt->StderrPath(id)), "err\n");
+  EXPECT_FALSE(agent_internal::PathExists(dir.path() + "/" + id + "/task.json"));
+  EXPECT_EQ(rt->Poll(id).status().code(), StatusCode::kNotFound);
+}
+
+TEST(ProcessRuntime, EnvironmentIsExactlyTheGivenOne) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("env");
+  LaunchSpec spec;
+  spec.id = id;
+  spec.argv = {"/usr/bin/env"};
+  spec.env = {{"A", "1"}, {"B", "two words"}, {"EMPTY", ""}};
+  ::setenv("GPUPOOL_RUNTIME_TEST_LEAK", "leaked", 1);
+  ASSERT_TRUE(rt->Start(spec).ok());
+  EXPECT_EQ(WaitDone(*rt, id).exit_code, 0);
+  EXPECT_EQ(ReadText(rt->StdoutPath(id)), "A=1\nB=two words\nEMPTY=\n");
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(ProcessRuntime, ExplicitWorkdirAndArgvAreKeptVerbatim) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("argv");
+  LaunchSpec spec = Spec(id, {"sh", "-c", "pwd; printf '%s|' \"$@\"", "sh", "a b", "$HOME", ";exit 9"});
+  spec.workdir = "/";
+  ASSERT_TRUE(rt->Start(spec).ok());
+  EXPECT_EQ(WaitDone(*rt, id).exit_code, 0);
+  EXPECT_EQ(ReadText(rt->StdoutPath(id)), "/\na b|$HOME|;exit 9|");
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(ProcessRuntime, StartFailuresSayWhy) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("fail");
+  Status st = rt->Start(Spec(id, {"gpupool-no-such-command", "x"}));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no such command 'gpupool-no-such-command'"), std::string::npos) << st.message();
+
+  st = rt->Start(Spec(id, {"/nonexistent/bin/tool"}));
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+  EXPECT_NE(st.message().find("no such command '/nonexistent/bin/tool'"), std::string::npos) << st.message();
+
+  // Not executable: the exec errno comes back through the pipe.
+  std::string script = dir.path() + "/not-executable";
+  std::ofstream(script) << "#!/bin/sh\nexit 0\n";
+  st = rt->Start(Spec(id, {script}));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cannot execute"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("Permission denied"), std::string::npos) << st.message();
+
+  LaunchSpec bad_dir = Spec(id, {"true"});
+  bad_dir.workdir = "/nonexistent/dir";
+  st = rt->Start(bad_dir);
+  EXPECT_NE(st.message().find("working directory '/nonexistent/dir'"), std::string::npos) << st.message();
+
+  EXPECT_EQ(rt->Start(Spec("../escape", {"true"})).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt->Start(Spec("", {"true"})).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt->Start(Spec(id, {})).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(rt->List().empty());
+
+  // After all that, the id is still free.
+  ASSERT_TRUE(rt->Start(Spec(id, {"true"})).ok());
+  EXPECT_EQ(rt->Start(Spec(id, {"true"})).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(WaitDone(*rt, id).exit_code, 0);
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(ProcessRuntime, StopKillsATermIgnoringTaskAfterTheGracePeriod) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("trap");
+  ASSERT_TRUE(rt->Start(Spec(id, {"sh", "-c", "trap '' TERM; echo ready; sleep 60"})).ok());
+  ASSERT_EQ(WaitLines(rt->StdoutPath(id), 1), "ready\n");
+  EXPECT_EQ(rt->Remove(id).code(), StatusCode::kFailedPrecondition);
+
+  auto start = Clock::now();
+  ASSERT_TRUE(rt->Stop(id, 1s).ok());
+  EXPECT_LT(Clock::now() - start, 500ms) << "Stop must not block";
+  std::this_thread::sleep_for(300ms);
+  auto r = rt->Poll(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RunState::kRunning) << "SIGTERM is ignored, so it runs until the grace period ends";
+
+  TaskStatusInfo info = WaitDone(*rt, id, 5s);
+  auto elapsed = Clock::now() - start;
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.term_signal, SIGKILL);
+  EXPECT_EQ(info.message, "killed by SIGKILL after the grace period");
+  EXPECT_GE(elapsed, 1s);
+  EXPECT_LT(elapsed, 4s);
+  EXPECT_TRUE(rt->Stop(id, 1s).ok()) << "stopping a finished task is fine";
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(ProcessRuntime, StopOfATaskThatExitsOnTerm) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("term");
+  ASSERT_TRUE(rt->Start(Spec(id, {"sleep", "60"})).ok());
+  auto start = Clock::now();
+  ASSERT_TRUE(rt->Stop(id, 10s).ok());
+  TaskStatusInfo info = WaitDone(*rt, id, 5s);
+  EXPECT_LT(Clock::now() - start, 3s);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.term_signal, SIGTERM);
+  EXPECT_EQ(info.message, "killed by SIGTERM");
+  ASSERT_TRUE(rt->Remove(id).ok());
+  EXPECT_EQ(rt->Stop(id, 1s).code(), StatusCode::kNotFound);
+}
+
+TEST(ProcessRuntime, StopReachesTheWholeProcessGroup) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("group");
+  // Two grandchildren that ignore TERM, and a shell that waits for them.
+  ASSERT_TRUE(rt->Start(Spec(id, {"sh", "-c",
+                                  "(trap '' TERM; sleep 60) & echo $!; (trap '' TERM; sleep 60) & echo $!; wait"}))
+                  .ok());
+  std::string pids = WaitLines(rt->StdoutPath(id), 2);
+  std::istringstream in(pids);
+  pid_t a = 0, b = 0;
+  in >> a >> b;
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  EXPECT_TRUE(agent_internal::ProcessAlive(a, 0));
+  ASSERT_TRUE(rt->Stop(id, 1s).ok());
+  TaskStatusInfo info = WaitDone(*rt, id, 5s);
+  EXPECT_EQ(info.state, RunState::kExited);
+  // The shell died of SIGTERM; the grandchildren get SIGKILL once the grace period is over.
+  auto deadline = Clock::now() + 5s;
+  while ((agent_internal::ProcessAlive(a, 0) || agent_internal::ProcessAlive(b, 0)) && Clock::now() < deadline) {
+    (void)rt->Poll(id);
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_FALSE(agent_internal::ProcessAlive(a, 0));
+  EXPECT_FALSE(agent_internal::ProcessAlive(b, 0));
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(ProcessRuntime, ANewRuntimeAdoptsRunningTasks) {
+  TempDir dir;
+  std::string waiting = UniqueId("adopt-wait");
+  std::string sleeper = UniqueId("adopt-sleep");
+  {
+    auto rt1 = MakeProcess(dir.path());
+    ASSERT_NE(rt1, nullptr);
+    ASSERT_TRUE(rt1->Start(Spec(waiting, {"sh", "-c", "while [ ! -e go ]; do sleep 0.05; done; echo went; exit 7"}))
+                    .ok());
+    ASSERT_TRUE(rt1->Start(Spec(sleeper, {"sleep", "60"})).ok());
+  }  // the first runtime goes away (an agent restart); its tasks keep running
+
+  auto task_json = nlohmann::json::parse(ReadText(dir.path() + "/" + waiting + "/task.json"));
+  EXPECT_GT(task_json["pid"].get<int>(), 0);
+  EXPECT_EQ(task_json["pid"], task_json["pgid"]);
+  EXPECT_GT(task_json["start_time"].get<uint64_t>(), 0u);
+  EXPECT_EQ(task_json["argv"][0], "sh");
+
+  auto rt2 = MakeProcess(dir.path());
+  ASSERT_NE(rt2, nullptr);
+  std::vector<std::string> want = {waiting, sleeper};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(rt2->List(), want);
+  auto r = rt2->Poll(waiting);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RunState::kRunning);
+
+  std::ofstream(dir.path() + "/" + waiting + "/go") << "";
+  TaskStatusInfo info = WaitDone(*rt2, waiting);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.exit_code, 7);
+  EXPECT_EQ(ReadText(rt2->StdoutPath(waiting)), "went\n");
+
+  ASSERT_TRUE(rt2->Stop(sleeper, 5s).ok());
+  info = WaitDone(*rt2, sleeper);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.term_signal, SIGTERM);
+  ASSERT_TRUE(rt2->Remove(waiting).ok());
+  ASSERT_TRUE(rt2->Remove(sleeper).ok());
+
+  auto rt3 = MakeProcess(dir.path());
+  ASSERT_NE(rt3, nullptr);
+  EXPECT_TRUE(rt3->List().empty()) << "removed tasks are not adopted again";
+}
+
+TEST(ProcessRuntime, NoCgroupsMeansNoLimitsAndANote) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path(), "none");
+  ASSERT_NE(rt, nullptr);
+  EXPECT_NE(rt->limits_note().find("without CPU/memory limits"), std::string::npos) << rt->limits_note();
+  std::string id = UniqueId("nolimits");
+  LaunchSpec spec = Spec(id, {"true"});
+  spec.cpu_milli = 500;
+  spec.memory_bytes = 64 << 20;
+  ASSERT_TRUE(rt->Start(spec).ok());
+  EXPECT_EQ(WaitDone(*rt, id).exit_code, 0);
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+// The path of `controller`'s group in /proc/<pid>/cgroup text ("4:memory:/gpupool/x"); for v2
+// ("0::/gpupool/x") pass an empty controller.
+std::string CgroupPathOf(const std::string& proc_cgroup, const std::string& controller) {
+  std::istringstream in(proc_cgroup);
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t a = line.find(':');
+    size_t b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    std::string names = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    if (controller.empty()) {
+      if (names.empty()) return path;
+      continue;
+    }
+    std::istringstream ns(names);
+    std::string n;
+    while (std::getline(ns, n, ','))
+      if (n == controller) return path;
+  }
+  return "";
+}
+
+TEST(ProcessRuntime, CpuAndMemoryLimitsLandInTheTasksCgroup) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path(), "");
+  ASSERT_NE(rt, nullptr);
+  if (!rt->limits_note().empty()) GTEST_SKIP() << rt->limits_note();
+  std::string id = UniqueId("limits");
+  LaunchSpec spec = Spec(id, {"cat", "/proc/self/cgroup"});
+  spec.cpu_milli = 500;
+  spec.memory_bytes = 64 << 20;
+  ASSERT_TRUE(rt->Start(spec).ok());
+  EXPECT_EQ(WaitDone(*rt, id).exit_code, 0);
+  std::string cg = ReadText(rt->StdoutPath(id));
+  std::string v2 = CgroupPathOf(cg, "");
+  std::string mem = CgroupPathOf(cg, "memory");
+  std::string cpu = CgroupPathOf(cg, "cpu");
+  std::vector<std::string> dirs_to_check;
+  if (!mem.empty() && !cpu.empty() && mem != "/" && cpu != "/") {  // v1
+    EXPECT_EQ(mem, "/gpupool/" + id) << cg;
+    EXPECT_EQ(cpu, "/gpupool/" + id) << cg;
+    std::string mem_dir = "/sys/fs/cgroup/memory" + mem;
+    std::string cpu_dir = "/sys/fs/cgroup/cpu" + cpu;
+    EXPECT_EQ(ReadText(mem_dir + "/memory.limit_in_bytes"), std::to_string(64 << 20) + "\n");
+    EXPECT_EQ(ReadText(cpu_dir + "/cpu.cfs_quota_us"), "50000\n");
+    EXPECT_EQ(ReadText(cpu_dir + "/cpu.cfs_period_us"), "100000\n");
+    dirs_to_check = {mem_dir, cpu_dir};
+  } else {  // v2, at /sys/fs/cgroup or /sys/fs/cgroup/unified
+    EXPECT_EQ(v2, "/gpupool/" + id) << cg;
+    std::string base = agent_internal::PathExists("/sys/fs/cgroup" + v2 + "/memory.max") ? "/sys/fs/cgroup"
+                                                                                         : "/sys/fs/cgroup/unified";
+    EXPECT_EQ(ReadText(base + v2 + "/memory.max"), std::to_string(64 << 20) + "\n");
+    EXPECT_EQ(ReadText(base + v2 + "/cpu.max"), "50000 100000\n");
+    dirs_to_check = {base + v2};
+  }
+  ASSERT_TRUE(rt->Remove(id).ok());
+  for (const auto& d : dirs_to_check) EXPECT_FALSE(agent_internal::PathExists(d)) << d;
+}
+
+// ---- runc runtime ---------------------------------------------------------------------------------
+
+TEST(RuncRuntime, MissingBinaryIsAClearError) {
+  TempDir dir;
+  RuntimeOptions opts;
+  opts.state_dir = dir.path();
+  opts.runc_binary = "/nonexistent/runc";
+  auto rt = MakeRuncRuntime(opts);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(rt.status().message().find("runc binary '/nonexistent/runc' is not available"), std::string::npos)
+      << rt.status().message();
+  opts.runc_binary = "gpupool-no-such-runc";
+  EXPECT_FALSE(MakeRuncRuntime(opts).ok());
+}
+
+TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {
+  LaunchSpec spec;
+  spec.id = "cfg";
+  spec.argv = {"sh", "-c", "echo hi"};
+  spec.env = {{"PATH", "/bin"}, {"X", "y"}};
+  spec.cpu_milli = 1500;
+  spec.memory_bytes = 1 << 30;
+  spec.devices = {"/dev/null", "/dev/gpupool-no-such-gpu"};
+  spec.readonly_binds = {"/usr/lib", "/nonexistent/lib"};
+  auto text = agent_internal::BuildOciConfig(spec, "/srv/rootfs");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  auto j = nlohmann::json::parse(*text);
+  EXPECT_EQ(j["ociVersion"], "1.0.2");
+  EXPECT_EQ(j["root"]["path"], "/srv/rootfs");
+  EXPECT_EQ(j["root"]["readonly"], true);
+  EXPECT_EQ(j["process"]["args"], nlohmann::json(spec.argv));
+  EXPECT_EQ(j["process"]["env"], nlohmann::json({"PATH=/bin", "X=y"}));
+  EXPECT_EQ(j["process"]["cwd"], "/");
+  EXPECT_EQ(j["process"]["terminal"], false);
+  EXPECT_EQ(j["process"]["user"]["uid"], 0);
+  EXPECT_EQ(j["linux"]["cgroupsPath"], "/gpupool/cfg");
+  EXPECT_EQ(j["linux"]["resources"]["cpu"]["quota"], 150000);
+  EXPECT_EQ(j["linux"]["resources"]["cpu"]["period"], 100000);
+  EXPECT_EQ(j["linux"]["resources"]["memory"]["limit"], int64_t{1} << 30);
+  std::vector<std::string> ns;
+  for (const auto& n : j["linux"]["namespaces"]) ns.push_back(n["type"]);
+  EXPECT_EQ(ns, (std::vector<std::string>{"pid", "ipc", "uts", "mount"}));
+  ASSERT_EQ(j["linux"]["devices"].size(), 1u);
+  EXPECT_EQ(j["linux"]["devices"][0]["path"], "/dev/null");
+  EXPECT_EQ(j["linux"]["devices"][0]["major"], 1);
+  EXPECT_EQ(j["linux"]["devices"][0]["minor"], 3);
+  const auto& rules = j["linux"]["resources"]["devices"];
+  ASSERT_EQ(rules.size(), 2u);
+  EXPECT_EQ(rules[0]["allow"], false);
+  EXPECT_EQ(rules[1]["allow"], true);
+  EXPECT_EQ(rules[1]["major"], 1);
+  std::vector<std::string> destinations;
+  for (const auto& m : j["mounts"]) destinations.push_back(m["destination"]);
+  for (const char* want : {"/proc", "/dev", "/dev/pts", "/dev/shm", "/sys", "/usr/lib"})
+    EXPECT_NE(std::find(destinations.begin(), destinations.end(), want), destinations.end()) << want;
+  EXPECT_EQ(std::find(destinations.begin(), destinations.end(), "/nonexistent/lib"), destinations.end());
+  for (const auto& m : j["mounts"]) {
+    if (m["destination"] == "/usr/lib" || m["destination"] == "/sys") {
+      auto opts = m["options"].get<std::vector<std::string>>();
+      EXPECT_NE(std::find(opts.begin(), opts.end(), "ro"), opts.end()) << m.dump();
+    }
+  }
+  EXPECT_FALSE(j["linux"]["maskedPaths"].empty());
+  EXPECT_FALSE(j["linux"]["readonlyPaths"].empty());
+
+  spec.env = {{"BAD=NAME", "x"}};
+  EXPECT_EQ(agent_internal::BuildOciConfig(spec, "/srv/rootfs").status().code(), StatusCode::kInvalidArgument);
+}
+
+class RuncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "/bin/busybox is not installed";
+    RuntimeOptions opts;
+    opts.state_dir = dir_.path() + "/state";
+    auto rt = MakeRuncRuntime(opts);
+    if (!rt.ok()) GTEST_SKIP() << rt.status().ToString();
+    rt_ = std::move(rt).value();
+    rootfs_ = dir_.path() + "/rootfs";
+    for (const char* d : {"", "/bin", "/proc", "/dev", "/sys", "/tmp", "/etc"})
+      ASSERT_EQ(::mkdir((rootfs_ + d).c_str(), 0755), 0) << d;
+    {
+      std::ifstream src("/bin/busybox", std::ios::binary);
+      std::ofstream dst(rootfs_ + "/bin/busybox", std::ios::binary);
+      dst << src.rdbuf();
+    }
+    ASSERT_EQ(::chmod((rootfs_ + "/bin/busybox").c_str(), 0755), 0);
+    for (const char* tool : {"sh", "echo", "sleep", "env", "cat", "id", "true"})
+      ASSERT_EQ(::symlink("busybox", (rootfs_ + "/bin/" + tool).c_str()), 0) << tool;
+  }
+
+  LaunchSpec ContainerSpec(const std::string& id, std::vector<std::string> argv) {
+    LaunchSpec s;
+    s.id = id;
+    s.argv = std::move(argv);
+    s.env = {{"PATH", "/bin"}};
+    s.rootfs = rootfs_;
+    return s;
+  }
+
+  TempDir dir_;
+  std::string rootfs_;
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(RuncTest, ExitCodeAndStdout) {
+  EXPECT_EQ(rt_->name(), "runc");
+  std::string id = UniqueId("runc-exit");
+  Status st = rt_->Start(ContainerSpec(id, {"sh", "-c", "echo hi; exit 3"}));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  TaskStatusInfo info = WaitDone(*rt_, id);
+  EXPECT_EQ(info.state, RunState::kExited) << info.message << ReadText(rt_->StderrPath(id));
+  EXPECT_EQ(info.exit_code, 3) << ReadText(rt_->StderrPath(id));
+  EXPECT_EQ(info.message, "exit code 3");
+  EXPECT_EQ(ReadText(rt_->StdoutPath(id)), "hi\n");
+  std::string bundle = dir_.path() + "/state/" + id + "/bundle";
+  EXPECT_TRUE(agent_internal::PathExists(bundle + "/config.json"));
+  EXPECT_TRUE(agent_internal::PathExists(dir_.path() + "/state/runc-root"));
+  ASSERT_TRUE(rt_->Remove(id).ok());
+  EXPECT_FALSE(agent_internal::PathExists(bundle));
+  EXPECT_EQ(ReadText(rt_->StdoutPath(id)), "hi\n") << "logs stay";
+  EXPECT_TRUE(rt_->List().empty());
+}
+
+TEST_F(RuncTest, EnvironmentIsPassedIn) {
+  std::string id = UniqueId("runc-env");
+  LaunchSpec spec = ContainerSpec(id, {"env"});
+  spec.env["GPUPOOL_TASK"] = "j-1.0";
+  spec.env["SPACED"] = "a b";
+  ASSERT_TRUE(rt_->Start(spec).ok());
+  TaskStatusInfo info = WaitDone(*rt_, id);
+  EXPECT_EQ(info.exit_code, 0) << ReadText(rt_->StderrPath(id));
+  std::string out = ReadText(rt_->StdoutPath(id));
+  EXPECT_NE(out.find("GPUPOOL_TASK=j-1.0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("SPACED=a b\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("PATH=/bin\n"), std::string::npos) << out;
+  ASSERT_TRUE(rt_->Remove(id).ok());
+}
+
+TEST_F(RuncTest, StopKillsATermIgnoringContainerAfterTheGracePeriod) {
+  std::string id = UniqueId("runc-stop");
+  ASSERT_TRUE(rt_->Start(ContainerSpec(id, {"sh", "-c", "trap '' TERM; echo ready; sleep 60"})).ok());
+  ASSERT_EQ(WaitLines(rt_->StdoutPath(id), 1), "ready\n") << ReadText(rt_->StderrPath(id));
+  auto start = Clock::now();
+  ASSERT_TRUE(rt_->Stop(id, 1s).ok());
+  EXPECT_LT(Clock::now() - start, 1s) << "Stop must not wait for the grace period";
+  std::this_thread::sleep_for(300ms);
+  auto r = rt_->Poll(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RunState::kRunning);
+  TaskStatusInfo info = WaitDone(*rt_, id, 8s);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.term_signal, SIGKILL) << info.message;
+  EXPECT_NE(info.message.find("killed by SIGKILL after the grace period"), std::string::npos) << info.message;
+  EXPECT_GE(Clock::now() - start, 1s);
+  ASSERT_TRUE(rt_->Remove(id).ok());
+}
+
+TEST_F(RuncTest, LimitsReachTheContainersCgroup) {
+  std::string id = UniqueId("runc-limits");
+  LaunchSpec spec = ContainerSpec(
+      id, {"sh", "-c",
+           "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpu/cpu.cfs_quota_us "
+           "/sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max 2>/dev/null; true"});
+  spec.cpu_milli = 500;
+  spec.memory_bytes = 64 << 20;
+  ASSERT_TRUE(rt_->Start(spec).ok());
+  auto config = nlohmann::json::parse(ReadText(dir_.path() + "/state/" + id + "/bundle/config.json"));
+  EXPECT_EQ(config["linux"]["resources"]["memory"]["limit"], 64 << 20);
+  EXPECT_EQ(config["linux"]["resources"]["cpu"]["quota"], 50000);
+  TaskStatusInfo info = WaitDone(*rt_, id);
+  EXPECT_EQ(info.exit_code, 0) << ReadText(rt_->StderrPath(id));
+  std::string out = ReadText(rt_->StdoutPath(id));
+  EXPECT_NE(out.find(std::to_string(64 << 20) + "\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("50000"), std::string::npos) << out;
+  ASSERT_TRUE(rt_->Remove(id).ok());
+}
+
+TEST_F(RuncTest, ANewRuntimeAdoptsARunningContainer) {
+  std::string id = UniqueId("runc-adopt");
+  ASSERT_TRUE(rt_->Start(ContainerSpec(id, {"sh", "-c", "echo up; sleep 60"})).ok());
+  ASSERT_EQ(WaitLines(rt_->StdoutPath(id), 1), "up\n") << ReadText(rt_->StderrPath(id));
+  rt_.reset();
+  RuntimeOptions opts;
+  opts.state_dir = dir_.path() + "/state";
+  auto rt2 = MakeRuncRuntime(opts);
+  ASSERT_TRUE(rt2.ok());
+  EXPECT_EQ((*rt2)->List(), std::vector<std::string>{id});
+  auto r = (*rt2)->Poll(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RunState::kRunning);
+  ASSERT_TRUE((*rt2)->Stop(id, 0s).ok());
+  TaskStatusInfo info = WaitDone(**rt2, id);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.term_signal, SIGKILL) << info.message;
+  ASSERT_TRUE((*rt2)->Remove(id).ok());
+}
+
+}  // namespace
+}  // namespace gpupool

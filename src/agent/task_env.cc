@@ -1,0 +1,291 @@
+#include "agent/task_env.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/quantity.h"
+
+namespace gpupool {
+
+using nlohmann::json;
+
+std::string Assignment::task_id() const {
+  return fmt::format("{}.{}", job_id, index);
+}
+
+namespace {
+
+Status Bad(const std::string& where, const std::string& what) {
+  return Status::InvalidArgument(fmt::format("{}: {}", where, what));
+}
+
+Result<std::string> Str(const json& o, const char* key, const std::string& where, bool required) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) {
+    if (required) return Bad(where + "." + key, "missing");
+    return std::string();
+  }
+  if (!it->is_string()) return Bad(where + "." + key, "must be a string");
+  return it->get<std::string>();
+}
+
+Result<int64_t> Int(const json& o, const char* key, const std::string& where, bool required) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) {
+    if (required) return Bad(where + "." + key, "missing");
+    return int64_t{0};
+  }
+  if (!it->is_number_integer()) return Bad(where + "." + key, "must be an integer");
+  return it->get<int64_t>();
+}
+
+Result<int64_t> MemoryBytes(const json& o, const char* key, const std::string& where) {
+  ASSIGN_OR_RETURN(std::string text, Str(o, key, where, false));
+  if (text.empty()) return int64_t{0};
+  auto m = ParseMemory(text);
+  if (!m.ok()) return Bad(where + "." + key, m.status().message());
+  return m->units() * 1024 * 1024;
+}
+
+Result<Assignment> ParseOne(const json& a, const std::string& where) {
+  if (!a.is_object()) return Bad(where, "must be an object");
+  Assignment out;
+  ASSIGN_OR_RETURN(out.job_id, Str(a, "jobId", where, true));
+  ASSIGN_OR_RETURN(int64_t index, Int(a, "index", where, true));
+  out.index = static_cast<int>(index);
+  ASSIGN_OR_RETURN(out.desired, Str(a, "desired", where, true));
+  if (out.desired != "run" && out.desired != "stop") return Bad(where + ".desired", "must be run or stop");
+  // Job ids are server-made; they name directories here, so refuse anything but [A-Za-z0-9_-].
+  if (out.job_id.empty() || out.job_id.size() > 64 ||
+      !std::all_of(out.job_id.begin(), out.job_id.end(),
+                   [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; }))
+    return Bad(where + ".jobId", "must be 1-64 of [A-Za-z0-9_-]");
+  if (out.index < 0) return Bad(where + ".index", "must not be negative");
+  ASSIGN_OR_RETURN(int64_t grace, Int(a, "gracePeriodSeconds", where, false));
+  if (a.contains("gracePeriodSeconds")) out.grace_period_seconds = static_cast<int>(grace);
+  if (out.desired == "stop") return out;
+
+  ASSIGN_OR_RETURN(out.name, Str(a, "name", where, false));
+  ASSIGN_OR_RETURN(out.tenant, Str(a, "tenant", where, false));
+  ASSIGN_OR_RETURN(out.qos, Str(a, "qos", where, false));
+  ASSIGN_OR_RETURN(out.isolation, Str(a, "isolation", where, false));
+  if (out.isolation.empty()) out.isolation = "exclusive";
+  ASSIGN_OR_RETURN(out.bundle, Str(a, "bundle", where, false));
+  ASSIGN_OR_RETURN(out.rootfs, Str(a, "rootfs", where, false));
+  ASSIGN_OR_RETURN(int64_t restarts, Int(a, "restarts", where, false));
+  out.restarts = static_cast<int>(restarts);
+  if (auto c = a.find("command"); c != a.end() && !c->is_null()) {
+    if (!c->is_array()) return Bad(where + ".command", "must be a list of strings");
+    for (size_t i = 0; i < c->size(); ++i) {
+      if (!(*c)[i].is_string()) return Bad(fmt::format("{}.command[{}]", where, i), "must be a string");
+      out.command.push_back((*c)[i].get<std::string>());
+    }
+  }
+  if (auto e = a.find("env"); e != a.end() && !e->is_null()) {
+    if (!e->is_object()) return Bad(where + ".env", "must be a map of strings");
+    for (auto it = e->begin(); it != e->end(); ++it) {
+      if (!it.value().is_string()) return Bad(where + ".env." + it.key(), "must be a string");
+      out.env[it.key()] = it.value().get<std::string>();
+    }
+  }
+  if (auto c = a.find("checkpoint"); c != a.end() && c->is_object()) {
+    ASSIGN_OR_RETURN(out.checkpoint_dir, Str(*c, "dir", where + ".checkpoint", false));
+    ASSIGN_OR_RETURN(int64_t interval, Int(*c, "intervalSeconds", where + ".checkpoint", false));
+    out.checkpoint_interval_seconds = static_cast<int>(interval);
+  }
+  ASSIGN_OR_RETURN(std::string cpu, Str(a, "cpu", where, false));
+  if (!cpu.empty()) {
+    auto c = ParseCpu(cpu);
+    if (!c.ok()) return Bad(where + ".cpu", c.status().message());
+    out.cpu_milli = c->units();
+  }
+  ASSIGN_OR_RETURN(out.memory_bytes, MemoryBytes(a, "memory", where));
+  if (auto g = a.find("gpus"); g != a.end() && !g->is_null()) {
+    if (!g->is_array()) return Bad(where + ".gpus", "must be a list");
+    for (size_t i = 0; i < g->size(); ++i) {
+      const std::string gw = fmt::format("{}.gpus[{}]", where, i);
+      const json& gj = (*g)[i];
+      if (!gj.is_object()) return Bad(gw, "must be an object");
+      AssignedGpu gpu;
+      ASSIGN_OR_RETURN(int64_t gi, Int(gj, "index", gw, true));
+      gpu.index = static_cast<int>(gi);
+      ASSIGN_OR_RETURN(gpu.uuid, Str(gj, "uuid", gw, false));
+      ASSIGN_OR_RETURN(gpu.share_milli, Int(gj, "share", gw, true));
+      if (gpu.share_milli < 0 || gpu.share_milli > 1000) return Bad(gw + ".share", "must be 0..1000");
+      ASSIGN_OR_RETURN(gpu.memory_bytes, MemoryBytes(gj, "memory", gw));
+      if (auto m = gj.find("mig"); m != gj.end() && m->is_object()) {
+        ASSIGN_OR_RETURN(gpu.mig_profile, Str(*m, "profile", gw + ".mig", false));
+        ASSIGN_OR_RETURN(int64_t start, Int(*m, "start", gw + ".mig", false));
+        gpu.mig_start = static_cast<int>(start);
+      }
+      out.gpus.push_back(std::move(gpu));
+    }
+  }
+  return out;
+}
+
+bool Reserved(const std::string& name) {
+  return name.rfind("GPUPOOL_", 0) == 0 || name.rfind("CUDA_MPS_", 0) == 0 ||
+         name == "CUDA_VISIBLE_DEVICES" || name == "NVIDIA_VISIBLE_DEVICES";
+}
+
+std::string Join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+// Fixed decimals without trailing zeros: "0.25", "0.5", "1".
+std::string Decimal(double v) {
+  std::string s = fmt::format("{:.4f}", v);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+Result<std::vector<Assignment>> ParseAssignments(const json& body) {
+  if (!body.is_object() || !body.contains("assignments") || !body["assignments"].is_array())
+    return Status::InvalidArgument("assignments: the answer must be an object with an 'assignments' list");
+  std::vector<Assignment> out;
+  const json& list = body["assignments"];
+  for (size_t i = 0; i < list.size(); ++i) {
+    ASSIGN_OR_RETURN(Assignment a, ParseOne(list[i], fmt::format("assignments[{}]", i)));
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::string NcclP2pLevel(const Inventory& inv, const std::vector<int>& gpus) {
+  if (gpus.size() < 2) return "";
+  const auto& t = inv.topology;
+  int worst = 1000;
+  bool all_nvlink = true;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    for (size_t j = i + 1; j < gpus.size(); ++j) {
+      const size_t a = static_cast<size_t>(gpus[i]), b = static_cast<size_t>(gpus[j]);
+      const int score = (a < t.size() && b < t[a].size()) ? t[a][b] : 10;
+      if (score < 100) all_nvlink = false;
+      worst = std::min(worst, score % 100);
+    }
+  }
+  if (all_nvlink) return "NVL";
+  // PCIe level scores of model/topology.h: 60 board, 50 one switch, 40 several switches, 30 host
+  // bridge, 20 same NUMA node, 10 across sockets.
+  if (worst >= 50) return "PIX";
+  if (worst >= 40) return "PXB";
+  if (worst >= 30) return "PHB";
+  return "SYS";
+}
+
+Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, const Inventory& inv,
+                                                           const TaskEnvOptions& options) {
+  std::map<std::string, std::string> env;
+  env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  env["HOME"] = "/tmp";
+  env["GPUPOOL_JOB_ID"] = a.job_id;
+  env["GPUPOOL_TASK_INDEX"] = std::to_string(a.index);
+  env["GPUPOOL_TASK_NAME"] = a.name;
+  env["GPUPOOL_TENANT"] = a.tenant;
+  env["GPUPOOL_QOS"] = a.qos;
+  env["GPUPOOL_NODE"] = options.node;
+  env["GPUPOOL_ISOLATION"] = a.isolation;
+  env["GPUPOOL_RESTARTS"] = std::to_string(a.restarts);
+  env["GPUPOOL_CPU_MILLI"] = std::to_string(a.cpu_milli);
+  env["GPUPOOL_MEMORY_BYTES"] = std::to_string(a.memory_bytes);
+  if (inv.simulated) env["GPUPOOL_SIMULATED"] = "1";
+  if (!a.checkpoint_dir.empty()) {
+    env["GPUPOOL_CHECKPOINT_DIR"] = a.checkpoint_dir;
+    env["GPUPOOL_CHECKPOINT_INTERVAL_SECONDS"] = std::to_string(a.checkpoint_interval_seconds);
+  }
+
+  std::vector<std::string> uuids, indices, shares, memories;
+  std::vector<int> gpu_indices;
+  int64_t min_share = 1000;
+  double min_fraction = 1.0;
+  for (const AssignedGpu& g : a.gpus) {
+    if (g.index < 0 || static_cast<size_t>(g.index) >= inv.gpus.size())
+      return Status::InvalidArgument(fmt::format("gpus: GPU {} is not on this node ({} GPUs)", g.index,
+                                                 inv.gpus.size()));
+    const GpuInfo& info = inv.gpus[static_cast<size_t>(g.index)];
+    if (!g.uuid.empty() && g.uuid != info.uuid)
+      return Status::InvalidArgument(
+          fmt::format("gpus: GPU {} is {} here, the server says {}", g.index, info.uuid, g.uuid));
+    uuids.push_back(info.uuid);
+    indices.push_back(std::to_string(g.index));
+    shares.push_back(std::to_string(g.share_milli));
+    memories.push_back(std::to_string(g.memory_bytes));
+    gpu_indices.push_back(g.index);
+    min_share = std::min(min_share, g.share_milli);
+    if (g.memory_bytes > 0 && info.memory_bytes > 0)
+      min_fraction = std::min(min_fraction, static_cast<double>(g.memory_bytes) / static_cast<double>(info.memory_bytes));
+  }
+  if (a.gpus.empty()) {
+    // No GPU granted: the task must not see any.
+    env["CUDA_VISIBLE_DEVICES"] = "";
+    env["NVIDIA_VISIBLE_DEVICES"] = "void";
+  } else {
+    env["GPUPOOL_GPU_UUIDS"] = Join(uuids, ",");
+    env["GPUPOOL_GPU_INDICES"] = Join(indices, ",");
+    env["GPUPOOL_GPU_SHARES_MILLI"] = Join(shares, ",");
+    env["GPUPOOL_GPU_MEMORY_BYTES"] = Join(memories, ",");
+    std::string visible = Join(uuids, ",");
+    if (a.isolation == "mig") {
+      // The MIG instance is named by its parent GPU and profile until instance creation lands;
+      // the profile and start tell the task (and a MIG-aware runtime hook) which one.
+      std::vector<std::string> mig;
+      for (const AssignedGpu& g : a.gpus) mig.push_back(fmt::format("{}:{}@{}", g.uuid.empty() ? inv.gpus[static_cast<size_t>(g.index)].uuid : g.uuid, g.mig_profile, g.mig_start));
+      env["GPUPOOL_MIG_INSTANCES"] = Join(mig, ",");
+    }
+    env["CUDA_VISIBLE_DEVICES"] = visible;
+    env["NVIDIA_VISIBLE_DEVICES"] = visible;
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+    const bool fractional = min_share < 1000 || min_fraction < 1.0;
+    if (a.isolation == "mps") {
+      // Compute share as the MPS active-thread percentage (at least 1 %), and the granted memory as
+      // the pinned-memory limit of every visible device (ordinals within CUDA_VISIBLE_DEVICES).
+      const int64_t pct = std::max<int64_t>(1, (min_share + 5) / 10);
+      env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = std::to_string(std::min<int64_t>(100, pct));
+      std::vector<std::string> limits;
+      for (size_t i = 0; i < a.gpus.size(); ++i) {
+        if (a.gpus[i].memory_bytes > 0)
+          limits.push_back(fmt::format("{}={}M", i, a.gpus[i].memory_bytes / (1024 * 1024)));
+      }
+      if (!limits.empty()) env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = Join(limits, ",");
+      if (!options.mps_pipe_root.empty()) {
+        const std::string dir = options.mps_pipe_root + "/" + inv.gpus[static_cast<size_t>(a.gpus[0].index)].uuid;
+        env["CUDA_MPS_PIPE_DIRECTORY"] = dir + "/pipe";
+        env["CUDA_MPS_LOG_DIRECTORY"] = dir + "/log";
+      }
+    }
+    if (fractional) {
+      // Keep the frameworks inside the memory cap: grow on demand instead of taking the whole
+      // device, and tell them the fraction (JAX reads it; PyTorch code can pass
+      // GPUPOOL_GPU_MEMORY_FRACTION to torch.cuda.set_per_process_memory_fraction).
+      env["GPUPOOL_GPU_MEMORY_FRACTION"] = Decimal(min_fraction);
+      env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true";
+      env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false";
+      env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = Decimal(min_fraction);
+      env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,garbage_collection_threshold:0.8";
+    }
+    if (a.gpus.size() > 1) {
+      env["NCCL_P2P_LEVEL"] = NcclP2pLevel(inv, gpu_indices);
+      env["GPUPOOL_NVLINK"] = env["NCCL_P2P_LEVEL"] == "NVL" ? "1" : "0";
+    }
+  }
+  for (const auto& [k, v] : a.env) {
+    if (Reserved(k))
+      return Status::InvalidArgument(
+          fmt::format("env.{}: set by gpupool to enforce the allocation; a job may not set it", k));
+    env[k] = v;
+  }
+  return env;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,72 @@
+// The environment a task starts with, from its assignment and the node's inventory: which GPUs it
+// may see, how its share is enforced (MPS thread percentage and pinned-memory limit, MIG instance,
+// time slicing), settings that keep PyTorch, TensorFlow and JAX inside the memory cap, NCCL
+// settings from the topology of its GPUs, and GPUPOOL_* variables that tell the task its
+// allocation and its checkpoint directory. Pure: no I/O.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/inventory.h"
+#include "common/status.h"
+
+namespace gpupool {
+
+// One GPU of an assignment, as the server sends it.
+struct AssignedGpu {
+  int index = 0;
+  std::string uuid;
+  int64_t share_milli = 0;    // of 1000
+  int64_t memory_bytes = 0;   // granted GPU memory; 0: none asked
+  std::string mig_profile;    // "3g.40gb" when isolation is mig
+  int mig_start = -1;
+};
+
+// An assignment of the server's `GET /api/v1/agent/nodes/{name}/assignments`, parsed.
+struct Assignment {
+  std::string job_id;
+  int index = 0;
+  std::string desired;  // "run" or "stop"
+  std::string name;     // "resnet50-infer/server-0"
+  std::string tenant;
+  std::string qos;
+  std::string isolation;  // exclusive, mps, mig, timeslice
+  std::vector<std::string> command;
+  std::map<std::string, std::string> env;
+  std::string bundle;
+  std::string rootfs;
+  std::string checkpoint_dir;
+  int checkpoint_interval_seconds = 0;
+  int grace_period_seconds = 30;
+  int restarts = 0;
+  int64_t cpu_milli = 0;
+  int64_t memory_bytes = 0;
+  std::vector<AssignedGpu> gpus;
+
+  std::string task_id() const;  // "<jobId>.<index>": path-safe, unique on the node
+};
+
+// Errors name the field ("assignments[3].gpus[0].share: ...").
+Result<std::vector<Assignment>> ParseAssignments(const nlohmann::json& body);
+
+struct TaskEnvOptions {
+  std::string node;
+  std::string mps_pipe_root;  // per-GPU MPS pipe/log directories live under it ("<root>/<uuid>")
+  bool mps_daemons = false;   // real GPUs: MPS control daemons run; simulated: only the variables
+};
+
+// The complete environment: PATH and HOME defaults, then ours, then the job's own `env` (which may
+// not override GPUPOOL_*, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES or CUDA_MPS_*: those are
+// what enforce the allocation; an attempt is an error naming the variable).
+Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, const Inventory& inv,
+                                                           const TaskEnvOptions& options);
+
+// NCCL_P2P_LEVEL for a set of GPUs of the node: NVL when every pair has NVLink, else the PCIe
+// level that connects the farthest pair (PIX, PXB, PHB, SYS); empty for fewer than two GPUs.
+std::string NcclP2pLevel(const Inventory& inv, const std::vector<int>& gpus);
+
+}  // namespace gpupool

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""End to end: `gpupool up` with 2 simulated nodes x 4 GPUs runs 100 mixed jobs as real processes
+and runc containers. Checks that every job succeeds, that no GPU is ever overcommitted (sampled
+from the node API while the jobs run), that each task's environment matches its allocation, that
+`promtool check metrics` accepts every /metrics endpoint, and that a real Prometheus server scrapes
+them all.
+
+usage: up_e2e.py GPUPOOL_BINARY WORK_DIR
+Needs: promtool and prometheus (Debian package prometheus), runc and /bin/busybox (for the
+container jobs; without them the container jobs are skipped and the script says so).
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fail(msg):
+    print("up_e2e: FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+class Api:
+    def __init__(self, url, token):
+        self.url, self.token = url, token
+
+    def call(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", "Bearer " + self.token)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+
+def get_text(url, token=None):
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read().decode()
+
+
+def make_jobs(rootfs):
+    rng = random.Random(7)
+    jobs = []
+    shapes = [
+        ("mps", {"gpu": 0.25, "gpuMemory": "10Gi"}),
+        ("timeslice", {"gpu": 0.5, "gpuMemory": "20Gi"}),
+        ("exclusive", {"gpu": 1}),
+        ("exclusive", {"gpu": 2}),
+        ("exclusive", {}),
+    ]
+    for i in range(100):
+        isolation, gpu = shapes[i % len(shapes)]
+        container = rootfs is not None and i % 10 == 3
+        sleep = "0.%d" % rng.randint(3, 9)
+        task = {
+            "name": "w",
+            "replicas": 2 if i % 7 == 0 else 1,
+            "resources": dict({"cpu": "0.1", "memory": "64Mi"}, **gpu),
+            "isolation": isolation,
+            "command": ["/bin/sh", "-c", "env; echo E2E_PID1=$(cat /proc/1/comm); sleep " + sleep],
+            "checkpoint": {"dir": "/tmp/ckpt/e2e-%d" % i, "intervalSeconds": 60},
+        }
+        if container:
+            task["container"] = {"rootfs": rootfs}
+        jobs.append({"name": "e2e-%d" % i, "tasks": [task]})
+    return jobs
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    binary, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    for tool in ("promtool", "prometheus"):
+        if shutil.which(tool) is None:
+            fail(tool + " is not installed (scripts/setup.sh installs the Debian package prometheus)")
+    rootfs = None
+    if shutil.which("runc") and os.path.exists("/bin/busybox") and os.geteuid() == 0:
+        rootfs = os.path.join(work, "rootfs")
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/make-rootfs.sh"), rootfs], check=True)
+    else:
+        print("up_e2e: runc, /bin/busybox or root missing: container jobs skipped", flush=True)
+
+    api_port, metrics_port = free_port(), free_port()
+    while metrics_port + 1 == api_port:
+        metrics_port = free_port()
+    data = os.path.join(work, "data")
+    log = open(os.path.join(work, "up.log"), "w")
+    up = subprocess.Popen([binary, "up", "--data-dir", data, "--listen", "127.0.0.1:%d" % api_port,
+                           "--simulate", "4xA100-80GB", "--nodes", "2", "--heartbeat-interval", "0.2",
+                           "--metrics-listen", "127.0.0.1:%d" % metrics_port],
+                          stdout=log, stderr=subprocess.STDOUT)
+    prom = None
+    try:
+        url = "http://127.0.0.1:%d" % api_port
+        deadline = time.time() + 30
+        while True:
+            try:
+                get_text(url + "/healthz")
+                break
+            except Exception:
+                if time.time() > deadline or up.poll() is not None:
+                    fail("gpupool up did not come up:\n" + open(os.path.join(work, "up.log")).read())
+                time.sleep(0.2)
+        token = open(os.path.join(data, "admin.token")).read().strip()
+        api = Api(url, token)
+        deadline = time.time() + 20
+        while True:
+            _, nodes = api.call("GET", "/api/v1/nodes")
+            if len(nodes["items"]) == 2:
+                break
+            if time.time() > deadline:
+                fail("the two agents did not register: %s" % nodes)
+            time.sleep(0.2)
+        node_names = [n["name"] for n in nodes["items"]]
+        print("up_e2e: up at %s with nodes %s" % (url, ", ".join(node_names)), flush=True)
+
+        jobs = make_jobs(rootfs)
+        ids = {}
+        for spec in jobs:
+            code, body = api.call("POST", "/api/v1/jobs", spec)
+            if code != 201:
+                fail("submit %s: %d %s" % (spec["name"], code, body))
+            ids[body["id"]] = spec
+
+        seen = {}  # (job, index) -> placement seen while it ran
+        samples = 0
+        deadline = time.time() + 300
+        while True:
+            for name in node_names:
+                _, node = api.call("GET", "/api/v1/nodes/" + name)
+                for g in node["gpus"]:
+                    total = sum(t["share"] for t in g["tasks"])
+                    if total > 1000 or g["freeShare"] < 0:
+                        fail("GPU %s/%d overcommitted: %d milli held (%s)" % (name, g["index"], total, g["tasks"]))
+                samples += 1
+            _, listing = api.call("GET", "/api/v1/jobs?limit=1000")
+            states = {}
+            for j in listing["items"]:
+                states[j["state"]] = states.get(j["state"], 0) + 1
+                for t in j["tasks"]:
+                    if t.get("gpus") is not None and t.get("node"):
+                        seen.setdefault((j["id"], t["index"]), (t["node"], t["gpus"]))
+            done = sum(states.get(s, 0) for s in ("succeeded", "failed", "cancelled"))
+            if done == len(ids):
+                break
+            if time.time() > deadline:
+                fail("jobs did not finish in 300 s: %s" % states)
+            time.sleep(0.25)
+        if states.get("succeeded", 0) != len(ids):
+            bad = [(j["id"], j["name"], j["state"], j["reason"]) for j in listing["items"] if j["state"] != "succeeded"]
+            fail("not every job succeeded: %s" % bad[:10])
+        print("up_e2e: all %d jobs succeeded; %d node samples, no GPU over 1000 milli" % (len(ids), samples), flush=True)
+
+        # Each task's environment against its allocation.
+        checked = containers = 0
+        for job_id, spec in ids.items():
+            task = spec["tasks"][0]
+            for index in range(task["replicas"]):
+                text = None
+                for i in range(2):
+                    try:
+                        text = get_text("http://127.0.0.1:%d/tasks/%s.%d/logs/stdout" % (metrics_port + i, job_id, index), token)
+                        break
+                    except urllib.error.HTTPError:
+                        continue
+                if text is None:
+                    fail("no stdout log for %s.%d on either node" % (job_id, index))
+                env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+                node = env.get("GPUPOOL_NODE")
+                if node not in node_names or env.get("GPUPOOL_JOB_ID") != job_id or env.get("GPUPOOL_TASK_INDEX") != str(index):
+                    fail("%s.%d: identity variables wrong: %s" % (job_id, index, {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}))
+                gpu = task["resources"].get("gpu", 0)
+                want_count = int(gpu) if gpu >= 1 else (1 if gpu > 0 else 0)
+                want_share = 1000 if gpu >= 1 else int(round(gpu * 1000))
+                if want_count == 0:
+                    if env.get("CUDA_VISIBLE_DEVICES", "") != "" or env.get("NVIDIA_VISIBLE_DEVICES") != "void":
+                        fail("%s.%d: a CPU-only task sees GPUs: %s" % (job_id, index, env.get("CUDA_VISIBLE_DEVICES")))
+                else:
+                    uuids = env["CUDA_VISIBLE_DEVICES"].split(",")
+                    indices = env["GPUPOOL_GPU_INDICES"].split(",")
+                    shares = env["GPUPOOL_GPU_SHARES_MILLI"].split(",")
+                    if len(uuids) != want_count or shares != [str(want_share)] * want_count:
+                        fail("%s.%d: wants %d GPU(s) at %d milli, sees %s with shares %s" % (job_id, index, want_count, want_share, uuids, shares))
+                    if uuids != ["GPU-sim-%s-%s" % (node, i) for i in indices]:
+                        fail("%s.%d: CUDA_VISIBLE_DEVICES %s does not name GPUs %s of %s" % (job_id, index, uuids, indices, node))
+                    placed = seen.get((job_id, index))
+                    if placed is not None:
+                        pnode, pgpus = placed
+                        if pnode != node or [g["uuid"] for g in pgpus] != uuids:
+                            fail("%s.%d: ran on %s %s but was placed on %s %s" % (job_id, index, node, uuids, pnode, [g["uuid"] for g in pgpus]))
+                    if task["isolation"] == "mps" and env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != str(want_share // 10):
+                        fail("%s.%d: MPS thread percentage %s for a %d milli share" % (job_id, index, env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), want_share))
+                    if task["isolation"] == "mps" and env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") != "0=10240M":
+                        fail("%s.%d: MPS memory limit %s" % (job_id, index, env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")))
+                # A runc task lives in its own PID namespace, where its shell is PID 1; a
+                # process task shares the host's.
+                in_container = env.get("E2E_PID1") == "sh"
+                if in_container != ("container" in task):
+                    fail("%s.%d: container=%s but PID 1 is %s" % (job_id, index, "container" in task, env.get("E2E_PID1")))
+                if env.get("GPUPOOL_CHECKPOINT_DIR") != task["checkpoint"]["dir"]:
+                    fail("%s.%d: checkpoint dir %s" % (job_id, index, env.get("GPUPOOL_CHECKPOINT_DIR")))
+                checked += 1
+                containers += 1 if "container" in task else 0
+        print("up_e2e: environment matches the allocation for %d tasks (%d in runc containers)" % (checked, containers), flush=True)
+
+        # Every /metrics endpoint passes promtool.
+        endpoints = [("server", "127.0.0.1:%d" % api_port)] + [("agent", "127.0.0.1:%d" % (metrics_port + i)) for i in range(2)]
+        for kind, hostport in endpoints:
+            text = get_text("http://%s/metrics" % hostport)
+            r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True)
+            if r.returncode != 0:
+                fail("promtool check metrics on %s %s: %s" % (kind, hostport, r.stderr.decode() + r.stdout.decode()))
+            if kind == "agent" and "gpupool_gpu_" not in text:
+                fail("agent %s exports no GPU metrics" % hostport)
+        print("up_e2e: promtool check metrics passes on %d endpoints" % len(endpoints), flush=True)
+
+        # A real Prometheus scrapes them.
+        prom_port = free_port()
+        prom_dir = os.path.join(work, "prometheus")
+        os.makedirs(prom_dir)
+        with open(os.path.join(prom_dir, "prometheus.yml"), "w") as f:
+            f.write("global: {scrape_interval: 1s}\nscrape_configs:\n")
+            f.write("  - job_name: gpupool-server\n    static_configs: [{targets: ['127.0.0.1:%d']}]\n" % api_port)
+            f.write("  - job_name: gpupool-agent\n    static_configs: [{targets: ['127.0.0.1:%d', '127.0.0.1:%d']}]\n" % (metrics_port, metrics_port + 1))
+        prom = subprocess.Popen(["prometheus", "--config.file=" + os.path.join(prom_dir, "prometheus.yml"),
+                                 "--storage.tsdb.path=" + os.path.join(prom_dir, "data"),
+                                 "--web.listen-address=127.0.0.1:%d" % prom_port],
+                                stdout=open(os.path.join(prom_dir, "log"), "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while True:
+            try:
+                q = json.loads(get_text("http://127.0.0.1:%d/api/v1/query?query=up" % prom_port))
+                ups = [r for r in q["data"]["result"] if r["value"][1] == "1"]
+                g = json.loads(get_text("http://127.0.0.1:%d/api/v1/query?query=gpupool_gpu_memory_total_bytes" % prom_port))
+                if len(ups) == 3 and len(g["data"]["result"]) == 8:
+                    break
+            except Exception:
+                pass
+            if time.time() > deadline or prom.poll() is not None:
+                fail("Prometheus did not scrape all three targets and 8 GPUs within 60 s:\n" + open(os.path.join(prom_dir, "log")).read()[-3000:])
+            time.sleep(0.5)
+        print("up_e2e: Prometheus scrapes the server and both agents (8 GPUs)", flush=True)
+        print("up_e2e: OK", flush=True)
+        return 0
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.wait(timeout=20)
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

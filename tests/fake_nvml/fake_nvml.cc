@@ -1,0 +1,544 @@
+// A fake libnvidia-ml.so.1 for tests of src/agent/nvml.cc on machines without a GPU. It exports
+// the C entry points gpupool uses, with gpupool's own reading of their ABI (no NVIDIA header).
+//
+// The machine it describes, by default: 4 x "NVIDIA H100 80GB HBM3" (80 GiB, compute capability
+// 9.0); GPUs 0,1 on NUMA node 0 under one PCIe switch, GPUs 2,3 on NUMA node 1 under another; 4
+// active NVLink links between 0 and 1 and between 2 and 3; two processes on GPU 0; MIG off but
+// capable (H100 profiles); plausible clocks, temperature, power, energy, utilisation and counters.
+//
+// The environment variable GPUPOOL_FAKE_NVML names a key=value file (one per line, '#' comments)
+// read at nvmlInit_v2 that changes it:
+//   init_error=9          nvmlInit_v2 returns this NVML error code
+//   gpus=2                GPU count (0..8)
+//   name=NVIDIA A100-SXM4-80GB   device name of every GPU
+//   memory_mib=81920      total memory of every GPU
+//   cc=8.0                CUDA compute capability
+//   mig=0,1               GPUs with MIG mode enabled (comma-separated indices)
+//   no_mig=1              MIG not supported at all (GetMigMode -> NOT_SUPPORTED)
+//   xid.1=79              an XID event pending on GPU 1
+//   ecc.2=3               uncorrectable volatile ECC errors on GPU 2
+//   unsupported=power,energy,...   fields returning NOT_SUPPORTED: power, energy, clocks,
+//                         temperature, utilization, encoder, decoder, pcie_replay, remapped_rows,
+//                         memory_v2, pcie_throughput, numa, processes, nvlink, ancestor
+//
+// Built with FAKE_NVML_MINIMAL, the optional entry points (NUMA, memory info v2, power, energy,
+// remapped rows, events, temperature) are not exported at all.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kSuccess = 0;
+constexpr int kUninitialized = 1;
+constexpr int kInvalidArgument = 2;
+constexpr int kNotSupported = 3;
+constexpr int kInsufficientSize = 7;
+constexpr int kTimeout = 10;
+
+struct PciInfo {
+  char bus_id_legacy[16];
+  unsigned domain;
+  unsigned bus;
+  unsigned device;
+  unsigned pci_device_id;
+  unsigned pci_subsystem_id;
+  char bus_id[32];
+};
+struct MemoryInfo {
+  unsigned long long total, free, used;
+};
+struct MemoryInfoV2 {
+  unsigned version;
+  unsigned long long total, reserved, free, used;
+};
+struct Utilization {
+  unsigned gpu, memory;
+};
+struct ProcessInfo {
+  unsigned pid;
+  unsigned long long used_gpu_memory;
+  unsigned gpu_instance_id, compute_instance_id;
+};
+struct GiProfileInfo {
+  unsigned id, p2p, slice_count, instance_count, sm_count, ce, dec, enc, jpeg, ofa;
+  unsigned long long memory_size_mb;
+};
+struct FakeGpu;
+struct EventData {
+  FakeGpu* device;
+  unsigned long long event_type;
+  unsigned long long event_data;
+  unsigned gi, ci;
+};
+struct TemperatureV1 {
+  unsigned version;
+  int sensor_type;
+  int temperature;
+};
+
+struct FakeGpu {
+  int index = 0;
+  bool mig = false;
+  unsigned long long xid = 0;  // pending
+  unsigned long long ecc = 0;
+};
+
+struct FakeEventSet {
+  std::set<int> registered;
+};
+
+struct State {
+  bool initialized = false;
+  int init_error = 0;
+  std::string name = "NVIDIA H100 80GB HBM3";
+  unsigned long long memory_mib = 81559;
+  int cc_major = 9;
+  int cc_minor = 0;
+  bool no_mig = false;
+  std::set<std::string> unsupported;
+  std::vector<FakeGpu> gpus;
+};
+
+// The fake's own state: a test library, loaded and configured per nvmlInit_v2.
+State& S() {
+  static State state;
+  return state;
+}
+
+bool Unsupported(const char* field) {
+  return S().unsupported.count(field) != 0;
+}
+
+FakeGpu* Gpu(void* handle) {
+  auto* gpu = static_cast<FakeGpu*>(handle);
+  State& s = S();
+  if (!s.initialized || gpu == nullptr || s.gpus.empty() || gpu < s.gpus.data() ||
+      gpu >= s.gpus.data() + s.gpus.size()) {
+    return nullptr;
+  }
+  return gpu;
+}
+
+void Configure() {
+  State& s = S();
+  s = State();
+  int count = 4;
+  std::map<std::string, std::string> kv;
+  if (const char* path = std::getenv("GPUPOOL_FAKE_NVML"); path != nullptr && *path != '\0') {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      const size_t eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      kv[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+  }
+  auto split = [](const std::string& text) {
+    std::vector<std::string> parts;
+    std::stringstream ss(text);
+    std::string part;
+    while (std::getline(ss, part, ',')) {
+      if (!part.empty()) parts.push_back(part);
+    }
+    return parts;
+  };
+  if (kv.count("init_error") != 0) s.init_error = std::atoi(kv["init_error"].c_str());
+  if (kv.count("gpus") != 0) count = std::atoi(kv["gpus"].c_str());
+  if (count < 0 || count > 8) count = 8;
+  if (kv.count("name") != 0) s.name = kv["name"];
+  if (kv.count("memory_mib") != 0) s.memory_mib = std::strtoull(kv["memory_mib"].c_str(), nullptr, 10);
+  if (kv.count("cc") != 0) std::sscanf(kv["cc"].c_str(), "%d.%d", &s.cc_major, &s.cc_minor);
+  s.no_mig = kv.count("no_mig") != 0 && kv["no_mig"] == "1";
+  for (const std::string& f : split(kv["unsupported"])) s.unsupported.insert(f);
+  s.gpus.resize(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) s.gpus[static_cast<size_t>(i)].index = i;
+  for (const std::string& m : split(kv["mig"])) {
+    const int i = std::atoi(m.c_str());
+    if (i >= 0 && i < count) s.gpus[static_cast<size_t>(i)].mig = true;
+  }
+  for (int i = 0; i < count; ++i) {
+    const std::string xid = "xid." + std::to_string(i);
+    const std::string ecc = "ecc." + std::to_string(i);
+    if (kv.count(xid) != 0) s.gpus[static_cast<size_t>(i)].xid = std::strtoull(kv[xid].c_str(), nullptr, 10);
+    if (kv.count(ecc) != 0) s.gpus[static_cast<size_t>(i)].ecc = std::strtoull(kv[ecc].c_str(), nullptr, 10);
+  }
+}
+
+const unsigned kBus[8] = {0x18, 0x2a, 0x9a, 0xab, 0xc0, 0xc1, 0xd0, 0xd1};
+
+void FillPci(int index, PciInfo* pci) {
+  std::memset(pci, 0, sizeof(*pci));
+  pci->domain = 0;
+  pci->bus = kBus[index];
+  pci->device = 0;
+  pci->pci_device_id = 0x233010de;
+  std::snprintf(pci->bus_id, sizeof(pci->bus_id), "00000000:%02X:00.0", kBus[index]);
+  std::snprintf(pci->bus_id_legacy, sizeof(pci->bus_id_legacy), "0000:%02X:00.0", kBus[index]);
+}
+
+int CopyString(const std::string& text, char* buf, unsigned len) {
+  if (buf == nullptr || len <= text.size()) return kInsufficientSize;
+  std::memcpy(buf, text.c_str(), text.size() + 1);
+  return kSuccess;
+}
+
+// GPU pairs (0,1), (2,3), ... share a switch and 4 NVLink links; the halves of the machine sit on
+// different sockets.
+int Partner(int index) {
+  return index ^ 1;
+}
+int Numa(int index) {
+  return index < static_cast<int>(S().gpus.size()) / 2 ? 0 : 1;
+}
+
+}  // namespace
+
+#define FAKE_GPU_OR_RETURN(var, handle) \
+  FakeGpu* var = Gpu(handle);           \
+  if (var == nullptr) return S().initialized ? kInvalidArgument : kUninitialized
+
+extern "C" {
+
+__attribute__((visibility("default"))) int nvmlInit_v2() {
+  Configure();
+  if (S().init_error != 0) return S().init_error;
+  S().initialized = true;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlShutdown() {
+  S().initialized = false;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) const char* nvmlErrorString(int code) {
+  switch (code) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    default: return "Unknown Error";
+  }
+}
+
+__attribute__((visibility("default"))) int nvmlSystemGetDriverVersion(char* buf, unsigned len) {
+  return CopyString("550.54.15", buf, len);
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetCount_v2(unsigned* count) {
+  if (!S().initialized) return kUninitialized;
+  *count = static_cast<unsigned>(S().gpus.size());
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetHandleByIndex_v2(unsigned index, void** handle) {
+  if (!S().initialized) return kUninitialized;
+  if (index >= S().gpus.size()) return kInvalidArgument;
+  *handle = &S().gpus[index];
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetUUID(void* dev, char* buf, unsigned len) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  char uuid[64];
+  std::snprintf(uuid, sizeof(uuid), "GPU-fa6e0000-0000-4000-8000-%012d", g->index);
+  return CopyString(uuid, buf, len);
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetName(void* dev, char* buf, unsigned len) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  return CopyString(S().name, buf, len);
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetMinorNumber(void* dev, unsigned* minor) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  *minor = static_cast<unsigned>(g->index);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetPciInfo_v3(void* dev, PciInfo* pci) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  FillPci(g->index, pci);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetCudaComputeCapability(void* dev, int* major,
+                                                                              int* minor) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  *major = S().cc_major;
+  *minor = S().cc_minor;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetMemoryInfo(void* dev, MemoryInfo* mem) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  mem->total = S().memory_mib << 20U;
+  mem->used = g->index == 0 ? (3ULL << 30U) : (512ULL << 20U);
+  mem->free = mem->total - mem->used;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetMigMode(void* dev, unsigned* current,
+                                                                unsigned* pending) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (S().no_mig) return kNotSupported;
+  *current = g->mig ? 1 : 0;
+  *pending = *current;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceProfileInfo(void* dev, unsigned profile,
+                                                                               GiProfileInfo* info) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (S().no_mig) return kNotSupported;
+  if (profile >= 0x12) return kInvalidArgument;
+  std::memset(info, 0, sizeof(*info));
+  // index -> id, slices, instances, MiB (an 80 GB H100)
+  struct Row {
+    unsigned index, id, slices, instances;
+    unsigned long long mib;
+  };
+  static const Row kRows[] = {{0, 19, 1, 7, 9856}, {1, 14, 2, 3, 20096}, {2, 9, 3, 2, 40192},
+                              {3, 5, 4, 1, 40192}, {4, 0, 7, 1, 80384},  {7, 20, 1, 1, 9856},
+                              {9, 15, 1, 4, 20096}};
+  for (const Row& row : kRows) {
+    if (row.index != profile) continue;
+    info->id = row.id;
+    info->slice_count = row.slices;
+    info->instance_count = row.instances;
+    info->memory_size_mb = row.mib;
+    return kSuccess;
+  }
+  return kNotSupported;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetTopologyCommonAncestor(void* a, void* b, int* level) {
+  FAKE_GPU_OR_RETURN(ga, a);
+  FAKE_GPU_OR_RETURN(gb, b);
+  if (Unsupported("ancestor")) return kNotSupported;
+  if (ga == gb)
+    *level = 0;
+  else if (Partner(ga->index) == gb->index)
+    *level = 10;  // one switch
+  else if (Numa(ga->index) == Numa(gb->index))
+    *level = 40;  // same NUMA node
+  else
+    *level = 50;  // across sockets
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetNvLinkState(void* dev, unsigned link, int* active) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("nvlink")) return kNotSupported;
+  if (link >= 18) return kInvalidArgument;
+  *active = (link < 4 && Partner(g->index) < static_cast<int>(S().gpus.size())) ? 1 : 0;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetNvLinkRemotePciInfo_v2(void* dev, unsigned link,
+                                                                               PciInfo* pci) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (link >= 4 || Partner(g->index) >= static_cast<int>(S().gpus.size())) return kInvalidArgument;
+  FillPci(Partner(g->index), pci);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetComputeRunningProcesses_v3(void* dev, unsigned* count,
+                                                                                   ProcessInfo* infos) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("processes")) return kNotSupported;
+  const unsigned have = g->index == 0 ? 2 : 0;
+  if (*count < have) {
+    *count = have;
+    return kInsufficientSize;
+  }
+  *count = have;
+  for (unsigned i = 0; i < have; ++i) {
+    infos[i] = ProcessInfo{.pid = 1234 + i * 1111,
+                           .used_gpu_memory = (1ULL + i) << 30U,
+                           .gpu_instance_id = 0xFFFFFFFFU,
+                           .compute_instance_id = 0xFFFFFFFFU};
+  }
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetTotalEccErrors(void* dev, int error_type,
+                                                                       int counter_type,
+                                                                       unsigned long long* count) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)counter_type;
+  *count = error_type == 1 ? g->ecc : 0;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetClockInfo(void* dev, int type, unsigned* mhz) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("clocks")) return kNotSupported;
+  if (type == 1)
+    *mhz = 1980;
+  else if (type == 2)
+    *mhz = 2619;
+  else
+    *mhz = 1755;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetUtilizationRates(void* dev, Utilization* util) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("utilization")) return kNotSupported;
+  util->gpu = 75 + static_cast<unsigned>(g->index);
+  util->memory = 30;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetEncoderUtilization(void* dev, unsigned* util,
+                                                                           unsigned* period) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("encoder")) return kNotSupported;
+  *util = 10;
+  *period = 167000;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetDecoderUtilization(void* dev, unsigned* util,
+                                                                           unsigned* period) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("decoder")) return kNotSupported;
+  *util = 5;
+  *period = 167000;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetPcieReplayCounter(void* dev, unsigned* value) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("pcie_replay")) return kNotSupported;
+  *value = 2;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetPcieThroughput(void* dev, int counter,
+                                                                       unsigned* kbps) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("pcie_throughput")) return kNotSupported;
+  *kbps = counter == 0 ? 1000 : 2000;
+  return kSuccess;
+}
+
+#ifndef FAKE_NVML_MINIMAL
+
+__attribute__((visibility("default"))) int nvmlDeviceGetNumaNodeId(void* dev, unsigned* node) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("numa")) return kNotSupported;
+  *node = static_cast<unsigned>(Numa(g->index));
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetMemoryInfo_v2(void* dev, MemoryInfoV2* mem) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("memory_v2")) return kNotSupported;
+  if ((mem->version >> 24U) != 2 || (mem->version & 0xFFFFFFU) != sizeof(MemoryInfoV2))
+    return kInvalidArgument;
+  mem->total = S().memory_mib << 20U;
+  mem->reserved = 512ULL << 20U;
+  mem->used = g->index == 0 ? (3ULL << 30U) : (512ULL << 20U);
+  mem->free = mem->total - mem->reserved - mem->used;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetTemperatureV(void* dev, TemperatureV1* t) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("temperature")) return kNotSupported;
+  if ((t->version >> 24U) != 1 || t->sensor_type != 0) return kInvalidArgument;
+  t->temperature = 40 + g->index;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetTemperature(void* dev, int sensor, unsigned* value) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("temperature") || sensor != 0) return kNotSupported;
+  *value = 40U + static_cast<unsigned>(g->index);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetPowerUsage(void* dev, unsigned* mw) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("power")) return kNotSupported;
+  *mw = 350123U + static_cast<unsigned>(g->index);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetTotalEnergyConsumption(void* dev,
+                                                                               unsigned long long* mj) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("energy")) return kNotSupported;
+  *mj = 123456789ULL;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetRemappedRows(void* dev, unsigned* corr, unsigned* unc,
+                                                                     unsigned* pending, unsigned* failed) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("remapped_rows")) return kNotSupported;
+  *corr = 1;
+  *unc = 0;
+  *pending = 0;
+  *failed = 0;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlEventSetCreate(void** set) {
+  if (!S().initialized) return kUninitialized;
+  *set = new FakeEventSet();
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlEventSetFree(void* set) {
+  delete static_cast<FakeEventSet*>(set);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceRegisterEvents(void* dev, unsigned long long types,
+                                                                    void* set) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if ((types & 0x8ULL) == 0 || set == nullptr) return kInvalidArgument;
+  static_cast<FakeEventSet*>(set)->registered.insert(g->index);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlEventSetWait_v2(void* set, EventData* data,
+                                                               unsigned timeout_ms) {
+  (void)timeout_ms;
+  if (!S().initialized || set == nullptr) return kUninitialized;
+  for (FakeGpu& g : S().gpus) {
+    if (g.xid == 0 || static_cast<FakeEventSet*>(set)->registered.count(g.index) == 0) continue;
+    *data =
+        EventData{.device = &g, .event_type = 0x8, .event_data = g.xid, .gi = 0xFFFFFFFFU, .ci = 0xFFFFFFFFU};
+    g.xid = 0;  // delivered once
+    return kSuccess;
+  }
+  return kTimeout;
+}
+
+#endif  // FAKE_NVML_MINIMAL
+
+}  // extern "C"
