@@ -481,11 +481,12 @@ Result<std::string> ReadAbsolutePath(const Json& v, const std::string& path, con
   return s;
 }
 
-// resources: {cpu, memory, gpu, gpuMemory, gpuModels, migProfile}.
+// resources: {cpu, memory, gpu, gpuMemory, gpuModels, migProfile, gpuInterconnect}.
 Status ReadResources(const Json& v, const std::string& path, const JobSpecLimits& limits, TaskRequest* r) {
   ASSIGN_OR_RETURN(
       ObjectFields f,
-      ObjectFields::Read(v, path, {"cpu", "memory", "gpu", "gpuMemory", "gpuModels", "migProfile"}));
+      ObjectFields::Read(v, path,
+                         {"cpu", "memory", "gpu", "gpuMemory", "gpuModels", "migProfile", "gpuInterconnect"}));
   if (const Json* cpu = f.Get("cpu")) {
     ASSIGN_OR_RETURN(r->cpu, ReadCpu(*cpu, f.Path("cpu"), MilliCpu(limits.max_cpu_milli)));
   }
@@ -559,6 +560,18 @@ Status ReadResources(const Json& v, const std::string& path, const JobSpecLimits
       ASSIGN_OR_RETURN(std::string model, ReadString((*list)[i], IndexPath(mpath, i), kMaxGpuModelBytes));
       if (model.empty()) return FieldError(IndexPath(mpath, i), "must not be empty");
       r->gpu_models.push_back(std::move(model));
+    }
+  }
+  if (const Json* link = f.Get("gpuInterconnect")) {
+    const std::string lpath = f.Path("gpuInterconnect");
+    ASSIGN_OR_RETURN(const std::string value, ReadString(*link, lpath, limits.max_name_bytes));
+    if (value != "any" && value != "nvlink") {
+      return FieldError(lpath, fmt::format("must be \"any\" or \"nvlink\", got {}", Quote(value)));
+    }
+    r->nvlink = value == "nvlink";
+    if (r->nvlink && (r->gpu_count < 2 || r->wants_mig())) {
+      return FieldError(lpath, fmt::format("\"nvlink\" needs gpu of 2 or more (the link joins the task's GPUs), got {}",
+                                           r->wants_mig() ? std::string("a MIG profile") : FormatNumber(gpu)));
     }
   }
   return Status::Ok();
@@ -898,6 +911,7 @@ Json TaskJson(const TaskGroup& g) {
   if (!r.gpu_memory.is_zero()) resources["gpuMemory"] = FormatMemory(r.gpu_memory);
   if (!r.gpu_models.empty()) resources["gpuModels"] = r.gpu_models;
   if (r.wants_mig()) resources["migProfile"] = r.mig_profile;
+  if (r.nvlink) resources["gpuInterconnect"] = "nvlink";
 
   Json task = {{"name", g.name},
                {"replicas", g.replicas},

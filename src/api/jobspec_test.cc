@@ -407,6 +407,19 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "tasks[0].resources.gpuModels", "needs gpu"},
       {"gpuModels empty name", [](Json& j) { j["tasks"][0]["resources"]["gpuModels"][0] = ""; },
        "tasks[0].resources.gpuModels[0]", "must not be empty"},
+      {"gpuInterconnect unknown", [](Json& j) { j["tasks"][0]["resources"]["gpuInterconnect"] = "pcie"; },
+       "tasks[0].resources.gpuInterconnect", "must be \"any\" or \"nvlink\", got 'pcie'"},
+      {"gpuInterconnect not a string", [](Json& j) { j["tasks"][0]["resources"]["gpuInterconnect"] = true; },
+       "tasks[0].resources.gpuInterconnect", "expected a string, got boolean"},
+      {"gpuInterconnect nvlink on a share",
+       [](Json& j) { j["tasks"][0]["resources"]["gpuInterconnect"] = "nvlink"; },
+       "tasks[0].resources.gpuInterconnect", "needs gpu of 2 or more"},
+      {"gpuInterconnect nvlink on one GPU",
+       [](Json& j) {
+         j["tasks"][0]["resources"]["gpu"] = 1;
+         j["tasks"][0]["resources"]["gpuInterconnect"] = "nvlink";
+       },
+       "tasks[0].resources.gpuInterconnect", "needs gpu of 2 or more (the link joins the task's GPUs), got 1"},
       {"gpuMemory with mig",
        [](Json& j) {
          j["tasks"][0]["resources"].erase("gpu");
@@ -708,6 +721,7 @@ TEST(JobSpec, RoundTripOverSpecs) {
        " {key: gpu, operator: Exists}]}\ntasks: [{name: t, env: {'a.b-c': \"line\\nbreak \\u00e9\"}}]",
        SpecFormat::kYaml},
       {"name: c\ntasks: [{name: t, checkpoint: {dir: /c}}]", SpecFormat::kYaml},
+      {"name: n\ntasks: [{name: t, resources: {gpu: 4, gpuInterconnect: nvlink}}]", SpecFormat::kYaml},
       {"name: p\npriority: -1000000\ntenant: t1\nqueue: q.1\ntasks: [{name: t}]", SpecFormat::kYaml},
   };
   for (const auto& [text, format] : specs) {
@@ -828,6 +842,7 @@ class JobGenerator {
       case 2:  // whole GPUs
         r.gpu_count = Int(1, 64);
         r.gpu_share = kWholeGpu;
+        r.nvlink = r.gpu_count >= 2 && Coin();
         g.exec.isolation =
             static_cast<IsolationMode>(std::vector<int>{0, 1, 3}[static_cast<size_t>(Int(0, 2))]);
         break;

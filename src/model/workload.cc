@@ -22,6 +22,11 @@ Status ValidateTaskRequest(const TaskRequest& r) {
   for (const auto& m : r.gpu_models) {
     if (m.empty()) return Status::InvalidArgument("an acceptable GPU model name is empty");
   }
+  if (r.nvlink && (r.gpu_count < 2 || r.wants_mig())) {
+    return Status::InvalidArgument(
+        fmt::format("an NVLink requirement needs 2 or more whole or shared GPUs, got gpu count {}{}", r.gpu_count,
+                    r.wants_mig() ? " with a MIG profile" : ""));
+  }
   if (r.wants_mig()) {
     if (r.gpu_count != 1) {
       return Status::InvalidArgument(
@@ -47,6 +52,7 @@ std::string DescribeTaskRequest(const TaskRequest& r) {
     out += fmt::format(" gpu={}x{}", r.gpu_count, FormatGpu(r.gpu_share));
     if (!r.gpu_memory.is_zero()) out += fmt::format(" gpumem={}", FormatMemory(r.gpu_memory));
   }
+  if (r.nvlink) out += " nvlink";
   if (!r.gpu_models.empty()) out += fmt::format(" models=[{}]", fmt::join(r.gpu_models, ","));
   return out;
 }

@@ -26,6 +26,9 @@ struct TaskRequest {
   MiB gpu_memory{0};
   std::vector<std::string> gpu_models;  // acceptable models; empty: any
   std::string mig_profile;
+  // Every pair of the task's GPUs must be joined by NVLink (directly or through NVSwitch): for
+  // multi-GPU tasks whose collectives would crawl over PCIe. Needs gpu_count >= 2, no MIG.
+  bool nvlink = false;
 
   bool wants_gpu() const { return gpu_count > 0; }
   bool wants_mig() const { return !mig_profile.empty(); }

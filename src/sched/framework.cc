@@ -17,6 +17,7 @@ void PrepareTask(const Ledger& ledger, const TaskRequest& task, PreparedTask& ou
   out.share = out.mig ? 0 : task.gpu_share.units();
   out.gpu_memory = task.gpu_memory.units();
   out.share_task = task.is_share();
+  out.nvlink = task.nvlink;
   out.allowed_models.clear();
   if (!task.gpu_models.empty()) {
     out.allowed_models.assign(ledger.model_count(), 0);
@@ -75,16 +76,56 @@ int BestSingleGpu(const NodeSpec& spec, const NodeState& node, const PreparedTas
   return chosen;
 }
 
+namespace {
+
+bool AllPairsNvlinked(const Topology& topology, std::span<const int> set) {
+  for (size_t i = 0; i < set.size(); ++i) {
+    for (size_t j = i + 1; j < set.size(); ++j) {
+      if (topology.NvLinks(set[i], set[j]) <= 0) return false;
+    }
+  }
+  return true;
+}
+
+// Too many fitting GPUs for the exhaustive search: grow an NVLink clique from each GPU in turn,
+// adding the lowest-index GPU linked to all members; the first clique of k wins.
+std::vector<int> GreedyNvlinkSet(const Topology& topology, const std::vector<int>& fit, size_t k) {
+  for (size_t start = 0; start < fit.size(); ++start) {
+    std::vector<int> set = {fit[start]};
+    for (size_t i = 0; i < fit.size() && set.size() < k; ++i) {
+      if (i == start) continue;
+      bool linked = true;
+      for (int member : set) linked = linked && topology.NvLinks(member, fit[i]) > 0;
+      if (linked) set.push_back(fit[i]);
+    }
+    if (set.size() == k) {
+      std::sort(set.begin(), set.end());
+      return set;
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 std::vector<int> TopologyBestSet(const NodeSpec& spec, const NodeState& node, const PreparedTask& task) {
   std::vector<int> fit;
   FittingGpus(node, task, fit);
   const auto k = static_cast<size_t>(task.gpu_count);
   if (fit.size() < k || k == 0) return {};
-  if (fit.size() == k) return fit;
-  if (k == 1) return {BestSingleGpu(spec, node, task)};
-  // Exhaustive over k-subsets in lexicographic order; bounded (C(16,8) = 12,870 sets at most).
-  if (fit.size() > 16 || spec.topology.gpu_count() != static_cast<int>(node.gpus.size())) {
-    return std::vector<int>(fit.begin(), fit.begin() + static_cast<std::ptrdiff_t>(k));
+  const bool topology_known = spec.topology.gpu_count() == static_cast<int>(node.gpus.size());
+  if (task.nvlink && k > 1) {
+    // A hard requirement: without a known topology no set can be shown to qualify.
+    if (!topology_known) return {};
+    if (fit.size() == k) return AllPairsNvlinked(spec.topology, fit) ? fit : std::vector<int>{};
+    if (fit.size() > 16) return GreedyNvlinkSet(spec.topology, fit, k);
+  } else {
+    if (fit.size() == k) return fit;
+    if (k == 1) return {BestSingleGpu(spec, node, task)};
+    // Exhaustive over k-subsets in lexicographic order; bounded (C(16,8) = 12,870 sets at most).
+    if (fit.size() > 16 || !topology_known) {
+      return std::vector<int>(fit.begin(), fit.begin() + static_cast<std::ptrdiff_t>(k));
+    }
   }
   std::vector<size_t> idx(k);
   for (size_t i = 0; i < k; ++i) idx[i] = i;
@@ -98,8 +139,8 @@ std::vector<int> TopologyBestSet(const NodeSpec& spec, const NodeState& node, co
       set[i] = fit[idx[i]];
       left += node.gpus[static_cast<size_t>(set[i])].free_share - task.share;
     }
-    const int score = spec.topology.SetScore(set);
-    if (score > best_score || (score == best_score && left < best_left)) {
+    const int score = task.nvlink && !AllPairsNvlinked(spec.topology, set) ? -1 : spec.topology.SetScore(set);
+    if (score >= 0 && (score > best_score || (score == best_score && left < best_left))) {
       best = set;
       best_score = score;
       best_left = left;

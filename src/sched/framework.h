@@ -37,6 +37,7 @@ struct PreparedTask {
   int64_t gpu_memory = 0;   // per-GPU MiB
   bool share_task = false;  // one GPU, less than all of it
   bool mig = false;
+  bool nvlink = false;  // every pair of the chosen GPUs must share NVLink
   // allowed_models[model id] for the ledger's interned models; empty vector: any model.
   std::vector<uint8_t> allowed_models;
 

@@ -50,6 +50,10 @@ class Task {
     r_.gpu_models = std::move(models);
     return *this;
   }
+  Task& Nvlink() {
+    r_.nvlink = true;
+    return *this;
+  }
   Task& Mig(std::string profile) {
     r_.gpu_count = 1;
     r_.gpu_share = MilliGpu(0);

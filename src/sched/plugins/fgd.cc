@@ -62,9 +62,10 @@ class FgdPlugin final : public ScorePlugin, public GpuSelector {
       int64_t best = -1;
       const int g = BestShareGpu(ledger, s, t, CurrentFragment(ledger, node), &best);
       if (g >= 0) gpus.push_back(g);
-    } else if (t.share == kWholeGpu.units()) {
+    } else if (t.share == kWholeGpu.units() || t.nvlink) {
       // All candidates are fully free, so every choice leaves the same free multiset: let the
-      // topology pick (on a flat topology: the k lowest-index free GPUs).
+      // topology pick (on a flat topology: the k lowest-index free GPUs). An NVLink requirement
+      // also goes to the topology, which alone knows which sets qualify.
       gpus = TopologyBestSet(ledger.spec(node), s, t);
     } else {
       // Multi-GPU partial shares: exactly the GPUs the score assumed.

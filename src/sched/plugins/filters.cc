@@ -78,38 +78,47 @@ class GpuModelFilter final : public FilterPlugin {
 };
 
 // Non-MIG GPU tasks: enough usable GPUs, each with the share and the GPU memory asked for.
-// A whole-GPU task (share 1000) needs GPUs with nothing allocated.
+// A whole-GPU task (share 1000) needs GPUs with nothing allocated. A task that requires NVLink
+// also needs such GPUs pairwise joined by NVLink (TopologyBestSet finds the set).
 class GpuFitFilter final : public FilterPlugin {
  public:
   std::string_view name() const override { return "gpu-fit"; }
   std::vector<std::string> reasons() const override {
-    return {"insufficient GPU count", "insufficient GPU share", "insufficient GPU memory"};
+    return {"insufficient GPU count", "insufficient GPU share", "insufficient GPU memory",
+            "no NVLink-connected GPU set"};
   }
   void Filter(const ClusterView& view, const PreparedTask& task, std::vector<NodeIndex>& nodes, int base,
               ReasonCounter& counter) const override {
     if (!task.wants_gpu() || task.mig) return;
     const auto& states = view.ledger->states();
     KeepIf(nodes, base, counter, [&](NodeIndex n) {
-      const NodeState& s = states[n];
-      // Fast paths from the ledger's per-node summary (no walk over the GPUs).
-      if (task.gpu_memory == 0) {
-        if (s.usable_gpus < task.gpu_count) return 0;
-        if (task.gpu_count == 1) return s.max_free_share >= task.share ? -1 : 1;
-        if (task.share == kWholeGpu.units()) return s.fully_free_gpus >= task.gpu_count ? -1 : 1;
-      }
-      int usable = 0, share_ok = 0, both_ok = 0;
-      for (const GpuState& g : s.gpus) {
-        if (!g.healthy || g.mig_enabled) continue;
-        ++usable;
-        if (g.free_share < task.share) continue;
-        ++share_ok;
-        if (g.free_memory >= task.gpu_memory) ++both_ok;
-      }
-      if (both_ok >= task.gpu_count) return -1;
-      if (usable < task.gpu_count) return 0;
-      if (share_ok < task.gpu_count) return 1;
-      return 2;
+      const int fit = Fit(states[n], task);
+      if (fit != -1 || !task.nvlink) return fit;
+      return TopologyBestSet(view.ledger->spec(n), states[n], task).empty() ? 3 : -1;
     });
+  }
+
+ private:
+  // -1 when the node has the GPUs, else the reason index.
+  static int Fit(const NodeState& s, const PreparedTask& task) {
+    // Fast paths from the ledger's per-node summary (no walk over the GPUs).
+    if (task.gpu_memory == 0) {
+      if (s.usable_gpus < task.gpu_count) return 0;
+      if (task.gpu_count == 1) return s.max_free_share >= task.share ? -1 : 1;
+      if (task.share == kWholeGpu.units()) return s.fully_free_gpus >= task.gpu_count ? -1 : 1;
+    }
+    int usable = 0, share_ok = 0, both_ok = 0;
+    for (const GpuState& g : s.gpus) {
+      if (!g.healthy || g.mig_enabled) continue;
+      ++usable;
+      if (g.free_share < task.share) continue;
+      ++share_ok;
+      if (g.free_memory >= task.gpu_memory) ++both_ok;
+    }
+    if (both_ok >= task.gpu_count) return -1;
+    if (usable < task.gpu_count) return 0;
+    if (share_ok < task.gpu_count) return 1;
+    return 2;
   }
 };
 

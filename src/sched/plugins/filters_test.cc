@@ -185,6 +185,45 @@ TEST(Filters, MultiGpuTaskNeedsKGpusEachWithTheShare) {
             "0/1 nodes fit: 1 insufficient GPU count");
 }
 
+TEST(Filters, NvlinkTaskNeedsGpusPairwiseJoinedByNvlink) {
+  // pcie-4gpu-nvlink-pairs: NVLink bridges join (0,1) and (2,3) only.
+  //   2 x 1000 nvlink on the empty node: a bridged pair.
+  //   4 x 1000 nvlink: no set of four is pairwise linked -> no NVLink-connected GPU set, although
+  //   four GPUs are free; the same task without the requirement fits.
+  //   With GPUs 0 and 2 taken, 1 and 3 are free but not linked: 2 x 1000 nvlink does not fit.
+  // dgx-a100 (NVSwitch, every pair linked): 4 x 1000 nvlink fits.
+  TestCluster c;
+  const NodeIndex pairs = c.AddMachine("pairs", 64000, 64000, "pcie-4gpu-nvlink-pairs");
+  Scheduler& s = c.Build("bestfit");
+  const Decision two = s.Decide(Task().Cpu(1000).Gpus(2, 1000).Nvlink());
+  ASSERT_TRUE(two.placed);
+  const std::vector<int> got = GpuIndices(two.placement);
+  EXPECT_TRUE(got == (std::vector<int>{0, 1}) || got == (std::vector<int>{2, 3})) << got.size();
+  EXPECT_EQ(s.Decide(Task().Cpu(1000).Gpus(4, 1000).Nvlink()).diagnosis.ToString(),
+            "0/1 nodes fit: 1 no NVLink-connected GPU set");
+  EXPECT_TRUE(s.Decide(Task().Cpu(1000).Gpus(4, 1000)).placed);
+  c.Commit(pairs, 0, {{0, 1000}});
+  c.Commit(pairs, 0, {{2, 1000}});
+  EXPECT_EQ(s.Decide(Task().Cpu(1000).Gpus(2, 1000).Nvlink()).diagnosis.ToString(),
+            "0/1 nodes fit: 1 no NVLink-connected GPU set");
+  ExpectPlaced(s, Task().Cpu(1000).Gpus(2, 1000), pairs, {1, 3});
+  // Under fgd as well: on "pairs" GPUs 1 and 3 have room but no link; a second node with GPU 1
+  // taken still has the bridged pair (2,3).
+  const NodeIndex other = c.AddMachine("other", 64000, 64000, "pcie-4gpu-nvlink-pairs");
+  c.Commit(other, 0, {{1, 1000}});
+  c.SetTypicalPods({testutil::Typical(1000, 1000, 1, 0.5), testutil::Typical(1000, 500, 1, 0.5)});
+  Scheduler& s2 = c.Build("fgd");
+  ExpectPlaced(s2, Task().Cpu(1000).Gpus(2, 1000).Nvlink(), other, {2, 3});
+
+  TestCluster d;
+  const NodeIndex dgx = d.AddMachine("dgx", 256000, 256000, "dgx-a100");
+  Scheduler& sd = d.Build("bestfit");
+  const Decision four = sd.Decide(Task().Cpu(1000).Gpus(4, 1000).Nvlink());
+  ASSERT_TRUE(four.placed);
+  EXPECT_EQ(four.placement.node, dgx);
+  EXPECT_EQ(four.placement.gpus.size(), 4u);
+}
+
 TEST(Filters, CpuOnlyTaskIgnoresGpusAndModels) {
   // A CPU-only task fits a node without GPUs, and a node whose GPUs are all taken.
   TestCluster c;
