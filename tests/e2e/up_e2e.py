@@ -21,6 +21,8 @@ import time
 import urllib.error
 import urllib.request
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -86,6 +88,77 @@ def make_jobs(rootfs):
             task["container"] = {"rootfs": rootfs}
         jobs.append({"name": "e2e-%d" % i, "tasks": [task]})
     return jobs
+
+
+# The GPU side of each example in examples/jobs must hold on the simulated pool: the commands,
+# containers and CPU/memory sizes are for real clusters, so they are replaced by an env dump and
+# small sizes; GPUs, shares, isolation, interconnect and gangs are submitted as written.
+EXAMPLES = ["hello-gpu", "resnet50-mps", "bert-large-train", "video-pipeline", "llama-finetune-nvlink",
+            "chat-serve-guaranteed", "finetune-besteffort"]
+
+
+def wait_done(api, job_id, timeout=60):
+    deadline = time.time() + timeout
+    while True:
+        _, job = api.call("GET", "/api/v1/jobs/" + job_id)
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            return job
+        if time.time() > deadline:
+            fail("example job %s still %s after %d s: %s" % (job_id, job["state"], timeout, job.get("reason")))
+        time.sleep(0.2)
+
+
+def task_env(job_id, index, metrics_port, token):
+    for i in range(2):
+        try:
+            text = get_text("http://127.0.0.1:%d/tasks/%s.%d/logs/stdout" % (metrics_port + i, job_id, index), token)
+            return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        except urllib.error.HTTPError:
+            continue
+    fail("no stdout log for %s.%d on either node" % (job_id, index))
+
+
+def run_examples(api, node_names, metrics_port, token):
+    for name in EXAMPLES:
+        spec = yaml.safe_load(open(os.path.join(ROOT, "examples", "jobs", name + ".yaml")))
+        if spec["name"] != name:
+            fail("examples/jobs/%s.yaml names its job %s" % (name, spec["name"]))
+        spec.pop("queue", None)
+        for task in spec["tasks"]:
+            task["command"] = ["/bin/sh", "-c", "env; sleep 0.3"]
+            task.pop("container", None)
+            task["resources"]["cpu"] = "0.1"
+            task["resources"]["memory"] = "64Mi"
+        code, body = api.call("POST", "/api/v1/jobs", spec)
+        if code != 201:
+            fail("submit example %s: %d %s" % (name, code, body))
+        job = wait_done(api, body["id"])
+        if job["state"] != "succeeded":
+            fail("example %s ended %s: %s" % (name, job["state"], job.get("reason")))
+        envs = [task_env(job["id"], t["index"], metrics_port, token) for t in job["tasks"]]
+        places = [(e["GPUPOOL_NODE"], e.get("GPUPOOL_GPU_INDICES", "")) for e in envs]
+        isolations = [e["GPUPOOL_ISOLATION"] for e in envs]
+        want_tasks = sum(t.get("replicas", 1) for t in spec["tasks"])
+        if len(envs) != want_tasks:
+            fail("example %s ran %d tasks, not %d" % (name, len(envs), want_tasks))
+        if name == "resnet50-mps":
+            # Four quarter-GPU replicas packed onto one GPU, each capped at 25 % of it by MPS.
+            if len(set(places)) != 1 or any(e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" for e in envs):
+                fail("resnet50-mps: replicas on %s, MPS %s" % (places, [e.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") for e in envs]))
+        if name == "llama-finetune-nvlink":
+            e = envs[0]
+            if len(e["CUDA_VISIBLE_DEVICES"].split(",")) != 4 or e.get("NCCL_P2P_LEVEL") != "NVL":
+                fail("llama-finetune-nvlink: GPUs %s, NCCL_P2P_LEVEL %s" % (e["CUDA_VISIBLE_DEVICES"], e.get("NCCL_P2P_LEVEL")))
+        if name == "bert-large-train" and (len(envs[0]["CUDA_VISIBLE_DEVICES"].split(",")) != 2 or isolations != ["exclusive"]):
+            fail("bert-large-train: %s %s" % (envs[0]["CUDA_VISIBLE_DEVICES"], isolations))
+        if name == "video-pipeline":
+            shares = sorted(e["GPUPOOL_GPU_SHARES_MILLI"] for e in envs)
+            if shares != ["200", "300", "500"] or sorted(isolations) != ["mps", "timeslice", "timeslice"]:
+                fail("video-pipeline: shares %s, isolation %s" % (shares, isolations))
+        if name == "finetune-besteffort":
+            if any(e.get("GPUPOOL_QOS") != "best-effort" or "PYTORCH_CUDA_ALLOC_CONF" not in e for e in envs):
+                fail("finetune-besteffort: %s" % [(e.get("GPUPOOL_QOS"), e.get("PYTORCH_CUDA_ALLOC_CONF")) for e in envs])
+        print("up_e2e: example %s: %d task(s) on %s (%s)" % (name, len(envs), sorted(set(places)), ",".join(sorted(set(isolations)))), flush=True)
 
 
 def main():
@@ -227,6 +300,8 @@ def main():
                 checked += 1
                 containers += 1 if "container" in task else 0
         print("up_e2e: environment matches the allocation for %d tasks (%d in runc containers)" % (checked, containers), flush=True)
+
+        run_examples(api, node_names, metrics_port, token)
 
         # Every /metrics endpoint passes promtool.
         endpoints = [("server", "127.0.0.1:%d" % api_port)] + [("agent", "127.0.0.1:%d" % (metrics_port + i)) for i in range(2)]
