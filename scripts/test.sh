@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs every test: the unit tests, the same tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and smoke runs of the CLI and the benchmark.
+# AddressSanitizer + UndefinedBehaviorSanitizer, the end-to-end run of `gpupool up`, and smoke runs
+# of the CLI and the benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -29,6 +30,9 @@ fi
 
 echo "== server and client smoke"
 bash scripts/server_smoke.sh build/gpupool
+
+echo "== gpupool up end to end: 2 simulated nodes, 100 jobs as processes and runc containers, Prometheus"
+python3 tests/e2e/up_e2e.py build/gpupool build/e2e-up
 
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py

@@ -8,12 +8,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
-#include <map>
-#include <vector>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "agent/agent.h"
 #include "server/config.h"
@@ -230,10 +231,14 @@ int RunUp(UpFlags flags) {
                              metrics_host, (*agent)->metrics_port());
     agents.push_back(std::move(agent).value());
   }
+  // The binary's own path, so that the hint can be pasted as is.
+  std::error_code ec;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec || self.empty()) self = "gpupool";
   std::cout << fmt::format(
-                   "gpupool up: ready. Try:\n  export GPUPOOL_SERVER={} GPUPOOL_DATA_DIR={}\n"
-                   "  gpupool submit examples/jobs/bert-train.yaml && gpupool list\n",
-                   server.url, server.config.data_dir)
+                   "gpupool up: ready. Try, in another shell:\n  export GPUPOOL_SERVER={} GPUPOOL_DATA_DIR={}\n"
+                   "  {} submit -f examples/jobs/hello-gpu.yaml && sleep 2 && {} list\n",
+                   server.url, server.config.data_dir, self, self)
             << std::flush;
   int sig = 0;
   sigwait(&stop_signals, &sig);
