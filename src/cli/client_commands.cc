@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "cli/client.h"
@@ -757,6 +759,49 @@ int JobEvents(const CommandOptions& options, const EventsOptions& events, std::o
   });
 }
 
+int TaskLogs(const CommandOptions& options, const LogsOptions& logs, std::ostream& out, std::ostream& err) {
+  return Guard(err, [&] {
+    ClientConfig config;
+    config.server = options.server;
+    config.token = options.token;
+    Result<ApiClient> client = ApiClient::Create(std::move(config));
+    if (!client.ok()) return Fail(err, ExitForStatus(client.status()), client.status().message()).exit;
+    const std::string path = fmt::format("{}/tasks/{}/logs", JobPath(logs.job_id), logs.task);
+    const std::string stream = logs.stderr_stream ? "stderr" : "stdout";
+    int64_t offset = 0;
+    for (;;) {
+      const QueryParams query = {{"stream", stream}, {"offset", std::to_string(offset)}};
+      Result<HttpReply> reply = client->Get(WithQuery(path, query));
+      if (!reply.ok()) return Fail(err, ExitForStatus(reply.status()), reply.status().message()).exit;
+      // A follower waits for a task that has not started yet (409) instead of giving up.
+      const bool not_yet = reply->status == 409 && logs.follow;
+      if (reply->status != 200 && !not_yet) {
+        return Fail(err, ExitCodeForHttpStatus(reply->status), ErrorMessage(*reply)).exit;
+      }
+      if (reply->status == 200 && !reply->body.empty()) {
+        out << reply->body << std::flush;
+        offset += static_cast<int64_t>(reply->body.size());
+        continue;  // there may be more already
+      }
+      if (!logs.follow) return kExitOk;
+      // Nothing new: done once the task has finished (and everything it wrote was read).
+      Answer job = Call(options, err, Method::kGet, JobPath(logs.job_id));
+      if (job.exit != kExitOk) return job.exit;
+      const Json& tasks = Array(job.body, "tasks");
+      if (logs.task < 0 || static_cast<size_t>(logs.task) >= tasks.size()) {
+        return Fail(err, kExitNotFound, fmt::format("job {} has no task {}", logs.job_id, logs.task)).exit;
+      }
+      const std::string state = String(tasks[static_cast<size_t>(logs.task)], "state");
+      if (state == "succeeded" || state == "failed" || state == "cancelled" || state == "preempted") {
+        if (!not_yet) return kExitOk;
+        // Finished without ever running anywhere: nothing to print.
+        return Fail(err, kExitConflict, ErrorMessage(*reply)).exit;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(logs.poll_ms));
+    }
+  });
+}
+
 int ListNodes(const CommandOptions& options, std::ostream& out, std::ostream& err) {
   return Guard(err, [&] {
     Answer a = FetchList(options, err, "/api/v1/nodes", {}, "", /*all=*/true);
@@ -921,6 +966,7 @@ struct CliState {
   std::string name;
   ListJobsOptions list;
   EventsOptions events;
+  LogsOptions logs;
   int64_t after = 0;
   CLI::Option* after_opt = nullptr;
   QueueFlags create;
@@ -1029,6 +1075,14 @@ void RegisterClientCommands(CLI::App& app, int* exit_code) {
     if (st->after_opt->count() > 0) e.after = st->after;
     return JobEvents(o, e, std::cout, std::cerr);
   });
+
+  auto* logs = app.add_subcommand("logs", "Print a task's output, as its node's agent kept it");
+  logs->add_option("id", st->logs.job_id, "Job id")->required();
+  logs->add_option("--task", st->logs.task, "Task index within the job (default 0)")->check(CLI::Range(0, 999999));
+  logs->add_flag("--stderr", st->logs.stderr_stream, "Print stderr instead of stdout");
+  logs->add_flag("-f,--follow", st->logs.follow, "Keep printing until the task has finished");
+  AddConnectionOptions(logs, st);
+  OnRun(logs, s, exit_code, [st](const CommandOptions& o) { return TaskLogs(o, st->logs, std::cout, std::cerr); });
 
   // nodes and queues list without a subcommand.
   auto* nodes = app.add_subcommand("nodes", "List nodes, or show or act on one");

@@ -40,6 +40,14 @@ struct EventsOptions {
   int limit = 0;                 // 0: the server's default
 };
 
+struct LogsOptions {
+  std::string job_id;
+  int task = 0;
+  bool stderr_stream = false;
+  bool follow = false;      // keep reading until the task has finished
+  int poll_ms = 500;        // how often a follower asks for more
+};
+
 struct QueueOptions {
   std::string name;
   std::optional<std::string> parent;  // create only
@@ -58,6 +66,10 @@ int GetJob(const CommandOptions& options, const std::string& job_id, std::ostrea
 int ListJobs(const CommandOptions& options, const ListJobsOptions& list, std::ostream& out,
              std::ostream& err);
 int CancelJob(const CommandOptions& options, const std::string& job_id, std::ostream& out, std::ostream& err);
+// Prints a task's stdout (or stderr) as its node's agent kept it; with `follow`, keeps printing
+// what the task writes until the task has finished.
+int TaskLogs(const CommandOptions& options, const LogsOptions& logs, std::ostream& out, std::ostream& err);
+
 int JobEvents(const CommandOptions& options, const EventsOptions& events, std::ostream& out,
               std::ostream& err);
 

@@ -33,10 +33,15 @@ int HttpApi::HttpStatusFor(StatusCode code) {
 
 namespace {
 
+// The most bytes of a task log one request returns.
+constexpr int64_t kMaxLogChunk = 4 << 20;
+
+
 std::string ErrorCodeName(int http, StatusCode code) {
   switch (http) {
     case 413: return "PayloadTooLarge";
     case 415: return "UnsupportedMediaType";
+    case 502: return "BadGateway";
     case 422: return "QuotaExceeded";
     default: break;
   }
@@ -282,6 +287,62 @@ void HttpApi::Routes() {
     auto limit = IntParam(req, "limit", 100, 1, 1000);
     if (!limit.ok()) return SendStatus(res, limit.status());
     reply(res, service_.JobEvents(*who, req.matches[1], *after, static_cast<int>(*limit)));
+  });
+
+  // A task's stdout or stderr, read from the agent of the node it (last) ran on. Byte ranges:
+  // `offset` (default 0) and `limit` (default and most 4 MiB); X-Log-Size gives the file's size, so
+  // a follower asks again from offset + the bytes it got.
+  s.Get(R"(/api/v1/jobs/([^/]+)/tasks/([0-9]{1,6})/logs)", [=, this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    auto who = auth(req, res);
+    if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
+    for (const auto& [k, v] : req.params) {
+      if (k != "stream" && k != "offset" && k != "limit") {
+        SendStatus(res, Status::InvalidArgument(k + ": unknown query parameter (known: stream, offset, limit)"));
+        return;
+      }
+    }
+    const std::string stream = req.has_param("stream") ? req.get_param_value("stream") : "stdout";
+    if (stream != "stdout" && stream != "stderr") {
+      SendStatus(res, Status::InvalidArgument(fmt::format("stream: must be stdout or stderr, got '{}'", stream)));
+      return;
+    }
+    auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
+    if (!offset.ok()) return SendStatus(res, offset.status());
+    auto limit = IntParam(req, "limit", kMaxLogChunk, 1, kMaxLogChunk);
+    if (!limit.ok()) return SendStatus(res, limit.status());
+    auto src = service_.TaskLogSource(*who, req.matches[1], std::stoi(req.matches[2]));
+    if (!src.ok()) return SendStatus(res, src.status());
+    httplib::Client agent(src->endpoint);
+    agent.set_connection_timeout(3, 0);
+    agent.set_read_timeout(10, 0);
+    agent.set_bearer_token_auth(src->token);
+    const std::string path =
+        fmt::format("/tasks/{}/logs/{}?offset={}&limit={}", src->task_id, stream, *offset, *limit);
+    auto r = agent.Get(path);
+    if (!r) {
+      SendError(res, 502, StatusCode::kIoError,
+                fmt::format("the agent of node '{}' at {} did not answer: {}", src->node, src->endpoint,
+                            httplib::to_string(r.error())));
+      return;
+    }
+    if (r->status == 404) {
+      SendError(res, 404, StatusCode::kNotFound,
+                fmt::format("node '{}' has no {} log for task {}", src->node, stream, src->task_id));
+      return;
+    }
+    if (r->status != 200) {
+      SendError(res, 502, StatusCode::kIoError,
+                fmt::format("the agent of node '{}' answered {} for the log of task {}", src->node, r->status,
+                            src->task_id));
+      return;
+    }
+    res.status = 200;
+    res.set_header("X-Log-Node", src->node);
+    for (const char* h : {"X-Log-Offset", "X-Log-Size"}) {
+      if (r->has_header(h)) res.set_header(h, r->get_header_value(h));
+    }
+    res.set_content(r->body, "text/plain; charset=utf-8");
   });
 
   // ---- nodes ----

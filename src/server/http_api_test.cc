@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "store/sqlite_store.h"
@@ -723,6 +724,110 @@ TEST_F(HttpApiTest, KeptAliveAnswersAreNotHeldBackByNagle) {
     ++checked;
   }
   EXPECT_EQ(checked, 1) << "the server's end of the one connection";
+}
+
+}  // namespace
+}  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+// Plays a node agent's log endpoint (the real one is src/agent/agent.cc, exercised end to end by
+// tests/e2e/up_e2e.py): serves `text` as task `task_id`'s stdout, honouring offset and limit, to
+// callers that present `token`.
+class LogAgent {
+ public:
+  LogAgent(std::string task_id, std::string text, std::string token)
+      : task_id_(std::move(task_id)), text_(std::move(text)), token_(std::move(token)) {
+    server_.Get(R"(/tasks/([^/]+)/logs/(stdout|stderr))", [this](const httplib::Request& req, httplib::Response& res) {
+      if (req.get_header_value("Authorization") != "Bearer " + token_) {
+        res.status = 401;
+        return;
+      }
+      if (req.matches[1] != task_id_ || req.matches[2] != "stdout") {
+        res.status = 404;
+        return;
+      }
+      const size_t offset = std::min(text_.size(), static_cast<size_t>(std::stoull(req.get_param_value("offset"))));
+      const size_t limit = static_cast<size_t>(std::stoull(req.get_param_value("limit")));
+      res.set_header("X-Log-Size", std::to_string(text_.size()));
+      res.set_content(text_.substr(offset, limit), "text/plain");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~LogAgent() { Stop(); }
+  void Stop() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  std::string task_id_, text_, token_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+TEST_F(HttpApiTest, TaskLogsAreReadFromTheAgentOfTheNodeTheTaskRanOn) {
+  constexpr char kLogToken[] = "00112233445566778899aabbccddeeff";
+  json node = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"}, {"gpus", {{{"index", 0}, {"model", "A100-80GB"}}}}};
+  // Bad agent descriptions are refused with the field named, and register nothing.
+  json bad = node;
+  bad["agent"] = {{"endpoint", "ftp://127.0.0.1:1"}, {"logToken", kLogToken}};
+  EXPECT_TRUE(IsError(Post("/api/v1/agent/register", bad.dump(), kAgentToken), 400, "InvalidArgument"));
+  bad["agent"] = {{"endpoint", "http://127.0.0.1:1"}, {"logToken", "short"}};
+  Reply r = Post("/api/v1/agent/register", bad.dump(), kAgentToken);
+  EXPECT_TRUE(IsError(r, 400, "InvalidArgument"));
+  EXPECT_NE(r.raw.find("agent.logToken"), std::string::npos) << r.raw;
+  EXPECT_EQ(Get("/api/v1/nodes").body["items"].size(), 0u);
+
+  const std::string pending = Submit(OneTaskJson("p", R"({"cpu": "1", "gpu": 4})"), kVisionToken);
+  const std::string job = Submit(OneTaskJson("r", R"({"cpu": "1", "memory": "1Gi", "gpu": 0.5})"), kVisionToken);
+  LogAgent agent(job + ".0", "hello\nworld\n", kLogToken);
+  json good = node;
+  good["agent"] = {{"endpoint", agent.endpoint()}, {"logToken", kLogToken}};
+  ASSERT_EQ(Post("/api/v1/agent/register", good.dump(), kAgentToken).status, 200);
+  service_->RunCycle();
+  ASSERT_EQ(State(job), "running");
+  Report(job, 0, "running");
+  Report(job, 0, "succeeded");
+  ASSERT_EQ(State(job), "succeeded");
+
+  const std::string logs = "/api/v1/jobs/" + job + "/tasks/0/logs";
+  r = Get(logs, kVisionToken);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.raw, "hello\nworld\n");
+  EXPECT_EQ(Get(logs + "?offset=6", kVisionToken).raw, "world\n");
+  EXPECT_EQ(Get(logs + "?offset=6&limit=3", kVisionToken).raw, "wor");
+  EXPECT_EQ(Get(logs + "?offset=100", kVisionToken).raw, "");
+  // Who may ask, and bad requests.
+  EXPECT_TRUE(IsError(Get(logs, kNlpToken), 404, "NotFound"));  // another tenant's job
+  EXPECT_TRUE(IsError(Get(logs, kAgentToken), 403, "PermissionDenied"));
+  EXPECT_TRUE(IsError(Get(logs + "?stream=both"), 400, "InvalidArgument"));
+  EXPECT_TRUE(IsError(Get(logs + "?offset=-1"), 400, "InvalidArgument"));
+  EXPECT_TRUE(IsError(Get(logs + "?limit=0"), 400, "InvalidArgument"));
+  EXPECT_TRUE(IsError(Get(logs + "?tail=5"), 400, "InvalidArgument"));
+  EXPECT_TRUE(IsError(Get("/api/v1/jobs/" + job + "/tasks/1/logs"), 404, "NotFound"));
+  EXPECT_TRUE(IsError(Get(logs + "?stream=stderr"), 404, "NotFound"));  // the agent has none
+  EXPECT_TRUE(IsError(Get("/api/v1/jobs/" + pending + "/tasks/0/logs"), 409, "FailedPrecondition"));
+
+  // A restarted server still knows where the finished task ran, and learns the agent's endpoint
+  // again from its next heartbeat.
+  Open();
+  EXPECT_TRUE(IsError(Get(logs), 409, "FailedPrecondition"));
+  Reply hb = Post("/api/v1/agent/nodes/n1/heartbeat", json{{"agent", good["agent"]}}.dump(), kAgentToken);
+  ASSERT_EQ(hb.status, 200) << hb.raw;
+  EXPECT_EQ(Get(logs).raw, "hello\nworld\n");
+  EXPECT_TRUE(IsError(Post("/api/v1/agent/nodes/n1/heartbeat", R"({"agent": {"endpoint": 5}})", kAgentToken), 400,
+                      "InvalidArgument"));
+
+  // An agent that does not answer is the agent's problem, said so: 502.
+  agent.Stop();
+  r = Get(logs);
+  EXPECT_TRUE(IsError(r, 502, "BadGateway"));
+  EXPECT_NE(r.raw.find("n1"), std::string::npos) << r.raw;
 }
 
 }  // namespace

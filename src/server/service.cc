@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <optional>
 
 #include "api/node_codec.h"
 #include "config/profile_yaml.h"
@@ -245,6 +246,7 @@ Status PoolService::Recover() {
     ts.exit_code = r.exit_code;
     ts.restarts = r.restarts;
     ts.updated_ms = r.updated_ms;
+    ts.last_node = r.node;
     if (IsLive(ts.phase)) {
       json pj = json::parse(r.placement_json, nullptr, false);
       if (pj.is_discarded())
@@ -351,6 +353,8 @@ void PoolService::PutTaskOp(const JobState& j, int index, WriteBatch& batch) {
   if (ts.placed) {
     r.node = ledger_.spec(ts.placement.node).name;
     r.placement_json = PlacementToJson(ts.placement, ledger_).dump();
+  } else {
+    r.node = ts.last_node;  // a finished task remembers where it ran; only live tasks have a placement
   }
   r.exit_code = ts.exit_code;
   r.restarts = ts.restarts;
@@ -710,6 +714,33 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   return JobJson(*raw);
 }
 
+Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, const std::string& job_id,
+                                                          int index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto j = VisibleJob(who, job_id);
+  if (!j.ok()) return j.status();
+  const JobState& job = **j;
+  if (index < 0 || static_cast<size_t>(index) >= job.tasks.size()) {
+    return Status::NotFound(
+        fmt::format("job '{}' has no task {} (it has {})", job_id, index, job.tasks.size()));
+  }
+  const TaskState& ts = job.tasks[static_cast<size_t>(index)];
+  if (ts.last_node.empty()) {
+    return Status::FailedPrecondition(
+        fmt::format("task {} of job '{}' has not run yet: no logs", index, job_id));
+  }
+  auto n = ledger_.FindNode(ts.last_node);
+  if (!n) return Status::FailedPrecondition(fmt::format("node '{}' is no longer registered", ts.last_node));
+  const NodeInfo& info = nodes_[*n];
+  if (info.agent_endpoint.empty()) {
+    return Status::FailedPrecondition(fmt::format(
+        "node '{}' has not told the server where its agent serves logs (an agent started with "
+        "--metrics-listen does)",
+        ts.last_node));
+  }
+  return LogSource{ts.last_node, info.agent_endpoint, info.agent_log_token, fmt::format("{}.{}", job_id, index)};
+}
+
 Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto j = VisibleJob(who, id);
@@ -1000,7 +1031,47 @@ Result<json> PoolService::UpdateQueue(const std::string& name, const json& body)
 
 // ---- node side ---------------------------------------------------------------------------------
 
-Result<json> PoolService::RegisterNode(const json& body) {
+namespace {
+
+struct AgentInfo {
+  std::string endpoint;
+  std::string log_token;
+};
+
+// The "agent" member of a registration or heartbeat: {endpoint: "http://host:port", logToken}.
+Result<AgentInfo> ParseAgentInfo(const json& v) {
+  if (!v.is_object()) return Status::InvalidArgument("agent: must be an object {endpoint, logToken}");
+  AgentInfo info;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.key() != "endpoint" && it.key() != "logToken")
+      return Status::InvalidArgument(fmt::format("agent.{}: unknown field (known: endpoint, logToken)", it.key()));
+    if (!it.value().is_string()) return Status::InvalidArgument(fmt::format("agent.{}: must be a string", it.key()));
+  }
+  info.endpoint = v.value("endpoint", "");
+  info.log_token = v.value("logToken", "");
+  if (!info.endpoint.starts_with("http://") || info.endpoint.size() > 256 ||
+      info.endpoint.find_first_of(" /?#", 7) != std::string::npos) {
+    return Status::InvalidArgument(
+        fmt::format("agent.endpoint: must be http://host:port, got '{}'", info.endpoint.substr(0, 256)));
+  }
+  if (info.log_token.size() < 16 || info.log_token.size() > 256 ||
+      info.log_token.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return Status::InvalidArgument("agent.logToken: must be 16 to 256 hex digits");
+  }
+  return info;
+}
+
+}  // namespace
+
+Result<json> PoolService::RegisterNode(const json& body_in) {
+  std::optional<AgentInfo> agent;
+  json body = body_in;
+  if (body.is_object() && body.contains("agent")) {
+    auto a = ParseAgentInfo(body["agent"]);
+    if (!a.ok()) return a.status();
+    agent = *a;
+    body.erase("agent");
+  }
   auto spec = ParseNodeSpec(body, ledger_.catalog());
   if (!spec.ok()) return spec.status();
   const json canonical = NodeSpecToJson(*spec);
@@ -1025,6 +1096,8 @@ Result<json> PoolService::RegisterNode(const json& body) {
   NodeInfo& info = nodes_[n];
   info.state = "ready";
   info.last_heartbeat_ms = now;
+  info.agent_endpoint = agent ? agent->endpoint : "";
+  info.agent_log_token = agent ? agent->log_token : "";
   ++capacity_epoch_;
   WriteBatch batch;
   batch.Add(PutNode{
@@ -1039,9 +1112,16 @@ Result<json> PoolService::RegisterNode(const json& body) {
 Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
   if (!body.is_null() && !body.is_object())
     return Status::InvalidArgument("heartbeat: the body must be a JSON object");
+  std::optional<AgentInfo> agent;
   if (body.is_object()) {
     for (auto it = body.begin(); it != body.end(); ++it) {
-      if (it.key() != "tasks") return Status::InvalidArgument(it.key() + ": unknown field (known: tasks)");
+      if (it.key() != "tasks" && it.key() != "agent")
+        return Status::InvalidArgument(it.key() + ": unknown field (known: tasks, agent)");
+    }
+    if (body.contains("agent")) {
+      auto a = ParseAgentInfo(body["agent"]);
+      if (!a.ok()) return a.status();
+      agent = *a;
     }
     if (body.contains("tasks")) {
       if (!body["tasks"].is_array()) return Status::InvalidArgument("tasks: must be a list");
@@ -1065,6 +1145,11 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
     if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
     nodes_[*n].last_heartbeat_ms = NowMs();
     nodes_[*n].state = "ready";
+    // After a server restart the agent's endpoint comes back with its first heartbeat.
+    if (agent) {
+      nodes_[*n].agent_endpoint = agent->endpoint;
+      nodes_[*n].agent_log_token = agent->log_token;
+    }
   }
   return Assignments(node);
 }
@@ -1410,6 +1495,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
           ts.phase = TaskPhase::kAssigned;
           ts.placed = true;
           ts.placement = b.placement;
+          ts.last_node = ledger_.spec(b.placement.node).name;
           ts.allocation = b.allocation;
           ts.updated_ms = now;
           nodes_[b.placement.node].tasks.insert({j.rec.id, b.task});
@@ -1485,6 +1571,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       ts.phase = TaskPhase::kAssigned;
       ts.placed = true;
       ts.placement = d.placement;
+      ts.last_node = ledger_.spec(d.placement.node).name;
       ts.allocation = *id;
       ts.updated_ms = now;
       nodes_[d.placement.node].tasks.insert({j.rec.id, static_cast<int>(t)});

@@ -79,6 +79,15 @@ class PoolService {
   // ---- jobs -----------------------------------------------------------------------------------
   Result<nlohmann::json> SubmitJob(const Principal& who, std::string_view body, SpecFormat format);
   Result<nlohmann::json> GetJob(const Principal& who, const std::string& id);
+  // Where to read a task's logs: its (last) node's agent. NotFound for an unknown or invisible job
+  // or task, FailedPrecondition when the task has not run anywhere yet or its agent serves no logs.
+  struct LogSource {
+    std::string node;
+    std::string endpoint;  // http://host:port of the agent
+    std::string token;     // bearer token the agent accepts from the server
+    std::string task_id;   // "<job id>.<index>", the agent's name for the task
+  };
+  Result<LogSource> TaskLogSource(const Principal& who, const std::string& job_id, int index);
   Result<nlohmann::json> ListJobs(const Principal& who, const ListJobsQuery& query);
   Result<nlohmann::json> CancelJob(const Principal& who, const std::string& id);
   Result<nlohmann::json> JobEvents(const Principal& who, const std::string& id, int64_t after_id, int limit);
@@ -131,6 +140,7 @@ class PoolService {
     int restarts = 0;
     int64_t updated_ms = 0;
     int64_t stop_deadline_ms = 0;
+    std::string last_node;  // where the task last ran (kept after release: its logs are there)
     std::string stop_reason;
     TaskPhase stop_outcome = TaskPhase::kCancelled;  // what "stopped" turns into
   };
@@ -234,6 +244,10 @@ class PoolService {
     bool draining = false;
     nlohmann::json spec_json;
     std::set<std::pair<std::string, int>> tasks;  // live tasks (job id, index)
+    // Where the node's agent serves task logs, and the token it accepts from the server for them.
+    // Soft state: sent at registration and with every heartbeat, never stored.
+    std::string agent_endpoint;
+    std::string agent_log_token;
   };
   std::vector<NodeInfo> nodes_;
   std::map<std::pair<std::string, std::string>, Resources> usage_;  // (tenant, queue) -> used
