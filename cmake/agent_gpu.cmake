@@ -37,7 +37,9 @@ if(GPUPOOL_BUILD_TESTS)
     src/agent/nvml_test.cc
     src/agent/gpu_metrics_test.cc
   )
-  target_link_libraries(agent_gpu_test PRIVATE gpupool_agent_gpu gpupool_api nlohmann_json::nlohmann_json)
+  # dl: a test reads the fake's own counter of GPM samples through dlopen.
+  target_link_libraries(agent_gpu_test PRIVATE gpupool_agent_gpu gpupool_api nlohmann_json::nlohmann_json
+                                               ${CMAKE_DL_LIBS})
   target_compile_definitions(agent_gpu_test PRIVATE
     FAKE_NVML_PATH="$<TARGET_FILE:fake_nvml>"
     FAKE_NVML_MINIMAL_PATH="$<TARGET_FILE:fake_nvml_minimal>"

@@ -6,6 +6,13 @@
 #   scripts/gpu-smoke.sh                      # real NVML
 #   scripts/gpu-smoke.sh --simulate dgx-h100  # no GPU: a simulated inventory
 #   GPUPOOL_BUILD_DIR=build scripts/gpu-smoke.sh --library /path/to/libnvidia-ml.so.1
+#   scripts/gpu-smoke.sh --interval-ms 2000   # GPM ratios over 2 s instead of 1 s
+#
+# gpu_probe samples twice, 1 s apart (--interval-ms), so that the GPM ratios (graphics engine,
+# tensor pipe, DRAM active; Hopper and later) appear. The script then lists which GPU metric
+# families the machine gave. Absent by design, not by fault: memory temperature on GDDR boards,
+# NVLink bandwidth on GPUs without NVLink, the GPM ratios before Hopper or with MIG enabled, the
+# vGPU license status anywhere but on a vGPU guest (see docs/agent.md, "GPU metrics").
 #
 # Exit status: gpu_probe's (2: NVML not available), or promtool's when the metrics fail lint.
 set -euo pipefail
@@ -40,6 +47,9 @@ if [[ $rc -ne 0 ]]; then
   echo "== gpu_probe exited $rc" >&2
   exit "$rc"
 fi
+
+echo "== GPU metric families present" >&2
+grep '^# TYPE gpupool_gpu_' "$out" | awk '{print "   " $3 " (" $4 ")"}' >&2 || true
 
 if command -v promtool >/dev/null; then
   echo "== promtool check metrics" >&2

@@ -73,7 +73,8 @@ struct SampleField {
   std::optional<double> GpuSample::*field;
 };
 
-// The 25 fields of dcgm-exporter's default set (INTERFACES.md section 4), in base units.
+// The 25 fields of dcgm-exporter's default set (INTERFACES.md section 4), in base units. Where
+// each comes from, and when it may be absent: the comment at the end of Nvml::Sample().
 const SampleField kSampleFields[] = {
     {"gpupool_gpu_sm_clock_hertz", "gauge", "SM clock frequency in hertz.", &GpuSample::sm_clock_hz},
     {"gpupool_gpu_memory_clock_hertz", "gauge", "Memory clock frequency in hertz.",
@@ -103,9 +104,12 @@ const SampleField kSampleFields[] = {
      &GpuSample::framebuffer_used_bytes},
     {"gpupool_gpu_framebuffer_reserved_bytes", "gauge",
      "Framebuffer memory reserved by the driver, in bytes.", &GpuSample::framebuffer_reserved_bytes},
-    {"gpupool_gpu_nvlink_bandwidth_bytes_total", "counter", "Bytes moved over all NVLink lanes.",
+    {"gpupool_gpu_nvlink_bandwidth_bytes_total", "counter",
+     "Data bytes sent and received over all NVLink links since the driver loaded (no protocol overhead).",
      &GpuSample::nvlink_bandwidth_bytes_total},
-    {"gpupool_gpu_vgpu_license_status", "gauge", "vGPU license status.", &GpuSample::vgpu_license_status},
+    {"gpupool_gpu_vgpu_license_status", "gauge",
+     "vGPU software license status on a vGPU guest: 1 licensed, 0 not licensed.",
+     &GpuSample::vgpu_license_status},
     {"gpupool_gpu_remapped_rows_uncorrectable_total", "counter",
      "Memory rows remapped for uncorrectable errors.", &GpuSample::remapped_rows_uncorrectable_total},
     {"gpupool_gpu_remapped_rows_correctable_total", "counter", "Memory rows remapped for correctable errors.",
@@ -113,11 +117,13 @@ const SampleField kSampleFields[] = {
     {"gpupool_gpu_row_remap_failure", "gauge", "1 if remapping of memory rows has failed, else 0.",
      &GpuSample::row_remap_failure},
     {"gpupool_gpu_graphics_engine_active_ratio", "gauge",
-     "Fraction of time the graphics engine was active (0-1).", &GpuSample::graphics_engine_active_ratio},
-    {"gpupool_gpu_tensor_pipe_active_ratio", "gauge", "Fraction of cycles the tensor pipe was active (0-1).",
+     "Fraction of time the graphics or compute engine was active since the previous scrape (0-1).",
+     &GpuSample::graphics_engine_active_ratio},
+    {"gpupool_gpu_tensor_pipe_active_ratio", "gauge",
+     "Fraction of time the SMs ran any tensor operation since the previous scrape (0-1).",
      &GpuSample::tensor_pipe_active_ratio},
     {"gpupool_gpu_dram_active_ratio", "gauge",
-     "Fraction of cycles the device memory interface was sending or receiving data (0-1).",
+     "Device memory bandwidth used as a fraction of the peak since the previous scrape (0-1).",
      &GpuSample::dram_active_ratio},
     {"gpupool_gpu_pcie_transmit_bytes_per_second", "gauge", "PCIe transmit throughput in bytes per second.",
      &GpuSample::pcie_tx_bytes_per_second},

@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 namespace gpupool {
 namespace {
@@ -159,6 +161,73 @@ TEST(GpuMetrics, PromtoolAcceptsNvmlAndSimulatedOutput) {
   EXPECT_EQ(PromtoolCheck(simulated, &out), 0) << out << "\n" << simulated;
   // The check can fail: a counter without _total is a lint problem.
   EXPECT_NE(PromtoolCheck("# HELP x_bytes y\n# TYPE x_bytes counter\nx_bytes 1\n", &out), 0);
+}
+
+TEST(GpuMetrics, NvmlFieldValueGpmAndVgpuFieldsRender) {
+  GpuSample s;
+  s.index = 0;
+  s.memory_temperature_celsius = 61;
+  s.nvlink_bandwidth_bytes_total = 3074048;
+  s.vgpu_license_status = 1;
+  s.graphics_engine_active_ratio = 0.5;
+  s.tensor_pipe_active_ratio = 0.25;
+  s.dram_active_ratio = 0.125;
+  const std::string text = RenderGpuMetrics("n", NvmlInventory(), {s}, {});
+  EXPECT_EQ(Count(text, "# TYPE gpupool_gpu_memory_temperature_celsius gauge\n"), 1u) << text;
+  EXPECT_EQ(Count(text, "# TYPE gpupool_gpu_nvlink_bandwidth_bytes_total counter\n"), 1u) << text;
+  EXPECT_EQ(Count(text, "# TYPE gpupool_gpu_vgpu_license_status gauge\n"), 1u) << text;
+  EXPECT_EQ(Count(text, "# TYPE gpupool_gpu_graphics_engine_active_ratio gauge\n"), 1u) << text;
+  EXPECT_EQ(Count(text, "# TYPE gpupool_gpu_tensor_pipe_active_ratio gauge\n"), 1u) << text;
+  EXPECT_EQ(Count(text, "# TYPE gpupool_gpu_dram_active_ratio gauge\n"), 1u) << text;
+  const std::string labels = "{gpu=\"0\",uuid=\"GPU-0\\\"quoted\\\\\",model=\"H100-80GB\",node=\"n\"}";
+  EXPECT_NE(text.find("gpupool_gpu_memory_temperature_celsius" + labels + " 61\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpupool_gpu_nvlink_bandwidth_bytes_total" + labels + " 3074048\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpupool_gpu_vgpu_license_status" + labels + " 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpupool_gpu_graphics_engine_active_ratio" + labels + " 0.5\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpupool_gpu_tensor_pipe_active_ratio" + labels + " 0.25\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpupool_gpu_dram_active_ratio" + labels + " 0.125\n"), std::string::npos) << text;
+}
+
+// End to end: the fake NVML on a vGPU guest, sampled twice, through the renderer and promtool.
+TEST(GpuMetrics, FakeNvmlSecondScrapeHasAllFields) {
+  const std::filesystem::path conf = std::filesystem::temp_directory_path() /
+                                     ("gpupool_metrics_fake_nvml_" + std::to_string(::getpid()) + ".conf");
+  std::ofstream(conf) << "gpus=2\nvirtualization=vgpu\n";
+  ::setenv("GPUPOOL_FAKE_NVML", conf.c_str(), 1);
+  Result<std::unique_ptr<Nvml>> nvml = Nvml::Load(FAKE_NVML_PATH);
+  ASSERT_TRUE(nvml.ok()) << nvml.status().ToString();
+  Result<Inventory> inv = (*nvml)->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  Result<std::vector<GpuSample>> first = (*nvml)->Sample();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const std::string first_text = RenderGpuMetrics("n", *inv, *first, {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  Result<std::vector<GpuSample>> second = (*nvml)->Sample();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  const std::string text = RenderGpuMetrics("n", *inv, *second, {});
+  ::unsetenv("GPUPOOL_FAKE_NVML");
+  std::filesystem::remove(conf);
+  // The first scrape has no GPM ratios yet; the second has every one of the 25 fields.
+  EXPECT_EQ(first_text.find("gpupool_gpu_tensor_pipe_active_ratio"), std::string::npos);
+  EXPECT_NE(first_text.find("gpupool_gpu_memory_temperature_celsius{"), std::string::npos);
+  EXPECT_EQ(Count(text, "# TYPE "), 2u + 25u) << text;
+  const std::string gpu1 =
+      "{gpu=\"1\",uuid=\"GPU-fa6e0000-0000-4000-8000-000000000001\",model=\"H100-80GB\",node=\"n\"}";
+  EXPECT_NE(text.find("gpupool_gpu_memory_temperature_celsius" + gpu1 + " 61\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpupool_gpu_nvlink_bandwidth_bytes_total" + gpu1 + " 3074048\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpupool_gpu_vgpu_license_status" + gpu1 + " 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpupool_gpu_graphics_engine_active_ratio" + gpu1 + " 0.51\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpupool_gpu_tensor_pipe_active_ratio" + gpu1 + " 0.21\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpupool_gpu_dram_active_ratio" + gpu1 + " 0.41\n"), std::string::npos) << text;
+  if (!std::filesystem::exists(kPromtool)) GTEST_SKIP() << kPromtool << " is not installed";
+  std::string out;
+  EXPECT_EQ(PromtoolCheck(text, &out), 0) << out << "\n" << text;
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
 // gpu_probe: prints what GPU discovery finds on this machine (NVML loaded at run time) as JSON,
 // then the /metrics text the agent would serve. For scripts/gpu-smoke.sh on a real NVIDIA machine.
 //
-//   gpu_probe [--library PATH] [--node NAME] [--simulate SPEC]
+//   gpu_probe [--library PATH] [--node NAME] [--simulate SPEC] [--interval-ms N]
+//
+// The metrics come from a second sample taken N ms (default 1000) after a first one, as a scrape
+// after an earlier scrape would: the GPM ratios (graphics engine, tensor pipe, DRAM active) are
+// measured between two samples. --interval-ms 0 samples once, and those ratios are left out.
 //
 // Without NVML it says why and exits 2, unless --simulate SPEC is given ("8xH100-80GB",
 // "dgx-h100", a YAML machine spec), which shows that simulated inventory instead.
@@ -9,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -71,6 +76,7 @@ int main(int argc, char** argv) {
   std::string library;
   std::string simulate;
   std::string node = HostName();
+  long interval_ms = 1000;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -86,8 +92,16 @@ int main(int argc, char** argv) {
       simulate = value("--simulate");
     } else if (arg == "--node") {
       node = value("--node");
+    } else if (arg == "--interval-ms") {
+      const std::string text = value("--interval-ms");
+      char* end = nullptr;
+      interval_ms = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || interval_ms < 0 || interval_ms > 60000) {
+        std::cerr << "gpu_probe: --interval-ms wants 0..60000, not '" << text << "'\n";
+        return 64;
+      }
     } else if (arg == "-h" || arg == "--help") {
-      std::cout << "usage: gpu_probe [--library PATH] [--node NAME] [--simulate SPEC]\n";
+      std::cout << "usage: gpu_probe [--library PATH] [--node NAME] [--simulate SPEC] [--interval-ms N]\n";
       return 0;
     } else {
       std::cerr << "gpu_probe: unknown argument '" << arg << "' (see --help)\n";
@@ -110,6 +124,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     inv = std::move(discovered).value();
+    if (interval_ms > 0) {
+      auto warmup = (*nvml)->Sample();  // the baseline for the GPM ratios
+      if (!warmup.ok()) {
+        std::cerr << "gpu_probe: sampling failed: " << warmup.status().ToString() << "\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+    }
     auto sampled = (*nvml)->Sample();
     if (!sampled.ok()) {
       std::cerr << "gpu_probe: sampling failed: " << sampled.status().ToString() << "\n";

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "model/gpu_catalog.h"
 #include "model/topology.h"
@@ -46,6 +49,39 @@ constexpr int kMemoryErrorUncorrected = 1;
 constexpr int kEccCounterVolatile = 0;
 constexpr int kPcieCounterTx = 0;
 constexpr int kPcieCounterRx = 1;
+
+// Field values (nvmlDeviceGetFieldValues). Memory temperature is in degrees C; the NVLink data
+// counters are KiB moved since the driver loaded (payload only, no protocol overhead), and scope
+// UINT_MAX asks for the sum over all links instead of one link.
+constexpr unsigned kFieldMemoryTemp = 82;     // NVML_FI_DEV_MEMORY_TEMP
+constexpr unsigned kFieldNvLinkDataTx = 138;  // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+constexpr unsigned kFieldNvLinkDataRx = 139;  // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+constexpr unsigned kScopeAllLinks = UINT_MAX;
+constexpr int kValueTypeDouble = 0;
+constexpr int kValueTypeUnsignedInt = 1;
+constexpr int kValueTypeUnsignedLong = 2;
+constexpr int kValueTypeUnsignedLongLong = 3;
+constexpr int kValueTypeSignedLongLong = 4;
+constexpr int kValueTypeSignedInt = 5;
+constexpr int kValueTypeUnsignedShort = 6;
+
+// GPM (Hopper and later): metrics between two samples, in percent (0-100).
+constexpr unsigned kGpmSupportVersion = 1;     // NVML_GPM_SUPPORT_VERSION
+constexpr unsigned kGpmMetricsGetVersion = 1;  // NVML_GPM_METRICS_GET_VERSION
+constexpr unsigned kGpmGraphicsUtil = 1;       // NVML_GPM_METRIC_GRAPHICS_UTIL
+constexpr unsigned kGpmAnyTensorUtil = 5;      // NVML_GPM_METRIC_ANY_TENSOR_UTIL
+constexpr unsigned kGpmDramBwUtil = 10;        // NVML_GPM_METRIC_DRAM_BW_UTIL
+// The metrics array of nvmlGpmMetricsGet_t has NVML_GPM_METRIC_MAX entries, which grew across
+// releases (98, 210, 333) under the same struct version; NVML reads and writes only numMetrics of
+// them, and a larger array than the library's own is harmless, so the largest known size is used.
+constexpr unsigned kGpmMetricCapacity = 333;
+// NVML documents that two GPM samples must be more than 100 ms apart.
+constexpr std::chrono::milliseconds kGpmMinInterval(100);
+
+// vGPU software licensing, as a vGPU guest sees it.
+constexpr int kVirtualizationVgpu = 2;  // NVML_GPU_VIRTUALIZATION_MODE_VGPU: a vGPU inside a VM
+constexpr unsigned kGridLicenseFeatureMaxCount = 3;
+constexpr unsigned kGridLicenseBufferSize = 128;
 
 struct PciInfo {  // v3
   char bus_id_legacy[16];
@@ -111,6 +147,80 @@ struct TemperatureV1 {
   int temperature;
 };
 
+union FieldValueUnion {
+  double d;
+  unsigned ui;
+  unsigned long ul;
+  unsigned long long ull;
+  long long sll;
+  int si;
+  unsigned short us;
+};
+
+struct FieldValue {
+  unsigned field_id;
+  unsigned scope_id;  // link id for NVLink fields; kScopeAllLinks: all links
+  long long timestamp;
+  long long latency_usec;
+  int value_type;
+  NvmlReturn nvml_return;  // per field: value is valid only when kSuccess
+  FieldValueUnion value;
+};
+static_assert(sizeof(FieldValue) == 40, "nvmlFieldValue_t is 40 bytes");
+
+using NvmlGpmSample = struct NvmlGpmSampleOpaque*;
+
+struct GpmSupport {
+  unsigned version;
+  unsigned is_supported_device;
+};
+
+struct GpmMetric {
+  unsigned metric_id;
+  NvmlReturn nvml_return;  // per metric: value is valid only when kSuccess
+  double value;
+  struct {
+    char* short_name;
+    char* long_name;
+    char* unit;
+  } metric_info;
+};
+static_assert(sizeof(GpmMetric) == 40, "nvmlGpmMetric_t is 40 bytes");
+
+struct GpmMetricsGet {
+  unsigned version;
+  unsigned num_metrics;
+  NvmlGpmSample sample1;
+  NvmlGpmSample sample2;
+  GpmMetric metrics[kGpmMetricCapacity];
+};
+
+struct GridLicenseExpiry {
+  unsigned year;
+  unsigned short month;
+  unsigned short day;
+  unsigned short hour;
+  unsigned short min;
+  unsigned short sec;
+  unsigned char status;
+};
+
+struct GridLicensableFeature {  // as of nvmlDeviceGetGridLicensableFeatures_v4
+  int feature_code;
+  unsigned feature_state;  // non-zero: currently licensed
+  char license_info[kGridLicenseBufferSize];
+  char product_name[kGridLicenseBufferSize];
+  unsigned feature_enabled;
+  GridLicenseExpiry license_expiry;
+};
+
+struct GridLicensableFeatures {
+  int is_grid_license_supported;
+  unsigned licensable_features_count;
+  GridLicensableFeature features[kGridLicenseFeatureMaxCount];
+};
+static_assert(sizeof(GridLicensableFeatures) == 860, "nvmlGridLicensableFeatures_t (v4) is 860 bytes");
+
 constexpr unsigned StructVersion(size_t size, unsigned v) {
   return static_cast<unsigned>(size) | (v << 24U);
 }
@@ -147,6 +257,29 @@ using UtilizationFn = NvmlReturn (*)(NvmlDevice, Utilization*);
 using CodecUtilFn = NvmlReturn (*)(NvmlDevice, unsigned*, unsigned*);
 using RemappedRowsFn = NvmlReturn (*)(NvmlDevice, unsigned*, unsigned*, unsigned*, unsigned*);
 using PcieThroughputFn = NvmlReturn (*)(NvmlDevice, int, unsigned*);
+using FieldValuesFn = NvmlReturn (*)(NvmlDevice, int, FieldValue*);
+using GpmQuerySupportFn = NvmlReturn (*)(NvmlDevice, GpmSupport*);
+using GpmSampleAllocFn = NvmlReturn (*)(NvmlGpmSample*);
+using GpmSampleFreeFn = NvmlReturn (*)(NvmlGpmSample);
+using GpmSampleGetFn = NvmlReturn (*)(NvmlDevice, NvmlGpmSample);
+using GpmMetricsGetFn = NvmlReturn (*)(GpmMetricsGet*);
+using VirtualizationModeFn = NvmlReturn (*)(NvmlDevice, int*);
+using GridLicensableFeaturesFn = NvmlReturn (*)(NvmlDevice, GridLicensableFeatures*);
+
+// The value of a field whose own status is success, as a double; empty for a type unknown here.
+std::optional<double> FieldNumber(const FieldValue& f) {
+  if (f.nvml_return != kSuccess) return std::nullopt;
+  switch (f.value_type) {
+    case kValueTypeDouble: return f.value.d;
+    case kValueTypeUnsignedInt: return static_cast<double>(f.value.ui);
+    case kValueTypeUnsignedLong: return static_cast<double>(f.value.ul);
+    case kValueTypeUnsignedLongLong: return static_cast<double>(f.value.ull);
+    case kValueTypeSignedLongLong: return static_cast<double>(f.value.sll);
+    case kValueTypeSignedInt: return static_cast<double>(f.value.si);
+    case kValueTypeUnsignedShort: return static_cast<double>(f.value.us);
+    default: return std::nullopt;
+  }
+}
 
 // XIDs caused by the application rather than the GPU (illegal address, MMU fault from user code,
 // preemptive cleanup, ...): reported as the last XID but they do not make the GPU unhealthy.
@@ -223,6 +356,26 @@ struct Nvml::Impl {
   UintFn pcie_replay = nullptr;
   RemappedRowsFn remapped_rows = nullptr;
   PcieThroughputFn pcie_throughput = nullptr;
+  FieldValuesFn field_values = nullptr;
+  GpmQuerySupportFn gpm_query_support = nullptr;
+  GpmSampleAllocFn gpm_sample_alloc = nullptr;
+  GpmSampleFreeFn gpm_sample_free = nullptr;
+  GpmSampleGetFn gpm_sample_get = nullptr;
+  GpmMetricsGetFn gpm_metrics_get = nullptr;
+  VirtualizationModeFn virtualization_mode = nullptr;
+  GridLicensableFeaturesFn grid_licensable_features = nullptr;
+
+  // GPM per device index: two sample buffers, the older holding the previous Sample()'s reading.
+  struct GpmState {
+    NvmlDevice device = nullptr;  // the handle the state belongs to
+    bool checked = false;         // support queried
+    bool supported = false;
+    NvmlGpmSample previous = nullptr;
+    NvmlGpmSample next = nullptr;
+    bool have_previous = false;
+    std::chrono::steady_clock::time_point previous_at;
+  };
+  std::vector<GpmState> gpm;
 
   // XID health: one event set for all devices, drained without waiting on every Discover/Sample.
   NvmlEventSet events = nullptr;
@@ -281,6 +434,109 @@ struct Nvml::Impl {
         if (!ApplicationXid(data.event_data)) critical_xid[i] = data.event_data;
       }
     }
+  }
+
+  void FreeGpm(GpmState& g) const {
+    for (NvmlGpmSample* sample : {&g.previous, &g.next}) {
+      if (*sample != nullptr && gpm_sample_free != nullptr) gpm_sample_free(*sample);
+      *sample = nullptr;
+    }
+    g = GpmState();
+  }
+
+  // Memory temperature and NVLink data bytes through nvmlDeviceGetFieldValues; each field carries
+  // its own status, and one the device cannot give stays empty.
+  void FillFieldValues(NvmlDevice dev, GpuSample& s) const {
+    if (field_values == nullptr) return;
+    std::array<FieldValue, 3> fields{};
+    fields[0].field_id = kFieldMemoryTemp;
+    fields[1].field_id = kFieldNvLinkDataTx;
+    fields[1].scope_id = kScopeAllLinks;
+    fields[2].field_id = kFieldNvLinkDataRx;
+    fields[2].scope_id = kScopeAllLinks;
+    if (field_values(dev, static_cast<int>(fields.size()), fields.data()) != kSuccess) return;
+    s.memory_temperature_celsius = FieldNumber(fields[0]);
+    const std::optional<double> tx_kib = FieldNumber(fields[1]);
+    const std::optional<double> rx_kib = FieldNumber(fields[2]);
+    // A total needs both directions: half of it would not be the total.
+    if (tx_kib && rx_kib) s.nvlink_bandwidth_bytes_total = (*tx_kib + *rx_kib) * 1024.0;
+  }
+
+  // Graphics engine, tensor pipe (any tensor op) and DRAM bandwidth activity through GPM, between
+  // the sample the previous call took and one taken now. The first call only takes its sample.
+  void FillGpm(size_t index, NvmlDevice dev, GpuSample& s) {
+    if (gpm_query_support == nullptr || gpm_sample_alloc == nullptr || gpm_sample_free == nullptr ||
+        gpm_sample_get == nullptr || gpm_metrics_get == nullptr) {
+      return;
+    }
+    if (gpm.size() <= index) gpm.resize(index + 1);
+    GpmState& g = gpm[index];
+    if (g.device != dev) {  // first sight of this device, or the handle changed
+      FreeGpm(g);
+      g.device = dev;
+    }
+    if (!g.checked) {
+      GpmSupport support{.version = kGpmSupportVersion, .is_supported_device = 0};
+      g.supported = gpm_query_support(dev, &support) == kSuccess && support.is_supported_device != 0;
+      g.checked = true;
+    }
+    if (!g.supported) return;
+    const auto now = std::chrono::steady_clock::now();
+    // Too soon after the previous sample for NVML: keep it and wait for a later call.
+    if (g.have_previous && now - g.previous_at <= kGpmMinInterval) return;
+    for (NvmlGpmSample* sample : {&g.previous, &g.next}) {
+      if (*sample == nullptr && gpm_sample_alloc(sample) != kSuccess) {
+        *sample = nullptr;
+        return;
+      }
+    }
+    if (gpm_sample_get(dev, g.next) != kSuccess) {
+      // E.g. MIG mode: nothing this time, and no baseline across the gap for the next call either.
+      g.have_previous = false;
+      return;
+    }
+    if (g.have_previous) {
+      GpmMetricsGet get{};
+      get.version = kGpmMetricsGetVersion;
+      get.sample1 = g.previous;
+      get.sample2 = g.next;
+      const std::array<std::pair<unsigned, std::optional<double> GpuSample::*>, 3> wanted = {{
+          {kGpmGraphicsUtil, &GpuSample::graphics_engine_active_ratio},
+          {kGpmAnyTensorUtil, &GpuSample::tensor_pipe_active_ratio},
+          {kGpmDramBwUtil, &GpuSample::dram_active_ratio},
+      }};
+      get.num_metrics = static_cast<unsigned>(wanted.size());
+      for (size_t k = 0; k < wanted.size(); ++k) get.metrics[k].metric_id = wanted[k].first;
+      if (gpm_metrics_get(&get) == kSuccess) {
+        for (size_t k = 0; k < wanted.size(); ++k) {
+          const GpmMetric& metric = get.metrics[k];
+          if (metric.nvml_return != kSuccess || metric.metric_id != wanted[k].first ||
+              !std::isfinite(metric.value)) {
+            continue;
+          }
+          s.*(wanted[k].second) = metric.value / 100.0;  // percent -> ratio
+        }
+      }
+    }
+    std::swap(g.previous, g.next);
+    g.previous_at = now;
+    g.have_previous = true;
+  }
+
+  // vGPU license status, which only a vGPU guest has: 1 when a licensable vGPU software feature is
+  // licensed, 0 when none is. Bare metal, passthrough and the hypervisor host leave it empty.
+  void FillVgpuLicense(NvmlDevice dev, GpuSample& s) const {
+    if (virtualization_mode == nullptr || grid_licensable_features == nullptr) return;
+    int mode = 0;
+    if (virtualization_mode(dev, &mode) != kSuccess || mode != kVirtualizationVgpu) return;
+    GridLicensableFeatures features{};
+    if (grid_licensable_features(dev, &features) != kSuccess || features.is_grid_license_supported == 0)
+      return;
+    const unsigned count = std::min(features.licensable_features_count, kGridLicenseFeatureMaxCount);
+    if (count == 0) return;
+    bool licensed = false;
+    for (unsigned k = 0; k < count; ++k) licensed = licensed || features.features[k].feature_state != 0;
+    s.vgpu_license_status = licensed ? 1.0 : 0.0;
   }
 
   void FillMig(NvmlDevice dev, GpuInfo& gpu) const {
@@ -378,6 +634,7 @@ Nvml::Nvml(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Nvml::~Nvml() {
   if (!impl_) return;
+  for (Impl::GpmState& g : impl_->gpm) impl_->FreeGpm(g);
   if (impl_->events != nullptr && impl_->event_set_free != nullptr) impl_->event_set_free(impl_->events);
   if (impl_->initialized && impl_->shutdown != nullptr) impl_->shutdown();
   if (impl_->lib != nullptr) dlclose(impl_->lib);
@@ -464,6 +721,14 @@ Result<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
   m.pcie_replay = m.Sym<UintFn>("nvmlDeviceGetPcieReplayCounter");
   m.remapped_rows = m.Sym<RemappedRowsFn>("nvmlDeviceGetRemappedRows");
   m.pcie_throughput = m.Sym<PcieThroughputFn>("nvmlDeviceGetPcieThroughput");
+  m.field_values = m.Sym<FieldValuesFn>("nvmlDeviceGetFieldValues");
+  m.gpm_query_support = m.Sym<GpmQuerySupportFn>("nvmlGpmQueryDeviceSupport");
+  m.gpm_sample_alloc = m.Sym<GpmSampleAllocFn>("nvmlGpmSampleAlloc");
+  m.gpm_sample_free = m.Sym<GpmSampleFreeFn>("nvmlGpmSampleFree");
+  m.gpm_sample_get = m.Sym<GpmSampleGetFn>("nvmlGpmSampleGet");
+  m.gpm_metrics_get = m.Sym<GpmMetricsGetFn>("nvmlGpmMetricsGet");
+  m.virtualization_mode = m.Sym<VirtualizationModeFn>("nvmlDeviceGetVirtualizationMode");
+  m.grid_licensable_features = m.Sym<GridLicensableFeaturesFn>("nvmlDeviceGetGridLicensableFeatures_v4");
 
   if (NvmlReturn r = m.init(); r != kSuccess) {
     return Status::FailedPrecondition(fmt::format("nvmlInit_v2 failed ({}): {}", m.path, m.Error(r)));
@@ -623,8 +888,25 @@ Result<std::vector<GpuSample>> Nvml::Sample() {
     if (m.pcie_throughput != nullptr && m.pcie_throughput(dev, kPcieCounterRx, &u) == kSuccess) {
       s.pcie_rx_bytes_per_second = u * 1024.0;
     }
-    // Left empty (NVML's basic API has no equivalent; DCGM profiling fields): memory temperature,
-    // NVLink bandwidth, vGPU license status, graphics engine / tensor pipe / DRAM active ratios.
+    m.FillFieldValues(dev, s);
+    m.FillGpm(i, dev, s);
+    m.FillVgpuLicense(dev, s);
+    // Where the fields come from (each optional entry point may be missing from an older driver,
+    // and each field stays empty when the device does not give it):
+    //   clocks, temperature, power, energy, utilisation, encoder/decoder, PCIe replays and
+    //   throughput, framebuffer, remapped rows: their nvmlDeviceGet* calls above;
+    //   last XID: the XID event set (empty without the event API);
+    //   memory temperature (NVML_FI_DEV_MEMORY_TEMP, degrees C) and NVLink bandwidth (the sum of
+    //   NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and _RX over all links, KiB -> bytes, a counter since
+    //   the driver loaded): nvmlDeviceGetFieldValues, each field with its own status; memory
+    //   temperature is absent on GDDR boards, NVLink on GPUs without NVLink;
+    //   graphics engine / tensor pipe / DRAM active: GPM (nvmlGpmMetricsGet, percent -> 0..1)
+    //   between the previous call's sample and this one's, so absent on the first call, on a call
+    //   within 100 ms of the previous sample, on GPUs before Hopper, and where GPM sampling fails
+    //   (MIG mode) as well as on the call after such a failure;
+    //   vGPU license status: only on a vGPU guest (virtualization mode VGPU), from the licensable
+    //   vGPU software features (1: a feature is licensed, 0: none); bare metal, passthrough and the
+    //   hypervisor host have no such per-GPU license and leave it empty.
     samples.push_back(std::move(s));
   }
   return samples;

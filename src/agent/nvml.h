@@ -34,14 +34,14 @@ struct GpuSample {
   std::optional<double> framebuffer_free_bytes;
   std::optional<double> framebuffer_used_bytes;
   std::optional<double> framebuffer_reserved_bytes;
-  std::optional<double> nvlink_bandwidth_bytes_total;
-  std::optional<double> vgpu_license_status;
+  std::optional<double> nvlink_bandwidth_bytes_total;  // data TX + RX over all links, since load
+  std::optional<double> vgpu_license_status;           // vGPU guests only: 1 licensed, 0 not
   std::optional<double> remapped_rows_uncorrectable_total;
   std::optional<double> remapped_rows_correctable_total;
   std::optional<double> row_remap_failure;          // 0 or 1
-  std::optional<double> graphics_engine_active_ratio;
-  std::optional<double> tensor_pipe_active_ratio;
-  std::optional<double> dram_active_ratio;
+  std::optional<double> graphics_engine_active_ratio;  // GPM (Hopper+), between two Sample() calls
+  std::optional<double> tensor_pipe_active_ratio;      // any tensor pipe
+  std::optional<double> dram_active_ratio;             // DRAM bandwidth used / peak
   std::optional<double> pcie_tx_bytes_per_second;
   std::optional<double> pcie_rx_bytes_per_second;
 };
@@ -61,6 +61,8 @@ class Nvml {
   // from NVLink link counts and common PCIe ancestors.
   Result<Inventory> Discover();
   // Counters of every GPU now. Per-field failures (NOT_SUPPORTED, ...) leave the field empty.
+  // The GPM ratios (graphics engine, tensor pipe, DRAM active) are averages since the previous
+  // call's GPM sample: empty on the first call and on a call within 100 ms of the last sample.
   Result<std::vector<GpuSample>> Sample();
 
   struct Impl;

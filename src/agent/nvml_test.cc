@@ -1,11 +1,14 @@
 // Tests of the NVML loader against the fake libnvidia-ml.so.1 of tests/fake_nvml.
 #include "agent/nvml.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "api/node_codec.h"
 #include "model/gpu_catalog.h"
@@ -37,6 +40,11 @@ std::unique_ptr<Nvml> LoadFake(const char* path = FAKE_NVML_PATH) {
   Result<std::unique_ptr<Nvml>> nvml = Nvml::Load(path);
   EXPECT_TRUE(nvml.ok()) << nvml.status().ToString();
   return nvml.ok() ? std::move(nvml).value() : nullptr;
+}
+
+// NVML wants GPM samples more than 100 ms apart; Sample() skips GPM within that.
+void WaitForNextGpmSample() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
 }
 
 TEST(Nvml, LoadOfMissingLibraryIsNotFound) {
@@ -206,10 +214,168 @@ TEST(Nvml, SampleConvertsUnits) {
   EXPECT_DOUBLE_EQ(*s.pcie_tx_bytes_per_second, 1000.0 * 1024);
   EXPECT_DOUBLE_EQ(*s.pcie_rx_bytes_per_second, 2000.0 * 1024);
   EXPECT_DOUBLE_EQ(*s.last_xid, 0);
-  // What NVML's basic API cannot give stays empty.
-  EXPECT_FALSE(s.memory_temperature_celsius.has_value());
+  // Field values: memory temperature in degrees C; NVLink data TX + RX over all links, KiB -> bytes.
+  ASSERT_TRUE(s.memory_temperature_celsius.has_value());
+  EXPECT_DOUBLE_EQ(*s.memory_temperature_celsius, 61);
+  ASSERT_TRUE(s.nvlink_bandwidth_bytes_total.has_value());
+  EXPECT_DOUBLE_EQ(*s.nvlink_bandwidth_bytes_total, (1001.0 + 2001.0) * 1024);
+  // GPM ratios need a second sample; bare metal has no vGPU license.
+  EXPECT_FALSE(s.graphics_engine_active_ratio.has_value());
   EXPECT_FALSE(s.tensor_pipe_active_ratio.has_value());
-  EXPECT_FALSE(s.nvlink_bandwidth_bytes_total.has_value());
+  EXPECT_FALSE(s.dram_active_ratio.has_value());
+  EXPECT_FALSE(s.vgpu_license_status.has_value());
+}
+
+TEST(Nvml, FieldValuesWithTheirOwnStatus) {
+  // GPU 2 of 3 has no NVLink partner; memory temperature 80 C configured.
+  FakeNvmlConfig config("gpus=3\nmemory_temp=80\nnvlink_tx_kib=5\nnvlink_rx_kib=7\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<std::vector<GpuSample>> samples = nvml->Sample();
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  ASSERT_EQ(samples->size(), 3u);
+  EXPECT_DOUBLE_EQ(*(*samples)[0].memory_temperature_celsius, 80);
+  EXPECT_DOUBLE_EQ(*(*samples)[0].nvlink_bandwidth_bytes_total, 12.0 * 1024);
+  EXPECT_DOUBLE_EQ(*(*samples)[2].memory_temperature_celsius, 82);
+  EXPECT_FALSE((*samples)[2].nvlink_bandwidth_bytes_total.has_value());  // NOT_SUPPORTED in its field
+}
+
+TEST(Nvml, UnsupportedFieldValuesAreLeftOut) {
+  {
+    // One direction missing: no total rather than half of one.
+    FakeNvmlConfig config("unsupported=memory_temp,nvlink_rx\n");
+    auto nvml = LoadFake();
+    ASSERT_NE(nvml, nullptr);
+    Result<std::vector<GpuSample>> samples = nvml->Sample();
+    ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+    const GpuSample& s = (*samples)[0];
+    EXPECT_FALSE(s.memory_temperature_celsius.has_value());
+    EXPECT_FALSE(s.nvlink_bandwidth_bytes_total.has_value());
+    EXPECT_TRUE(s.power_watts.has_value());
+  }
+  {
+    FakeNvmlConfig config("unsupported=field_values\n");  // the whole call fails
+    auto nvml = LoadFake();
+    ASSERT_NE(nvml, nullptr);
+    Result<std::vector<GpuSample>> samples = nvml->Sample();
+    ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+    EXPECT_FALSE((*samples)[0].memory_temperature_celsius.has_value());
+    EXPECT_FALSE((*samples)[0].nvlink_bandwidth_bytes_total.has_value());
+  }
+}
+
+TEST(Nvml, GpmRatiosFromTheSecondSampleOn) {
+  // Percent per interval between a GPU's consecutive samples (GPU i adds i).
+  FakeNvmlConfig config("gpus=2\ngpm_graphics=50,70\ngpm_tensor=20,30\ngpm_dram=40,46\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<std::vector<GpuSample>> first = nvml->Sample();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  for (const GpuSample& s : *first) {
+    EXPECT_FALSE(s.graphics_engine_active_ratio.has_value()) << s.index;
+    EXPECT_FALSE(s.tensor_pipe_active_ratio.has_value()) << s.index;
+    EXPECT_FALSE(s.dram_active_ratio.has_value()) << s.index;
+  }
+  WaitForNextGpmSample();
+  Result<std::vector<GpuSample>> second = nvml->Sample();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  // Between samples 1 and 2, in percent -> ratio.
+  ASSERT_TRUE((*second)[0].graphics_engine_active_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*(*second)[0].graphics_engine_active_ratio, 0.50);
+  EXPECT_DOUBLE_EQ(*(*second)[0].tensor_pipe_active_ratio, 0.20);
+  EXPECT_DOUBLE_EQ(*(*second)[0].dram_active_ratio, 0.40);
+  EXPECT_DOUBLE_EQ(*(*second)[1].graphics_engine_active_ratio, 0.51);
+  EXPECT_DOUBLE_EQ(*(*second)[1].tensor_pipe_active_ratio, 0.21);
+  EXPECT_DOUBLE_EQ(*(*second)[1].dram_active_ratio, 0.41);
+  WaitForNextGpmSample();
+  Result<std::vector<GpuSample>> third = nvml->Sample();
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  // Between samples 2 and 3 only, not since the first sample (that would be the mean, 0.60).
+  EXPECT_DOUBLE_EQ(*(*third)[0].graphics_engine_active_ratio, 0.70);
+  EXPECT_DOUBLE_EQ(*(*third)[0].tensor_pipe_active_ratio, 0.30);
+  EXPECT_DOUBLE_EQ(*(*third)[0].dram_active_ratio, 0.46);
+  EXPECT_DOUBLE_EQ(*(*third)[1].graphics_engine_active_ratio, 0.71);
+}
+
+TEST(Nvml, GpmMetricWithAnErrorIsLeftOut) {
+  FakeNvmlConfig config("gpus=1\nunsupported=gpm_tensor\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  ASSERT_TRUE(nvml->Sample().ok());
+  WaitForNextGpmSample();
+  Result<std::vector<GpuSample>> samples = nvml->Sample();
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  const GpuSample& s = (*samples)[0];
+  EXPECT_FALSE(s.tensor_pipe_active_ratio.has_value());
+  ASSERT_TRUE(s.graphics_engine_active_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*s.graphics_engine_active_ratio, 0.50);
+  EXPECT_DOUBLE_EQ(*s.dram_active_ratio, 0.40);
+}
+
+TEST(Nvml, NoGpmBeforeHopperOrWhenSamplingFails) {
+  for (const char* text :
+       {"gpus=1\nname=NVIDIA A100-SXM4-80GB\ncc=8.0\n", "gpus=1\nunsupported=gpm_sample\n"}) {
+    FakeNvmlConfig config(text);
+    auto nvml = LoadFake();
+    ASSERT_NE(nvml, nullptr);
+    for (int call = 0; call < 2; ++call) {
+      if (call > 0) WaitForNextGpmSample();
+      Result<std::vector<GpuSample>> samples = nvml->Sample();
+      ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+      EXPECT_FALSE((*samples)[0].graphics_engine_active_ratio.has_value()) << text;
+      EXPECT_FALSE((*samples)[0].tensor_pipe_active_ratio.has_value()) << text;
+      EXPECT_FALSE((*samples)[0].dram_active_ratio.has_value()) << text;
+      EXPECT_TRUE((*samples)[0].sm_clock_hz.has_value());
+    }
+  }
+}
+
+TEST(Nvml, GpmSamplesAreFreed) {
+  // The fake counts live GPM samples; holding the library open keeps the count readable after
+  // Nvml has closed it.
+  void* fake = dlopen(FAKE_NVML_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(fake, nullptr) << dlerror();
+  using LiveFn = long (*)();
+  auto live = reinterpret_cast<LiveFn>(dlsym(fake, "fake_nvml_gpm_samples_live"));
+  ASSERT_NE(live, nullptr);
+  const long before = live();
+  {
+    FakeNvmlConfig config("gpus=2\n");
+    auto nvml = LoadFake();
+    ASSERT_NE(nvml, nullptr);
+    ASSERT_TRUE(nvml->Sample().ok());
+    WaitForNextGpmSample();
+    ASSERT_TRUE(nvml->Sample().ok());
+    EXPECT_EQ(live() - before, 4);  // two buffers per GPU, reused from call to call
+    WaitForNextGpmSample();
+    ASSERT_TRUE(nvml->Sample().ok());
+    EXPECT_EQ(live() - before, 4);
+  }
+  EXPECT_EQ(live(), before);
+  dlclose(fake);
+}
+
+TEST(Nvml, VgpuLicenseOnlyOnAVgpuGuest) {
+  struct Case {
+    const char* config;
+    std::optional<double> want;
+  };
+  const Case cases[] = {
+      {"gpus=1\n", std::nullopt},                               // bare metal
+      {"gpus=1\nvirtualization=passthrough\n", std::nullopt},   // no vGPU software license
+      {"gpus=1\nvirtualization=host_vgpu\n", std::nullopt},     // the hypervisor's view
+      {"gpus=1\nvirtualization=vgpu\n", 1.0},                   // licensed guest
+      {"gpus=1\nvirtualization=vgpu\nvgpu_licensed=0\n", 0.0},  // unlicensed guest
+      {"gpus=1\nvirtualization=vgpu\nunsupported=virtualization\n", std::nullopt},
+  };
+  for (const Case& c : cases) {
+    FakeNvmlConfig config(c.config);
+    auto nvml = LoadFake();
+    ASSERT_NE(nvml, nullptr);
+    Result<std::vector<GpuSample>> samples = nvml->Sample();
+    ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+    EXPECT_EQ((*samples)[0].vgpu_license_status, c.want) << c.config;
+  }
 }
 
 TEST(Nvml, UnsupportedFieldsStayEmpty) {
@@ -252,6 +418,19 @@ TEST(Nvml, MissingOptionalSymbolsDoNotFailLoad) {
   EXPECT_FALSE(s.last_xid.has_value());               // no event API: unknown, not "none"
   ASSERT_TRUE(s.framebuffer_used_bytes.has_value());  // from nvmlDeviceGetMemoryInfo
   EXPECT_DOUBLE_EQ(*s.framebuffer_used_bytes, 3.0 * 1024 * 1024 * 1024);
+  // No field values, GPM or vGPU entry points: those fields stay empty, on later calls too.
+  WaitForNextGpmSample();
+  Result<std::vector<GpuSample>> again = nvml->Sample();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  for (const GpuSample& g : *again) {
+    EXPECT_FALSE(g.memory_temperature_celsius.has_value());
+    EXPECT_FALSE(g.nvlink_bandwidth_bytes_total.has_value());
+    EXPECT_FALSE(g.graphics_engine_active_ratio.has_value());
+    EXPECT_FALSE(g.tensor_pipe_active_ratio.has_value());
+    EXPECT_FALSE(g.dram_active_ratio.has_value());
+    EXPECT_FALSE(g.vgpu_license_status.has_value());
+    EXPECT_TRUE(g.sm_clock_hz.has_value());
+  }
 }
 
 }  // namespace

@@ -19,10 +19,32 @@
 //   ecc.2=3               uncorrectable volatile ECC errors on GPU 2
 //   unsupported=power,energy,...   fields returning NOT_SUPPORTED: power, energy, clocks,
 //                         temperature, utilization, encoder, decoder, pcie_replay, remapped_rows,
-//                         memory_v2, pcie_throughput, numa, processes, nvlink, ancestor
+//                         memory_v2, pcie_throughput, numa, processes, nvlink (also the NVLink
+//                         field values), ancestor, virtualization; and, as the per-field /
+//                         per-metric status inside a successful call: memory_temp, nvlink_tx,
+//                         nvlink_rx, gpm_graphics, gpm_tensor, gpm_dram; field_values makes the
+//                         whole nvmlDeviceGetFieldValues call fail, gpm_sample nvmlGpmSampleGet
+//   memory_temp=60        memory temperature of GPU 0 in degrees C (GPU i: + i), field 82
+//   nvlink_tx_kib=1000    NVLink data KiB sent by GPU 0 over all links (GPU i: + i), field 138;
+//   nvlink_rx_kib=2000    received, field 139. Only GPUs with an NVLink partner have them; a
+//                         single link (scope 0..3) gives a quarter
+//   gpm=1                 GPM supported (default: compute capability 9.0 or later)
+//   gpm_graphics=50,70    GPM graphics activity in percent for GPU 0 over the interval between its
+//                         1st and 2nd sample, 2nd and 3rd, ... (the last repeats; GPU i: + i); a
+//                         metric over several intervals is their mean
+//   gpm_tensor=20,30      the same for any-tensor activity
+//   gpm_dram=40,45        the same for DRAM bandwidth utilisation
+//   virtualization=vgpu   none (bare metal, default), passthrough, vgpu (a vGPU guest), host_vgpu
+//   vgpu_licensed=0       on a vGPU guest: the vGPU software feature is not licensed (default 1)
 //
 // Built with FAKE_NVML_MINIMAL, the optional entry points (NUMA, memory info v2, power, energy,
-// remapped rows, events, temperature) are not exported at all.
+// remapped rows, events, temperature, field values, GPM, virtualization, vGPU licensing) are not
+// exported at all.
+//
+// fake_nvml_gpm_samples_live() (a test hook, not NVML) counts GPM samples allocated and not freed.
+#include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -83,11 +105,71 @@ struct TemperatureV1 {
   int temperature;
 };
 
+union FieldValueUnion {
+  double d;
+  unsigned ui;
+  unsigned long ul;
+  unsigned long long ull;
+  long long sll;
+  int si;
+  unsigned short us;
+};
+struct FieldValue {
+  unsigned field_id, scope_id;
+  long long timestamp, latency_usec;
+  int value_type, nvml_return;
+  FieldValueUnion value;
+};
+struct GpmSupport {
+  unsigned version, is_supported_device;
+};
+struct GpmMetric {
+  unsigned metric_id;
+  int nvml_return;
+  double value;
+  struct {
+    char *short_name, *long_name, *unit;
+  } metric_info;
+};
+constexpr unsigned kGpmMetricMax = 98;  // the smallest NVML_GPM_METRIC_MAX: callers send at least this
+struct GpmMetricsGet {
+  unsigned version, num_metrics;
+  void* sample1;
+  void* sample2;
+  GpmMetric metrics[kGpmMetricMax];
+};
+struct GridLicenseExpiry {
+  unsigned year;
+  unsigned short month, day, hour, min, sec;
+  unsigned char status;
+};
+struct GridLicensableFeature {
+  int feature_code;
+  unsigned feature_state;
+  char license_info[128];
+  char product_name[128];
+  unsigned feature_enabled;
+  GridLicenseExpiry license_expiry;
+};
+struct GridLicensableFeatures {
+  int is_grid_license_supported;
+  unsigned licensable_features_count;
+  GridLicensableFeature features[3];
+};
+
 struct FakeGpu {
   int index = 0;
   bool mig = false;
   unsigned long long xid = 0;  // pending
   unsigned long long ecc = 0;
+  unsigned gpm_samples_taken = 0;
+};
+
+constexpr unsigned kGpmSampleMagic = 0x67706d31;  // "gpm1"
+struct FakeGpmSample {
+  unsigned magic = kGpmSampleMagic;
+  int gpu = -1;      // -1: never filled
+  unsigned seq = 0;  // the GPU's n-th sample, from 1
 };
 
 struct FakeEventSet {
@@ -104,7 +186,22 @@ struct State {
   bool no_mig = false;
   std::set<std::string> unsupported;
   std::vector<FakeGpu> gpus;
+  unsigned memory_temp = 60;
+  unsigned long long nvlink_tx_kib = 1000;
+  unsigned long long nvlink_rx_kib = 2000;
+  int gpm = -1;  // -1: by compute capability
+  std::vector<double> gpm_graphics = {50, 70};
+  std::vector<double> gpm_tensor = {20, 30};
+  std::vector<double> gpm_dram = {40, 45};
+  int virtualization = 0;
+  bool vgpu_licensed = true;
 };
+
+// GPM samples allocated and not yet freed, across nvmlInit/nvmlShutdown (a test hook).
+long& GpmSamplesLive() {
+  static long live = 0;
+  return live;
+}
 
 // The fake's own state: a test library, loaded and configured per nvmlInit_v2.
 State& S() {
@@ -158,6 +255,26 @@ void Configure() {
   if (kv.count("cc") != 0) std::sscanf(kv["cc"].c_str(), "%d.%d", &s.cc_major, &s.cc_minor);
   s.no_mig = kv.count("no_mig") != 0 && kv["no_mig"] == "1";
   for (const std::string& f : split(kv["unsupported"])) s.unsupported.insert(f);
+  if (kv.count("memory_temp") != 0)
+    s.memory_temp = static_cast<unsigned>(std::atoi(kv["memory_temp"].c_str()));
+  if (kv.count("nvlink_tx_kib") != 0)
+    s.nvlink_tx_kib = std::strtoull(kv["nvlink_tx_kib"].c_str(), nullptr, 10);
+  if (kv.count("nvlink_rx_kib") != 0)
+    s.nvlink_rx_kib = std::strtoull(kv["nvlink_rx_kib"].c_str(), nullptr, 10);
+  if (kv.count("gpm") != 0) s.gpm = kv["gpm"] == "1" ? 1 : 0;
+  auto numbers = [&](const std::string& key, std::vector<double>& out) {
+    if (kv.count(key) == 0) return;
+    out.clear();
+    for (const std::string& v : split(kv[key])) out.push_back(std::strtod(v.c_str(), nullptr));
+  };
+  numbers("gpm_graphics", s.gpm_graphics);
+  numbers("gpm_tensor", s.gpm_tensor);
+  numbers("gpm_dram", s.gpm_dram);
+  if (kv.count("virtualization") != 0) {
+    const std::string& v = kv["virtualization"];
+    s.virtualization = v == "passthrough" ? 1 : v == "vgpu" ? 2 : v == "host_vgpu" ? 3 : 0;
+  }
+  s.vgpu_licensed = kv.count("vgpu_licensed") == 0 || kv["vgpu_licensed"] != "0";
   s.gpus.resize(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) s.gpus[static_cast<size_t>(i)].index = i;
   for (const std::string& m : split(kv["mig"])) {
@@ -198,6 +315,33 @@ int Partner(int index) {
 int Numa(int index) {
   return index < static_cast<int>(S().gpus.size()) / 2 ? 0 : 1;
 }
+
+#ifndef FAKE_NVML_MINIMAL
+bool HasNvLink(int index) {
+  return Partner(index) < static_cast<int>(S().gpus.size()) && !Unsupported("nvlink");
+}
+
+bool GpmSupported() {
+  const State& s = S();
+  return s.gpm == 1 || (s.gpm == -1 && s.cc_major >= 9);
+}
+
+// Mean of the per-interval percentages over intervals [from, to) (interval k lies between a GPU's
+// k-th and (k+1)-th sample), the last value standing for all later intervals.
+double GpmValue(const std::vector<double>& per_interval, unsigned from, unsigned to) {
+  if (per_interval.empty()) return std::nan("");
+  double sum = 0;
+  for (unsigned k = from; k < to; ++k) {
+    sum += per_interval[std::min<size_t>(k - 1, per_interval.size() - 1)];
+  }
+  return sum / (to - from);
+}
+
+FakeGpmSample* GpmSampleOf(void* handle) {
+  auto* sample = static_cast<FakeGpmSample*>(handle);
+  return sample != nullptr && sample->magic == kGpmSampleMagic ? sample : nullptr;
+}
+#endif  // FAKE_NVML_MINIMAL
 
 }  // namespace
 
@@ -539,6 +683,140 @@ __attribute__((visibility("default"))) int nvmlEventSetWait_v2(void* set, EventD
   return kTimeout;
 }
 
+__attribute__((visibility("default"))) int nvmlDeviceGetFieldValues(void* dev, int count,
+                                                                    FieldValue* values) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (count < 0 || (count > 0 && values == nullptr)) return kInvalidArgument;
+  if (Unsupported("field_values")) return kNotSupported;
+  const State& s = S();
+  for (int i = 0; i < count; ++i) {
+    FieldValue& f = values[i];
+    f.timestamp = 1700000000000000LL;
+    f.latency_usec = 0;
+    f.value = FieldValueUnion{};
+    f.nvml_return = kSuccess;
+    const auto index = static_cast<unsigned>(g->index);
+    switch (f.field_id) {
+      case 82:  // memory temperature
+        if (Unsupported("memory_temp")) {
+          f.nvml_return = kNotSupported;
+        } else {
+          f.value_type = 1;  // unsigned int
+          f.value.ui = s.memory_temp + index;
+        }
+        break;
+      case 138:  // NVLink data TX, KiB
+      case 139:  // NVLink data RX, KiB
+        if (!HasNvLink(g->index) || Unsupported(f.field_id == 138 ? "nvlink_tx" : "nvlink_rx")) {
+          f.nvml_return = kNotSupported;
+        } else if (f.scope_id != UINT_MAX && f.scope_id >= 4) {
+          f.nvml_return = kInvalidArgument;  // no such link
+        } else {
+          const unsigned long long total = (f.field_id == 138 ? s.nvlink_tx_kib : s.nvlink_rx_kib) + index;
+          f.value_type = 3;  // unsigned long long
+          f.value.ull = f.scope_id == UINT_MAX ? total : total / 4;
+        }
+        break;
+      default: f.nvml_return = kNotSupported;
+    }
+  }
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpmQueryDeviceSupport(void* dev, GpmSupport* support) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (support == nullptr || support->version != 1) return kInvalidArgument;
+  support->is_supported_device = GpmSupported() ? 1 : 0;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpmSampleAlloc(void** sample) {
+  if (!S().initialized) return kUninitialized;
+  if (sample == nullptr) return kInvalidArgument;
+  *sample = new FakeGpmSample();
+  ++GpmSamplesLive();
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpmSampleFree(void* handle) {
+  FakeGpmSample* sample = GpmSampleOf(handle);
+  if (sample == nullptr) return kInvalidArgument;
+  sample->magic = 0;
+  delete sample;
+  --GpmSamplesLive();
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpmSampleGet(void* dev, void* handle) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  FakeGpmSample* sample = GpmSampleOf(handle);
+  if (sample == nullptr) return kInvalidArgument;
+  if (!GpmSupported() || Unsupported("gpm_sample")) return kNotSupported;
+  sample->gpu = g->index;
+  sample->seq = ++g->gpm_samples_taken;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpmMetricsGet(GpmMetricsGet* get) {
+  if (!S().initialized) return kUninitialized;
+  if (get == nullptr || get->version != 1 || get->num_metrics > kGpmMetricMax) return kInvalidArgument;
+  const FakeGpmSample* a = GpmSampleOf(get->sample1);
+  const FakeGpmSample* b = GpmSampleOf(get->sample2);
+  // Both filled, by the same GPU, the first one older.
+  if (a == nullptr || b == nullptr || a->gpu < 0 || a->gpu != b->gpu || a->seq >= b->seq)
+    return kInvalidArgument;
+  const State& s = S();
+  for (unsigned i = 0; i < get->num_metrics; ++i) {
+    GpmMetric& m = get->metrics[i];
+    m.metric_info = {nullptr, nullptr, nullptr};
+    const std::vector<double>* values = nullptr;
+    if (m.metric_id == 1 && !Unsupported("gpm_graphics")) values = &s.gpm_graphics;
+    if (m.metric_id == 5 && !Unsupported("gpm_tensor")) values = &s.gpm_tensor;
+    if (m.metric_id == 10 && !Unsupported("gpm_dram")) values = &s.gpm_dram;
+    if (values == nullptr) {
+      m.nvml_return = kNotSupported;
+      m.value = 0;
+      continue;
+    }
+    m.nvml_return = kSuccess;
+    m.value = GpmValue(*values, a->seq, b->seq) + a->gpu;
+  }
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetVirtualizationMode(void* dev, int* mode) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (Unsupported("virtualization")) return kNotSupported;
+  *mode = S().virtualization;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetGridLicensableFeatures_v4(void* dev,
+                                                                                  GridLicensableFeatures* f) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  (void)g;
+  if (f == nullptr) return kInvalidArgument;
+  std::memset(f, 0, sizeof(*f));
+  if (S().virtualization != 2 && S().virtualization != 1) return kNotSupported;
+  f->is_grid_license_supported = 1;
+  f->licensable_features_count = 1;
+  GridLicensableFeature& feature = f->features[0];
+  feature.feature_code = 4;  // compute
+  feature.feature_state = S().vgpu_licensed ? 1 : 0;
+  feature.feature_enabled = 1;
+  std::snprintf(feature.product_name, sizeof(feature.product_name), "NVIDIA Virtual Compute Server");
+  feature.license_expiry =
+      GridLicenseExpiry{.year = 2030, .month = 1, .day = 1, .hour = 0, .min = 0, .sec = 0, .status = 1};
+  return kSuccess;
+}
+
 #endif  // FAKE_NVML_MINIMAL
+
+// Test hook, exported by both builds.
+__attribute__((visibility("default"))) long fake_nvml_gpm_samples_live() {
+  return GpmSamplesLive();
+}
 
 }  // extern "C"
