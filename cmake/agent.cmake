@@ -1,7 +1,8 @@
-# ---- agent: the node agent loop and the task environment ----
+# ---- agent: the node agent loop, the task environment and MPS control daemons ----
 add_library(gpupool_agent
   src/agent/agent.cc
   src/agent/task_env.cc
+  src/agent/mps.cc
 )
 target_link_libraries(gpupool_agent
   PUBLIC gpupool_agent_gpu gpupool_agent_runtime gpupool_common nlohmann_json::nlohmann_json
@@ -9,6 +10,13 @@ target_link_libraries(gpupool_agent
 )
 
 if(GPUPOOL_BUILD_TESTS)
-  gpupool_test(agent_test src/agent/task_env_test.cc)
-  target_link_libraries(agent_test PRIVATE gpupool_agent)
+  # mps_test starts the fake nvidia-cuda-mps-control of tests/fake_mps (a POSIX sh script).
+  gpupool_test(agent_test src/agent/task_env_test.cc src/agent/mps_test.cc)
+  # It also runs whole agents against a fake server, with the fake NVML of cmake/agent_gpu.cmake.
+  target_link_libraries(agent_test PRIVATE gpupool_agent PkgConfig::HTTPLIB fmt::fmt)
+  target_compile_definitions(agent_test PRIVATE
+    FAKE_MPS_CONTROL="${CMAKE_CURRENT_SOURCE_DIR}/tests/fake_mps/nvidia-cuda-mps-control"
+    FAKE_NVML_PATH="$<TARGET_FILE:fake_nvml>"
+  )
+  add_dependencies(agent_test fake_nvml)
 endif()

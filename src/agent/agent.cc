@@ -4,9 +4,12 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <sstream>
 
 #include "agent/gpu_metrics.h"
@@ -18,6 +21,9 @@ namespace gpupool {
 using nlohmann::json;
 
 namespace {
+
+// The most bytes of a task log one request returns (the server asks for no more).
+constexpr uint64_t kMaxLogChunk = 4 << 20;
 
 std::string HostName() {
   char buf[256] = {};
@@ -81,6 +87,10 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (options.state_dir.empty()) return Status::InvalidArgument("agent: a state directory is needed");
   std::unique_ptr<Agent> agent(new Agent(std::move(options)));
   AgentOptions& o = agent->options_;
+  {
+    std::random_device rd;
+    for (int i = 0; i < 4; ++i) agent->log_token_ += fmt::format("{:08x}", rd());
+  }
   if (o.simulate.empty()) {
     auto nvml = Nvml::Load(o.nvml_library);
     if (nvml.ok()) {
@@ -102,6 +112,13 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
     auto inv = SimulatedInventory(o.simulate, o.node);
     if (!inv.ok()) return inv.status().WithContext("--simulate");
     agent->inventory_ = std::move(inv).value();
+  }
+  if (!agent->inventory_.simulated) {
+    // Started per GPU when its first mps task starts; a missing binary fails those tasks only.
+    MpsOptions mo;
+    mo.root = o.state_dir + "/mps";
+    if (!o.mps_control_binary.empty()) mo.control_binary = o.mps_control_binary;
+    agent->mps_ = std::make_unique<MpsDaemons>(std::move(mo));
   }
   RuntimeOptions ro;
   ro.state_dir = o.state_dir + "/process";
@@ -128,7 +145,8 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
 }
 
 Status Agent::Register() {
-  const json body = NodeRegistration(inventory_, options_.node, options_.cpu, options_.memory, options_.labels);
+  json body = NodeRegistration(inventory_, options_.node, options_.cpu, options_.memory, options_.labels);
+  if (!endpoint_.empty()) body["agent"] = AgentInfoJson();
   auto r = client_->Post("/api/v1/agent/register", body.dump());
   if (!Ok2xx(r)) return ReplyError(r, fmt::format("registering node '{}'", options_.node));
   double interval = 5;
@@ -138,15 +156,57 @@ Status Agent::Register() {
   return Status::Ok();
 }
 
-Status Agent::Start(std::chrono::seconds register_timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + register_timeout;
-  for (;;) {
-    Status st = Register();
-    if (st.ok()) break;
-    // Unreachable (the server may still be starting): retry until the deadline. Refused: say why.
-    if (st.code() != StatusCode::kIoError || std::chrono::steady_clock::now() >= deadline) return st;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+json Agent::AgentInfoJson() const { return json{{"endpoint", endpoint_}, {"logToken", log_token_}}; }
+
+void Agent::ServeLog(const httplib::Request& req, httplib::Response& res) {
+  auto refuse = [&res](int status, std::string_view code, const std::string& message) {
+    res.status = status;
+    res.set_content(json{{"error", {{"code", code}, {"message", message}}}}.dump(), "application/json");
+  };
+  // The server reads logs with the token the agent gave it at registration; an operator on the
+  // node may use the agent's own API token.
+  const std::string auth = req.get_header_value("Authorization");
+  const bool allowed = auth == fmt::format("Bearer {}", log_token_) ||
+                       (!options_.token.empty() && auth == fmt::format("Bearer {}", options_.token));
+  if (!allowed) return refuse(401, "Unauthenticated", "a bearer token is needed");
+  uint64_t offset = 0;
+  uint64_t limit = kMaxLogChunk;
+  for (const auto& [key, value] : req.params) {
+    uint64_t* target = key == "offset" ? &offset : key == "limit" ? &limit : nullptr;
+    if (target == nullptr) return refuse(400, "InvalidArgument", fmt::format("{}: unknown query parameter (known: offset, limit)", key));
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), *target);
+    if (ec != std::errc() || end != value.data() + value.size())
+      return refuse(400, "InvalidArgument", fmt::format("{}: must be a non-negative integer", key));
   }
+  limit = std::min<uint64_t>(limit, kMaxLogChunk);
+  const std::string id = req.matches[1];
+  Runtime* rt = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tasks_.find(id);
+    if (it != tasks_.end()) rt = it->second.runtime;
+  }
+  // A finished task is forgotten once reported, but its logs stay on disk.
+  for (Runtime* r : {process_runtime_.get(), runc_runtime_.get()}) {
+    if (rt == nullptr && r != nullptr && ::access(r->StdoutPath(id).c_str(), R_OK) == 0) rt = r;
+  }
+  if (rt == nullptr) return refuse(404, "NotFound", "no such task on this node");
+  const std::string path = req.matches[2] == "stdout" ? rt->StdoutPath(id) : rt->StderrPath(id);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return refuse(404, "NotFound", fmt::format("task {} has no {} log", id, std::string(req.matches[2])));
+  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+  const uint64_t from = std::min(offset, size);
+  std::string chunk(static_cast<size_t>(std::min(limit, size - from)), '\0');
+  in.seekg(static_cast<std::streamoff>(from));
+  in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+  chunk.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  res.set_header("X-Log-Size", std::to_string(size));
+  res.set_header("X-Log-Offset", std::to_string(from));
+  res.set_content(chunk, "text/plain; charset=utf-8");
+}
+
+Status Agent::Start(std::chrono::seconds register_timeout) {
+  // Listen first, so that the registration can tell the server where the logs are.
   if (!options_.metrics_listen.empty()) {
     ASSIGN_OR_RETURN(auto hp, SplitListen(options_.metrics_listen));
     http_ = std::make_unique<httplib::Server>();
@@ -154,41 +214,33 @@ Status Agent::Start(std::chrono::seconds register_timeout) {
       res.set_content(MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
     });
     http_->Get(R"(/tasks/([A-Za-z0-9_.-]+)/logs/(stdout|stderr))",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 if (!options_.token.empty() && req.get_header_value("Authorization") != "Bearer " + options_.token) {
-                   res.status = 401;
-                   res.set_content(R"({"error":{"code":"Unauthenticated","message":"a bearer token is needed"}})",
-                                   "application/json");
-                   return;
-                 }
-                 const std::string id = req.matches[1];
-                 Runtime* rt = nullptr;
-                 {
-                   std::lock_guard<std::mutex> lock(mu_);
-                   auto it = tasks_.find(id);
-                   if (it != tasks_.end()) rt = it->second.runtime;
-                 }
-                 // A finished task is forgotten once reported, but its logs stay on disk.
-                 for (Runtime* r : {process_runtime_.get(), runc_runtime_.get()}) {
-                   if (rt == nullptr && r != nullptr && ::access(r->StdoutPath(id).c_str(), R_OK) == 0) rt = r;
-                 }
-                 if (rt == nullptr) {
-                   res.status = 404;
-                   res.set_content(R"({"error":{"code":"NotFound","message":"no such task on this node"}})",
-                                   "application/json");
-                   return;
-                 }
-                 const std::string path = req.matches[2] == "stdout" ? rt->StdoutPath(id) : rt->StderrPath(id);
-                 std::ifstream in(path, std::ios::binary);
-                 std::ostringstream text;
-                 text << in.rdbuf();
-                 res.set_content(text.str(), "text/plain; charset=utf-8");
-               });
+               [this](const httplib::Request& req, httplib::Response& res) { ServeLog(req, res); });
     const int port = hp.second == 0 ? http_->bind_to_any_port(hp.first.c_str())
                                     : (http_->bind_to_port(hp.first.c_str(), hp.second) ? hp.second : -1);
-    if (port < 0) return Status::IoError(fmt::format("cannot listen on {}", options_.metrics_listen));
+    if (port < 0) {
+      http_.reset();
+      return Status::IoError(fmt::format("cannot listen on {}", options_.metrics_listen));
+    }
     metrics_port_ = port;
     http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+    std::string host = options_.advertise_host;
+    if (host.empty()) host = hp.first == "0.0.0.0" || hp.first == "::" || hp.first.empty() ? HostName() : hp.first;
+    endpoint_ = fmt::format("http://{}:{}", host, port);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + register_timeout;
+  for (;;) {
+    Status st = Register();
+    if (st.ok()) break;
+    // Unreachable (the server may still be starting): retry until the deadline. Refused: say why.
+    if (st.code() != StatusCode::kIoError || std::chrono::steady_clock::now() >= deadline) {
+      if (http_) {
+        http_->stop();
+        if (http_thread_.joinable()) http_thread_.join();
+        http_.reset();
+      }
+      return st;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   stopping_ = false;
   next_heartbeat_ = std::chrono::steady_clock::now();
@@ -209,6 +261,12 @@ void Agent::Stop(bool stop_tasks) {
     for (auto& [id, t] : tasks_) {
       if (t.started && !t.exited && t.runtime != nullptr)
         (void)t.runtime->Stop(id, std::chrono::seconds(t.assignment.grace_period_seconds));
+      t.mps_gpus.clear();
+    }
+    // `quit` lets the daemons finish with the clients that are still exiting.
+    if (mps_) {
+      if (Status st = mps_->StopAll(); !st.ok())
+        std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
     }
   }
 }
@@ -225,7 +283,9 @@ void Agent::Tick() {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_heartbeat_) return;
   next_heartbeat_ = now + std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_ * 1000));
-  auto r = client_->Post(fmt::format("/api/v1/agent/nodes/{}/heartbeat", PercentEncode(options_.node)), "{}");
+  // The endpoint rides along with every heartbeat: a restarted server learns it again this way.
+  const json beat = endpoint_.empty() ? json::object() : json{{"agent", AgentInfoJson()}};
+  auto r = client_->Post(fmt::format("/api/v1/agent/nodes/{}/heartbeat", PercentEncode(options_.node)), beat.dump());
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++heartbeats_;
@@ -301,6 +361,7 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
       continue;
     }
     if (t.exited && t.final_reported) {
+      ReleaseMps(t);
       if (t.runtime != nullptr) (void)t.runtime->Remove(it->first);
       it = tasks_.erase(it);
       continue;
@@ -310,10 +371,37 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
 }
 
 // REQUIRES: mu_ held.
+Status Agent::EnsureMps(LocalTask& t) {
+  const Assignment& a = t.assignment;
+  if (a.isolation != "mps" || !mps_) return Status::Ok();
+  for (const AssignedGpu& g : a.gpus) {
+    // An index outside the inventory is TaskEnvironment's to refuse.
+    if (g.index < 0 || static_cast<size_t>(g.index) >= inventory_.gpus.size()) continue;
+    // The inventory's UUID: the one TaskEnvironment names the pipe directory after.
+    const std::string& uuid = inventory_.gpus[static_cast<size_t>(g.index)].uuid;
+    if (std::find(t.mps_gpus.begin(), t.mps_gpus.end(), uuid) != t.mps_gpus.end()) continue;
+    RETURN_IF_ERROR(mps_->Ensure(uuid, a.task_id()));
+    t.mps_gpus.push_back(uuid);
+  }
+  return Status::Ok();
+}
+
+// REQUIRES: mu_ held.
+void Agent::ReleaseMps(LocalTask& t) {
+  if (!mps_) return;
+  for (const std::string& uuid : t.mps_gpus) {
+    if (Status st = mps_->Release(uuid, t.assignment.task_id()); !st.ok())
+      std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
+  }
+  t.mps_gpus.clear();
+}
+
+// REQUIRES: mu_ held.
 void Agent::StartTask(LocalTask& t) {
   const Assignment& a = t.assignment;
   const std::string id = a.task_id();
   auto fail = [&](const Status& st) {
+    ReleaseMps(t);
     ++start_failures_;
     t.exited = true;
     t.final_state = "failed";
@@ -328,6 +416,9 @@ void Agent::StartTask(LocalTask& t) {
     auto st = t.runtime->Poll(id);
     if (st.ok() && st->state == RunState::kRunning) {
       t.started = true;
+      // Count it among its daemon's users again (restarting a daemon that died meanwhile).
+      if (Status ms = EnsureMps(t); !ms.ok())
+        std::cerr << fmt::format("gpupool agent {}: adopted task {}: {}\n", options_.node, id, ms.ToString());
       return;
     }
     (void)t.runtime->Remove(id);
@@ -335,6 +426,10 @@ void Agent::StartTask(LocalTask& t) {
   TaskEnvOptions eo;
   eo.node = options_.node;
   eo.mps_pipe_root = options_.state_dir + "/mps";
+  if (a.isolation == "mps" && mps_) {
+    if (Status st = EnsureMps(t); !st.ok()) return fail(st);
+    eo.mps_daemons = true;
+  }
   auto env = TaskEnvironment(a, inventory_, eo);
   if (!env.ok()) return fail(env.status());
   if (a.command.empty() && a.bundle.empty()) return fail(Status::InvalidArgument("the task has no command"));
@@ -377,6 +472,7 @@ void Agent::PollTasks() {
             t.final_state = "failed";
           }
           t.final_message = st->message;
+          ReleaseMps(t);
         }
       }
       if ((t.exited && !t.final_reported) || (t.started && !t.exited && !t.running_reported)) due.push_back(id);
@@ -422,6 +518,7 @@ std::string Agent::MetricsText() {
   }
   std::vector<GpuHolder> holders;
   uint64_t running = 0, starts = 0, failures = 0, heartbeats = 0, heartbeat_failures = 0;
+  const size_t mps_daemons = mps_ ? mps_->Gpus().size() : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, t] : tasks_) {
@@ -450,6 +547,9 @@ std::string Agent::MetricsText() {
   out += "# HELP gpupool_agent_heartbeat_failures_total Heartbeats that got no good answer.\n"
          "# TYPE gpupool_agent_heartbeat_failures_total counter\n";
   out += fmt::format("gpupool_agent_heartbeat_failures_total{{{}}} {}\n", label, heartbeat_failures);
+  out += "# HELP gpupool_agent_mps_daemons MPS control daemons the agent keeps (one per GPU with mps tasks).\n"
+         "# TYPE gpupool_agent_mps_daemons gauge\n";
+  out += fmt::format("gpupool_agent_mps_daemons{{{}}} {}\n", label, mps_daemons);
   return out;
 }
 

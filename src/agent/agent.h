@@ -12,7 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "agent/inventory.h"
+#include "agent/mps.h"
 #include "agent/nvml.h"
 #include "agent/runtime.h"
 #include "agent/task_env.h"
@@ -20,6 +23,8 @@
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace gpupool {
@@ -36,8 +41,11 @@ struct AgentOptions {
   std::string simulate;             // a SimulatedInventory spec; empty: NVML, or simulate when absent
   std::string default_simulation = "4xA100-80GB";
   std::string nvml_library;         // empty: libnvidia-ml.so.1
+  std::string mps_control_binary;   // real GPUs, isolation mps; empty: nvidia-cuda-mps-control in PATH
   std::string state_dir;            // task directories, logs, runtime state
   std::string metrics_listen;       // "host:port" for /metrics and task logs; empty: none; port 0: any
+  std::string advertise_host;       // host in the log endpoint sent to the server; empty: the listen
+                                    // host, or the host name when listening on all addresses
   double heartbeat_seconds = 0;     // 0: what the server asks for
   double poll_seconds = 0.2;        // how often task state is checked
 };
@@ -77,10 +85,13 @@ class Agent {
     bool running_reported = false;
     bool final_reported = false;
     bool in_assignments = true;
+    std::vector<std::string> mps_gpus;  // GPUs whose MPS daemon counts this task among its users
   };
 
   explicit Agent(AgentOptions options);
   Status Register();
+  nlohmann::json AgentInfoJson() const;  // {endpoint, logToken} for registration and heartbeats
+  void ServeLog(const httplib::Request& req, httplib::Response& res);
   void Loop();
   void Tick();
   void Reconcile(const std::vector<Assignment>& assignments);
@@ -88,6 +99,11 @@ class Agent {
   void PollTasks();
   void Report(LocalTask& t);
   Result<Runtime*> RuntimeFor(const Assignment& a);
+  // Real GPUs, isolation mps: makes sure each of the task's GPUs has its MPS control daemon, with
+  // the task among its users. REQUIRES: mu_ held.
+  Status EnsureMps(LocalTask& t);
+  // The task no longer uses its GPUs' MPS daemons (the last user stops one). REQUIRES: mu_ held.
+  void ReleaseMps(LocalTask& t);
 
   AgentOptions options_;
   Inventory inventory_;
@@ -97,6 +113,7 @@ class Agent {
   std::unique_ptr<Runtime> process_runtime_;
   std::unique_ptr<Runtime> runc_runtime_;
   std::string runc_error_;
+  std::unique_ptr<MpsDaemons> mps_;  // real GPUs only; simulated ones get the variables alone
 
   std::mutex mu_;  // guards tasks_ and counters
   std::map<std::string, LocalTask> tasks_;
@@ -110,6 +127,8 @@ class Agent {
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_;
   int metrics_port_ = 0;
+  std::string endpoint_;   // http://host:port of the log server; empty: none
+  std::string log_token_;  // random per agent start: what the server presents to read logs
   std::chrono::steady_clock::time_point next_heartbeat_{};
   double heartbeat_interval_ = 5;
 };

@@ -269,6 +269,11 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--nvml", agent->options.nvml_library, "Path of libnvidia-ml.so.1 (default: the driver's)");
   agent_cmd->add_option("--state-dir", agent->options.state_dir, "Task logs and runtime state (default: <data dir>/agent)");
   agent_cmd->add_option("--metrics-listen", agent->options.metrics_listen, "host:port for /metrics and task logs");
+  agent_cmd->add_option("--advertise-host", agent->options.advertise_host,
+                        "Host the server uses to reach this agent's logs (default: the --metrics-listen "
+                        "host, or the host name when that is 0.0.0.0)");
+  agent_cmd->add_option("--mps-control", agent->options.mps_control_binary,
+                        "Path of nvidia-cuda-mps-control (default: found in PATH)");
   agent_cmd->add_option("--label", agent->labels, "Node label key=value (repeatable)");
   agent_cmd->add_option("--cpu", agent->options.cpu, "CPU cores to offer (default: all online)");
   agent_cmd->add_option("--memory", agent->options.memory, "Memory to offer, e.g. 64Gi (default: all)");

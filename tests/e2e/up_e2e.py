@@ -108,17 +108,19 @@ def wait_done(api, job_id, timeout=60):
         time.sleep(0.2)
 
 
-def task_env(job_id, index, metrics_port, token):
-    for i in range(2):
-        try:
-            text = get_text("http://127.0.0.1:%d/tasks/%s.%d/logs/stdout" % (metrics_port + i, job_id, index), token)
-            return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-        except urllib.error.HTTPError:
-            continue
-    fail("no stdout log for %s.%d on either node" % (job_id, index))
+def task_env(api, job_id, index):
+    """The task's stdout (its env dump) through the server, which reads it from the node's agent."""
+    req = urllib.request.Request("%s/api/v1/jobs/%s/tasks/%d/logs" % (api.url, job_id, index))
+    req.add_header("Authorization", "Bearer " + api.token)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            text = r.read().decode()
+    except urllib.error.HTTPError as e:
+        fail("logs of %s.%d: HTTP %d %s" % (job_id, index, e.code, e.read().decode()))
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def run_examples(api, node_names, metrics_port, token):
+def run_examples(api, binary):
     for name in EXAMPLES:
         spec = yaml.safe_load(open(os.path.join(ROOT, "examples", "jobs", name + ".yaml")))
         if spec["name"] != name:
@@ -132,10 +134,16 @@ def run_examples(api, node_names, metrics_port, token):
         code, body = api.call("POST", "/api/v1/jobs", spec)
         if code != 201:
             fail("submit example %s: %d %s" % (name, code, body))
+        if name == "hello-gpu":
+            # `gpupool logs -f` follows the task from submission to its end, through the server.
+            r = subprocess.run([binary, "logs", body["id"], "-f", "--server", api.url, "--token", api.token],
+                               capture_output=True, timeout=60)
+            if r.returncode != 0 or ("GPUPOOL_JOB_ID=" + body["id"]).encode() not in r.stdout:
+                fail("gpupool logs -f %s: rc %d, out %r, err %r" % (body["id"], r.returncode, r.stdout[-500:], r.stderr[-500:]))
         job = wait_done(api, body["id"])
         if job["state"] != "succeeded":
             fail("example %s ended %s: %s" % (name, job["state"], job.get("reason")))
-        envs = [task_env(job["id"], t["index"], metrics_port, token) for t in job["tasks"]]
+        envs = [task_env(api, job["id"], t["index"]) for t in job["tasks"]]
         places = [(e["GPUPOOL_NODE"], e.get("GPUPOOL_GPU_INDICES", "")) for e in envs]
         isolations = [e["GPUPOOL_ISOLATION"] for e in envs]
         want_tasks = sum(t.get("replicas", 1) for t in spec["tasks"])
@@ -254,16 +262,7 @@ def main():
         for job_id, spec in ids.items():
             task = spec["tasks"][0]
             for index in range(task["replicas"]):
-                text = None
-                for i in range(2):
-                    try:
-                        text = get_text("http://127.0.0.1:%d/tasks/%s.%d/logs/stdout" % (metrics_port + i, job_id, index), token)
-                        break
-                    except urllib.error.HTTPError:
-                        continue
-                if text is None:
-                    fail("no stdout log for %s.%d on either node" % (job_id, index))
-                env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+                env = task_env(api, job_id, index)
                 node = env.get("GPUPOOL_NODE")
                 if node not in node_names or env.get("GPUPOOL_JOB_ID") != job_id or env.get("GPUPOOL_TASK_INDEX") != str(index):
                     fail("%s.%d: identity variables wrong: %s" % (job_id, index, {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}))
@@ -301,7 +300,15 @@ def main():
                 containers += 1 if "container" in task else 0
         print("up_e2e: environment matches the allocation for %d tasks (%d in runc containers)" % (checked, containers), flush=True)
 
-        run_examples(api, node_names, metrics_port, token)
+        # The agents serve logs only to callers with a token.
+        try:
+            get_text("http://127.0.0.1:%d/tasks/%s.0/logs/stdout" % (metrics_port, next(iter(ids))))
+            fail("an agent served a task log without a token")
+        except urllib.error.HTTPError as e:
+            if e.code != 401:
+                fail("an agent answered %d to a log request without a token" % e.code)
+
+        run_examples(api, binary)
 
         # Every /metrics endpoint passes promtool.
         endpoints = [("server", "127.0.0.1:%d" % api_port)] + [("agent", "127.0.0.1:%d" % (metrics_port + i)) for i in range(2)]
