@@ -23,6 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using agent_internal::ErrnoText;
+using agent_internal::FdCloser;
 
 constexpr const char* kPidFile = "nvidia-cuda-mps-control.pid";
 constexpr size_t kMaxOutput = 64 * 1024;
@@ -50,22 +51,6 @@ int MoveHigh(int fd) {
   errno = saved;
   return high;
 }
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
 
 struct CommandResult {
   int status = 0;          // the exit status, or 128 + signal
@@ -95,11 +80,11 @@ Result<CommandResult> RunCommand(const std::string& exe, const std::vector<std::
 
   int in[2], out[2], ex[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  Fd in_r(MoveHigh(in[0])), in_w(MoveHigh(in[1]));
+  FdCloser in_r(MoveHigh(in[0])), in_w(MoveHigh(in[1]));
   if (::pipe2(out, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  Fd out_r(MoveHigh(out[0])), out_w(MoveHigh(out[1]));
+  FdCloser out_r(MoveHigh(out[0])), out_w(MoveHigh(out[1]));
   if (::pipe2(ex, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  Fd ex_r(MoveHigh(ex[0])), ex_w(MoveHigh(ex[1]));
+  FdCloser ex_r(MoveHigh(ex[0])), ex_w(MoveHigh(ex[1]));
   if (in_r.get() < 0 || in_w.get() < 0 || out_r.get() < 0 || out_w.get() < 0 || ex_r.get() < 0 || ex_w.get() < 0)
     return Status::IoError(fmt::format("setting up pipes: {}", ErrnoText(errno)));
   // The input is a command or two: it fits the pipe buffer, so it is written before the fork and

@@ -38,11 +38,7 @@ class ProcessRuntime final : public SupervisedRuntime {
 
   Status Start(const LaunchSpec& spec) override {
     std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(ValidateTaskId(spec.id));
-    if (spec.argv.empty() || spec.argv[0].empty())
-      return Status::InvalidArgument(fmt::format("task {}: argv is empty", spec.id));
-    if (spec.cpu_milli < 0 || spec.memory_bytes < 0)
-      return Status::InvalidArgument(fmt::format("task {}: negative CPU or memory limit", spec.id));
+    RETURN_IF_ERROR(ValidateLaunchSpec(spec));
     auto path_it = spec.env.find("PATH");
     std::string path_var = path_it != spec.env.end() ? path_it->second : DefaultPath();
     ASSIGN_OR_RETURN(std::string exe, FindExecutable(spec.argv[0], path_var));

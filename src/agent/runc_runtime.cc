@@ -158,11 +158,7 @@ class RuncRuntime final : public SupervisedRuntime {
 
   Status Start(const LaunchSpec& spec) override {
     std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(ValidateTaskId(spec.id));
-    if (spec.argv.empty() || spec.argv[0].empty())
-      return Status::InvalidArgument(fmt::format("task {}: argv is empty", spec.id));
-    if (spec.cpu_milli < 0 || spec.memory_bytes < 0)
-      return Status::InvalidArgument(fmt::format("task {}: negative CPU or memory limit", spec.id));
+    RETURN_IF_ERROR(ValidateLaunchSpec(spec));
     std::string bundle;
     std::string generated;
     if (!spec.bundle.empty()) {

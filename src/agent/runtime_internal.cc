@@ -45,22 +45,6 @@ int DupHigh(int fd) {
   return high;
 }
 
-class FdCloser {
- public:
-  explicit FdCloser(int fd = -1) : fd_(fd) {}
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  ~FdCloser() { reset(); }
-  int get() const { return fd_; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
-
 // ---- async-signal-safe helpers for the forked children -----------------------------------------
 
 // Message kinds on the status pipe. Each message is 8 bytes, written atomically.
@@ -415,6 +399,15 @@ Status ValidateTaskId(const std::string& id) {
           fmt::format("task id '{}' may hold only letters, digits, '.', '_' and '-'", id));
   }
   if (id == "runc-root") return Status::InvalidArgument("task id 'runc-root' is reserved");
+  return Status::Ok();
+}
+
+Status ValidateLaunchSpec(const LaunchSpec& spec) {
+  RETURN_IF_ERROR(ValidateTaskId(spec.id));
+  if (spec.argv.empty() || spec.argv[0].empty())
+    return Status::InvalidArgument(fmt::format("task {}: argv is empty", spec.id));
+  if (spec.cpu_milli < 0 || spec.memory_bytes < 0)
+    return Status::InvalidArgument(fmt::format("task {}: negative CPU or memory limit", spec.id));
   return Status::Ok();
 }
 

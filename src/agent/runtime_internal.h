@@ -12,6 +12,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -26,6 +27,27 @@
 #include "common/status.h"
 
 namespace gpupool::agent_internal {
+
+// Owns a file descriptor: closes it when it goes out of scope or is reset.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd = -1) : fd_(fd) {}
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  ~FdCloser() { reset(); }
+  int get() const { return fd_; }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// The checks every runtime makes on a launch before anything else: a usable task id, a command,
+// no negative limits.
+Status ValidateLaunchSpec(const LaunchSpec& spec);
 
 // ---- files -------------------------------------------------------------------------------------
 Result<std::string> ReadFile(const std::string& path);
