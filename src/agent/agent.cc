@@ -281,8 +281,16 @@ void Agent::Loop() {
 void Agent::Tick() {
   PollTasks();
   const auto now = std::chrono::steady_clock::now();
-  if (now < next_heartbeat_) return;
+  if (now < next_heartbeat_) {
+    if (options_.assignment_poll_seconds <= 0 || now < next_assignments_) return;
+    next_assignments_ = now + std::chrono::milliseconds(static_cast<int64_t>(options_.assignment_poll_seconds * 1000));
+    auto r = client_->Get(fmt::format("/api/v1/agent/nodes/{}/assignments", PercentEncode(options_.node)));
+    // Anything but a good answer waits for the heartbeat, which also handles a lost registration.
+    if (Ok2xx(r) && r->is_json) ApplyAssignments(r->json.dump());
+    return;
+  }
   next_heartbeat_ = now + std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_ * 1000));
+  next_assignments_ = now + std::chrono::milliseconds(static_cast<int64_t>(options_.assignment_poll_seconds * 1000));
   // The endpoint rides along with every heartbeat: a restarted server learns it again this way.
   const json beat = endpoint_.empty() ? json::object() : json{{"agent", AgentInfoJson()}};
   auto r = client_->Post(fmt::format("/api/v1/agent/nodes/{}/heartbeat", PercentEncode(options_.node)), beat.dump());
@@ -298,7 +306,11 @@ void Agent::Tick() {
     return;
   }
   if (!Ok2xx(r) || !r->is_json) return;
-  auto assignments = ParseAssignments(json::parse(r->json.dump()));
+  ApplyAssignments(r->json.dump());
+}
+
+void Agent::ApplyAssignments(const std::string& body) {
+  auto assignments = ParseAssignments(json::parse(body));
   if (!assignments.ok()) {
     std::cerr << fmt::format("gpupool agent {}: the server's assignments: {}\n", options_.node,
                              assignments.status().ToString());

@@ -48,6 +48,9 @@ struct AgentOptions {
                                     // host, or the host name when listening on all addresses
   double heartbeat_seconds = 0;     // 0: what the server asks for
   double poll_seconds = 0.2;        // how often task state is checked
+  // How often the agent asks for its assignments between heartbeats (every heartbeat brings them
+  // too): what a new task waits at most before its agent sees it. 0: only with heartbeats.
+  double assignment_poll_seconds = 1.0;
 };
 
 class Agent {
@@ -95,6 +98,7 @@ class Agent {
   void Loop();
   void Tick();
   void Reconcile(const std::vector<Assignment>& assignments);
+  void ApplyAssignments(const std::string& body);  // parse, reconcile, poll
   void StartTask(LocalTask& t);
   void PollTasks();
   void Report(LocalTask& t);
@@ -130,6 +134,7 @@ class Agent {
   std::string endpoint_;   // http://host:port of the log server; empty: none
   std::string log_token_;  // random per agent start: what the server presents to read logs
   std::chrono::steady_clock::time_point next_heartbeat_{};
+  std::chrono::steady_clock::time_point next_assignments_{};
   double heartbeat_interval_ = 5;
 };
 

@@ -183,6 +183,7 @@ struct UpFlags {
   int nodes = 1;
   std::string metrics_listen = "127.0.0.1:9400";
   double heartbeat_seconds = 0;
+  double assignment_poll_seconds = 0.25;
 };
 
 int RunUp(UpFlags flags) {
@@ -211,6 +212,7 @@ int RunUp(UpFlags flags) {
     o.state_dir = server.config.data_dir + "/agent/" + o.node;
     o.metrics_listen = fmt::format("{}:{}", metrics_host, metrics_port == 0 ? 0 : metrics_port + i);
     o.heartbeat_seconds = flags.heartbeat_seconds;
+    o.assignment_poll_seconds = flags.assignment_poll_seconds;
     if (Status st = MakeDirs(o.state_dir); !st.ok()) {
       server.Stop();
       return Fail(st);
@@ -279,6 +281,9 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--memory", agent->options.memory, "Memory to offer, e.g. 64Gi (default: all)");
   agent_cmd->add_option("--heartbeat-interval", agent->options.heartbeat_seconds,
                         "Seconds between heartbeats (default: what the server asks)");
+  agent_cmd->add_option("--assignment-poll", agent->options.assignment_poll_seconds,
+                        "Seconds between assignment checks between heartbeats (default 1; 0: only with heartbeats)")
+      ->check(CLI::Range(0.0, 3600.0));
 
   auto up = std::make_shared<UpFlags>();
   auto* up_cmd = app.add_subcommand("up", "Server and local agent(s) in one process: the pool on this machine");
@@ -291,6 +296,9 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   up_cmd->add_option("--metrics-listen", up->metrics_listen,
                      "host:port of the first agent's /metrics; node i uses port+i (default 127.0.0.1:9400; port 0: any)");
   up_cmd->add_option("--heartbeat-interval", up->heartbeat_seconds, "Seconds between agent heartbeats");
+  up_cmd->add_option("--assignment-poll", up->assignment_poll_seconds,
+                     "Seconds between the agents' assignment checks (default 0.25; 0: only with heartbeats)")
+      ->check(CLI::Range(0.0, 3600.0));
 
   return [cmd, flags, agent_cmd, agent, up_cmd, up]() -> int {
     if (*cmd) return RunServer(*flags);
