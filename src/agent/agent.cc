@@ -459,6 +459,15 @@ void Agent::StartTask(LocalTask& t) {
       const GpuInfo& info = inventory_.gpus[static_cast<size_t>(g.index)];
       if (info.minor_number >= 0) spec.devices.push_back(fmt::format("/dev/nvidia{}", info.minor_number));
     }
+    if (a.isolation == "mig" && (!a.rootfs.empty() || !a.bundle.empty())) {
+      // In a container, a MIG instance also needs the nvidia-caps nodes of its GPU and compute instance.
+      std::ifstream minors("/proc/driver/nvidia-caps/mig-minors");
+      std::stringstream text;
+      text << minors.rdbuf();
+      auto caps = TaskMigCapDevices(a, inventory_, text.str());
+      if (!caps.ok()) return fail(caps.status());
+      spec.devices.insert(spec.devices.end(), caps->begin(), caps->end());
+    }
   }
   if (Status st = t.runtime->Start(spec); !st.ok()) return fail(st);
   ++starts_;

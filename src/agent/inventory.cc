@@ -138,15 +138,47 @@ Result<int> YamlInt(const YAML::Node& n, const std::string& path) {
   return value;
 }
 
+// `migGpus: [0, 2]`: those GPUs in MIG mode, with their model's catalog profiles. A simulated GPU
+// has no MIG instances; its tasks get synthetic instance UUIDs (agent/task_env.h).
+Status EnableSimulatedMig(const YAML::Node& list, Inventory& inv) {
+  if (!list.IsSequence()) return Status::InvalidArgument("migGpus: must be a list of GPU indices");
+  const GpuCatalog catalog = GpuCatalog::Builtin();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string path = fmt::format("migGpus[{}]", i);
+    ASSIGN_OR_RETURN(const int index, YamlInt(list[i], path));
+    if (index < 0 || static_cast<size_t>(index) >= inv.gpus.size()) {
+      return Status::InvalidArgument(
+          fmt::format("{}: GPU {} is not in the machine (GPUs 0..{})", path, index, inv.gpus.size() - 1));
+    }
+    GpuInfo& gpu = inv.gpus[static_cast<size_t>(index)];
+    const GpuModelSpec* model = catalog.Find(gpu.model);
+    if (model == nullptr || !model->mig) {
+      return Status::InvalidArgument(fmt::format("{}: {} is not MIG-capable", path, gpu.model));
+    }
+    if (gpu.mig_enabled) continue;
+    gpu.mig_enabled = true;
+    for (const MigProfile& p : model->mig->profiles) {
+      gpu.mig_profiles.push_back({.profile_id = p.driver_id,
+                                  .name = p.name,
+                                  .slice_count = p.compute_slices,
+                                  .instance_count = p.max_instances,
+                                  .memory_mib = p.memory.units()});
+    }
+  }
+  return Status::Ok();
+}
+
 Result<Inventory> FromYaml(const YAML::Node& root, const std::string& node, const std::string& source) {
   if (!root.IsMap()) return Status::InvalidArgument("machine spec: must be a YAML mapping");
-  static const std::set<std::string> kKeys = {"gpuModel", "gpus", "nvswitchLinks", "nvlinks", "topology"};
+  static const std::set<std::string> kKeys = {"gpuModel", "gpus",     "nvswitchLinks",
+                                              "nvlinks",  "topology", "migGpus"};
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
     if (kKeys.count(key) == 0) {
-      return Status::InvalidArgument(fmt::format(
-          "machine spec: unknown field '{}' (fields: gpuModel, gpus, nvswitchLinks, nvlinks, topology)",
-          key));
+      return Status::InvalidArgument(
+          fmt::format("machine spec: unknown field '{}' (fields: gpuModel, gpus, nvswitchLinks, nvlinks, "
+                      "topology, migGpus)",
+                      key));
     }
   }
   MachineSpec machine;
@@ -233,6 +265,9 @@ Result<Inventory> FromYaml(const YAML::Node& root, const std::string& node, cons
     Result<Topology> checked = TopologyFromJson(j, n, "topology");
     if (!checked.ok()) return checked.status();
     inv.topology = std::move(scores);
+  }
+  if (const YAML::Node mig = root["migGpus"]) {
+    RETURN_IF_ERROR(EnableSimulatedMig(mig, inv));
   }
   return inv;
 }

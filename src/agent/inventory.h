@@ -24,6 +24,18 @@ struct MigProfileInfo {
   int64_t memory_mib = 0;
 };
 
+// A MIG device that exists on a MIG-enabled GPU: one compute instance inside one GPU instance, as
+// NVML enumerates it (gpupool does not create instances). CUDA addresses it by `uuid`.
+struct MigInstanceInfo {
+  std::string uuid;     // "MIG-4f5e..." (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES take it)
+  int profile_id = -1;  // the GPU instance's profile id (19, 14, 9, ...); -1 when unreadable
+  std::string profile;  // "3g.40gb", named as in `mig_profiles`; empty when unknown
+  int start = -1;       // placement: first memory slice; -1 when unreadable
+  int size = 0;         // placement: memory slices
+  int gpu_instance_id = -1;
+  int compute_instance_id = -1;
+};
+
 struct GpuProcessInfo {
   uint32_t pid = 0;
   int64_t used_memory_bytes = 0;
@@ -41,6 +53,9 @@ struct GpuInfo {
   int minor_number = -1;         // /dev/nvidia<minor>; -1 when unknown or simulated
   bool mig_enabled = false;
   std::vector<MigProfileInfo> mig_profiles;
+  // MIG enabled: the instances that exist now (NVML only; a simulated GPU has none, its tasks get
+  // synthetic instance UUIDs, see agent/task_env.h). Empty where the driver lacks the MIG device API.
+  std::vector<MigInstanceInfo> mig_instances;
   bool healthy = true;
   std::string health_reason;     // why not healthy ("XID 79", "uncorrectable ECC errors: 3")
   std::vector<GpuProcessInfo> processes;
@@ -62,7 +77,8 @@ struct Inventory {
 //     machine presets, PCIE gives pairs under switches; or
 //   - a machine preset name of model/topology.h ("dgx-h100"); or
 //   - a YAML machine spec: {gpuModel: H100-80GB, gpus: 8, nvswitchLinks: 18} or with an explicit
-//     `topology` matrix and per-GPU `numaNode`.
+//     `topology` matrix and per-GPU `numaNode`; `migGpus: [0, 2]` puts those GPUs (of a
+//     MIG-capable model) in MIG mode, with the model's catalog profiles.
 // UUIDs are "GPU-sim-<node>-<index>". Errors name what is wrong with the spec.
 Result<Inventory> SimulatedInventory(std::string_view spec, const std::string& node);
 

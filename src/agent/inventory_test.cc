@@ -76,6 +76,35 @@ TEST(SimulatedInventory, YamlMachineSpec) {
   EXPECT_EQ(explicit_topo->topology[0][1], 10);
 }
 
+TEST(SimulatedInventory, YamlMigGpusAreMigEnabledWithoutInstances) {
+  Result<Inventory> inv = SimulatedInventory("{gpuModel: A100-80GB, gpus: 4, migGpus: [1, 3]}", "sim-1");
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_FALSE(inv->gpus[0].mig_enabled);
+  EXPECT_TRUE(inv->gpus[1].mig_enabled);
+  EXPECT_TRUE(inv->gpus[3].mig_enabled);
+  EXPECT_TRUE(inv->gpus[0].mig_profiles.empty());
+  ASSERT_FALSE(inv->gpus[1].mig_profiles.empty());
+  bool has_3g = false;
+  for (const MigProfileInfo& p : inv->gpus[1].mig_profiles)
+    has_3g = has_3g || (p.name == "3g.40gb" && p.profile_id == 9);
+  EXPECT_TRUE(has_3g);
+  // Simulated GPUs have no real MIG instances (tasks get synthetic ones, agent/task_env.h).
+  EXPECT_TRUE(inv->gpus[1].mig_instances.empty());
+  const NodeSpec node = Register(*inv, "sim-1");
+  EXPECT_FALSE(node.gpus[0].mig_enabled);
+  EXPECT_TRUE(node.gpus[1].mig_enabled);
+
+  Result<Inventory> not_capable = SimulatedInventory("{gpuModel: A10, gpus: 2, migGpus: [0]}", "n");
+  ASSERT_FALSE(not_capable.ok());
+  EXPECT_NE(not_capable.status().message().find("migGpus[0]: A10 is not MIG-capable"), std::string::npos)
+      << not_capable.status().message();
+  Result<Inventory> out_of_range = SimulatedInventory("{gpuModel: H100-80GB, gpus: 2, migGpus: [0, 2]}", "n");
+  ASSERT_FALSE(out_of_range.ok());
+  EXPECT_NE(out_of_range.status().message().find("migGpus[1]: GPU 2 is not in the machine"),
+            std::string::npos)
+      << out_of_range.status().message();
+}
+
 TEST(SimulatedInventory, ErrorsNameWhatIsWrong) {
   Result<Inventory> zero = SimulatedInventory("0xH100", "n");
   ASSERT_FALSE(zero.ok());

@@ -28,10 +28,12 @@ namespace {
 using NvmlReturn = int;
 using NvmlDevice = struct NvmlDeviceOpaque*;
 using NvmlEventSet = struct NvmlEventSetOpaque*;
+using NvmlGpuInstance = struct NvmlGpuInstanceOpaque*;
 
 constexpr NvmlReturn kSuccess = 0;
 constexpr NvmlReturn kErrInvalidArgument = 2;
 constexpr NvmlReturn kErrNotSupported = 3;
+constexpr NvmlReturn kErrNotFound = 6;
 constexpr NvmlReturn kErrInsufficientSize = 7;
 constexpr NvmlReturn kErrTimeout = 10;
 
@@ -132,6 +134,20 @@ struct GpuInstanceProfileInfo {
   unsigned ofa_count;
   unsigned long long memory_size_mb;
 };
+
+// A GPU instance's placement, in memory slices.
+struct GpuInstancePlacement {
+  unsigned start;
+  unsigned size;
+};
+
+struct GpuInstanceInfo {
+  NvmlDevice device;    // the parent GPU
+  unsigned id;          // GPU instance id, unique within the GPU
+  unsigned profile_id;  // as GpuInstanceProfileInfo::id (19, 14, 9, ...)
+  GpuInstancePlacement placement;
+};
+static_assert(sizeof(GpuInstanceInfo) == 24, "nvmlGpuInstanceInfo_t is 24 bytes");
 
 struct EventData {
   NvmlDevice device;
@@ -241,6 +257,9 @@ using MemoryInfoFn = NvmlReturn (*)(NvmlDevice, MemoryInfo*);
 using MemoryInfoV2Fn = NvmlReturn (*)(NvmlDevice, MemoryInfoV2*);
 using MigModeFn = NvmlReturn (*)(NvmlDevice, unsigned*, unsigned*);
 using GiProfileInfoFn = NvmlReturn (*)(NvmlDevice, unsigned, GpuInstanceProfileInfo*);
+using MigHandleByIndexFn = NvmlReturn (*)(NvmlDevice, unsigned, NvmlDevice*);
+using GpuInstanceByIdFn = NvmlReturn (*)(NvmlDevice, unsigned, NvmlGpuInstance*);
+using GpuInstanceInfoFn = NvmlReturn (*)(NvmlGpuInstance, GpuInstanceInfo*);
 using CommonAncestorFn = NvmlReturn (*)(NvmlDevice, NvmlDevice, int*);
 using NvLinkStateFn = NvmlReturn (*)(NvmlDevice, unsigned, int*);
 using NvLinkRemotePciFn = NvmlReturn (*)(NvmlDevice, unsigned, PciInfo*);
@@ -336,6 +355,12 @@ struct Nvml::Impl {
   MemoryInfoV2Fn memory_info_v2 = nullptr;
   MigModeFn mig_mode = nullptr;
   GiProfileInfoFn gi_profile_info = nullptr;
+  UintFn max_mig_devices = nullptr;
+  MigHandleByIndexFn mig_handle_by_index = nullptr;
+  UintFn gpu_instance_id = nullptr;
+  UintFn compute_instance_id = nullptr;
+  GpuInstanceByIdFn gpu_instance_by_id = nullptr;
+  GpuInstanceInfoFn gpu_instance_info = nullptr;
   CommonAncestorFn common_ancestor = nullptr;
   NvLinkStateFn nvlink_state = nullptr;
   NvLinkRemotePciFn nvlink_remote_pci = nullptr;
@@ -563,6 +588,45 @@ struct Nvml::Impl {
     }
   }
 
+  // The MIG devices (compute instances) that exist on a MIG-enabled GPU, each with its GPU
+  // instance's profile and placement. Profile names come from `gpu.mig_profiles`, so this runs after
+  // those are named. Without the MIG device API the list stays empty; a device whose GPU instance
+  // cannot be read (nvmlDeviceGetGpuInstanceById wants a privileged user) is listed with its UUID and
+  // ids but no profile or placement, so it matches no assignment.
+  void FillMigInstances(NvmlDevice dev, GpuInfo& gpu) const {
+    if (!gpu.mig_enabled || max_mig_devices == nullptr || mig_handle_by_index == nullptr) return;
+    unsigned count = 0;
+    if (max_mig_devices(dev, &count) != kSuccess) return;
+    for (unsigned k = 0; k < count; ++k) {
+      NvmlDevice mig = nullptr;
+      const NvmlReturn r = mig_handle_by_index(dev, k, &mig);
+      if (r == kErrNotFound) continue;  // no MIG device at index k
+      if (r != kSuccess || mig == nullptr) continue;
+      std::array<char, 96> buf{};
+      if (uuid(mig, buf.data(), static_cast<unsigned>(buf.size())) != kSuccess) continue;
+      MigInstanceInfo inst;
+      inst.uuid = CString(buf.data(), buf.size());
+      unsigned id = 0;
+      if (gpu_instance_id != nullptr && gpu_instance_id(mig, &id) == kSuccess)
+        inst.gpu_instance_id = static_cast<int>(id);
+      if (compute_instance_id != nullptr && compute_instance_id(mig, &id) == kSuccess)
+        inst.compute_instance_id = static_cast<int>(id);
+      NvmlGpuInstance gi = nullptr;
+      GpuInstanceInfo info{};
+      if (inst.gpu_instance_id >= 0 && gpu_instance_by_id != nullptr && gpu_instance_info != nullptr &&
+          gpu_instance_by_id(dev, static_cast<unsigned>(inst.gpu_instance_id), &gi) == kSuccess &&
+          gpu_instance_info(gi, &info) == kSuccess) {
+        inst.profile_id = static_cast<int>(info.profile_id);
+        inst.start = static_cast<int>(info.placement.start);
+        inst.size = static_cast<int>(info.placement.size);
+        for (const MigProfileInfo& p : gpu.mig_profiles) {
+          if (p.profile_id == inst.profile_id) inst.profile = p.name;
+        }
+      }
+      gpu.mig_instances.push_back(std::move(inst));
+    }
+  }
+
   void FillProcesses(NvmlDevice dev, GpuInfo& gpu) const {
     if (processes == nullptr) return;
     unsigned count = 0;
@@ -701,6 +765,12 @@ Result<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
   m.memory_info_v2 = m.Sym<MemoryInfoV2Fn>("nvmlDeviceGetMemoryInfo_v2");
   m.mig_mode = m.Sym<MigModeFn>("nvmlDeviceGetMigMode");
   m.gi_profile_info = m.Sym<GiProfileInfoFn>("nvmlDeviceGetGpuInstanceProfileInfo");
+  m.max_mig_devices = m.Sym<UintFn>("nvmlDeviceGetMaxMigDeviceCount");
+  m.mig_handle_by_index = m.Sym<MigHandleByIndexFn>("nvmlDeviceGetMigDeviceHandleByIndex");
+  m.gpu_instance_id = m.Sym<UintFn>("nvmlDeviceGetGpuInstanceId");
+  m.compute_instance_id = m.Sym<UintFn>("nvmlDeviceGetComputeInstanceId");
+  m.gpu_instance_by_id = m.Sym<GpuInstanceByIdFn>("nvmlDeviceGetGpuInstanceById");
+  m.gpu_instance_info = m.Sym<GpuInstanceInfoFn>("nvmlGpuInstanceGetInfo");
   m.common_ancestor = m.Sym<CommonAncestorFn>("nvmlDeviceGetTopologyCommonAncestor");
   m.nvlink_state = m.Sym<NvLinkStateFn>("nvmlDeviceGetNvLinkState");
   m.nvlink_remote_pci = m.Sym<NvLinkRemotePciFn>("nvmlDeviceGetNvLinkRemotePciInfo_v2");
@@ -797,6 +867,7 @@ Result<Inventory> Nvml::Discover() {
         }
       }
     }
+    m.FillMigInstances(dev, gpu);
     m.FillProcesses(dev, gpu);
     // Health: a critical XID seen since start, uncorrectable ECC errors, a failed row remapping.
     if (i < m.critical_xid.size() && m.critical_xid[i] != 0) {

@@ -56,7 +56,8 @@ class Nvml {
   Nvml(const Nvml&) = delete;
   Nvml& operator=(const Nvml&) = delete;
 
-  // Every GPU with identity, memory, PCI/NUMA placement, MIG mode and profiles, health (pending
+  // Every GPU with identity, memory, PCI/NUMA placement, MIG mode, profiles and existing MIG
+  // instances (UUID, GPU-instance profile and placement, instance ids), health (pending
   // XID events, uncorrectable ECC, remapping failure), processes, and the pair topology derived
   // from NVLink link counts and common PCIe ancestors.
   Result<Inventory> Discover();

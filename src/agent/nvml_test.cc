@@ -174,6 +174,50 @@ TEST(Nvml, ConfiguredModelMigAndHealth) {
   EXPECT_EQ(*(*samples)[2].last_xid, 0);
 }
 
+TEST(Nvml, DiscoversExistingMigInstances) {
+  FakeNvmlConfig config("gpus=3\nmig=1,2\nmig_instances.1=9@4,19@0,14@2\nmig_instances.0=19@0\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  // GPU 0 is not in MIG mode: its configured instance does not count; GPU 2 has none.
+  EXPECT_TRUE(inv->gpus[0].mig_instances.empty());
+  EXPECT_TRUE(inv->gpus[2].mig_enabled);
+  EXPECT_TRUE(inv->gpus[2].mig_instances.empty());
+  const std::vector<MigInstanceInfo>& mig = inv->gpus[1].mig_instances;
+  ASSERT_EQ(mig.size(), 3u);
+  EXPECT_EQ(mig[0].uuid, "MIG-fa6e0001-0001-4000-8000-000000000000");
+  EXPECT_EQ(mig[0].profile_id, 9);
+  EXPECT_EQ(mig[0].profile, "3g.40gb");
+  EXPECT_EQ(mig[0].start, 4);
+  EXPECT_EQ(mig[0].size, 4);
+  EXPECT_EQ(mig[0].gpu_instance_id, 1);
+  EXPECT_EQ(mig[0].compute_instance_id, 0);
+  EXPECT_EQ(mig[1].uuid, "MIG-fa6e0001-0002-4000-8000-000000000000");
+  EXPECT_EQ(mig[1].profile, "1g.10gb");
+  EXPECT_EQ(mig[1].start, 0);
+  EXPECT_EQ(mig[1].size, 1);
+  EXPECT_EQ(mig[1].gpu_instance_id, 2);
+  EXPECT_EQ(mig[2].profile, "2g.20gb");
+  EXPECT_EQ(mig[2].start, 2);
+  EXPECT_EQ(mig[2].size, 2);
+}
+
+TEST(Nvml, MigInstanceWithoutReadableGpuInstanceHasNoProfile) {
+  FakeNvmlConfig config("gpus=1\nmig=0\nmig_instances.0=9@0\nunsupported=gpu_instance_by_id\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  ASSERT_EQ(inv->gpus[0].mig_instances.size(), 1u);
+  const MigInstanceInfo& m = inv->gpus[0].mig_instances[0];
+  EXPECT_EQ(m.uuid, "MIG-fa6e0000-0001-4000-8000-000000000000");
+  EXPECT_EQ(m.gpu_instance_id, 1);
+  EXPECT_EQ(m.profile_id, -1);
+  EXPECT_EQ(m.profile, "");
+  EXPECT_EQ(m.start, -1);
+}
+
 TEST(Nvml, UnknownDeviceNameKeepsItsName) {
   FakeNvmlConfig config("gpus=1\nname=NVIDIA Future GPU\nno_mig=1\n");
   auto nvml = LoadFake();
@@ -400,12 +444,15 @@ TEST(Nvml, UnsupportedFieldsStayEmpty) {
 }
 
 TEST(Nvml, MissingOptionalSymbolsDoNotFailLoad) {
-  FakeNvmlConfig config("");
+  FakeNvmlConfig config("mig=1\nmig_instances.1=9@4\n");
   auto nvml = LoadFake(FAKE_NVML_MINIMAL_PATH);
   ASSERT_NE(nvml, nullptr);
   Result<Inventory> inv = nvml->Discover();
   ASSERT_TRUE(inv.ok()) << inv.status().ToString();
   ASSERT_EQ(inv->gpus.size(), 4u);
+  // MIG mode is known, but without the MIG device API no instance is listed.
+  EXPECT_TRUE(inv->gpus[1].mig_enabled);
+  EXPECT_TRUE(inv->gpus[1].mig_instances.empty());
   EXPECT_EQ(inv->gpus[3].numa_node, 0);
   EXPECT_TRUE(inv->gpus[0].healthy);
   Result<std::vector<GpuSample>> samples = nvml->Sample();

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <optional>
 
 #include "common/quantity.h"
 
@@ -117,8 +119,14 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
       ASSIGN_OR_RETURN(gpu.memory_bytes, MemoryBytes(gj, "memory", gw));
       if (auto m = gj.find("mig"); m != gj.end() && m->is_object()) {
         ASSIGN_OR_RETURN(gpu.mig_profile, Str(*m, "profile", gw + ".mig", false));
-        ASSIGN_OR_RETURN(int64_t start, Int(*m, "start", gw + ".mig", false));
-        gpu.mig_start = static_cast<int>(start);
+        if (m->contains("profileId")) {
+          ASSIGN_OR_RETURN(int64_t profile_id, Int(*m, "profileId", gw + ".mig", false));
+          gpu.mig_profile_id = static_cast<int>(profile_id);
+        }
+        if (m->contains("start")) {
+          ASSIGN_OR_RETURN(int64_t start, Int(*m, "start", gw + ".mig", false));
+          gpu.mig_start = static_cast<int>(start);
+        }
       }
       out.gpus.push_back(std::move(gpu));
     }
@@ -140,6 +148,17 @@ std::string Join(const std::vector<std::string>& parts, const char* sep) {
   return out;
 }
 
+// How an assignment or an instance names its profile in messages and synthetic UUIDs.
+std::string ProfileLabel(const std::string& name, int id) {
+  if (!name.empty()) return name;
+  return id >= 0 ? fmt::format("profile-{}", id) : std::string("?");
+}
+
+bool SameProfile(const AssignedGpu& g, const MigInstanceInfo& inst) {
+  if (g.mig_profile_id >= 0 && inst.profile_id >= 0) return g.mig_profile_id == inst.profile_id;
+  return !g.mig_profile.empty() && g.mig_profile == inst.profile;
+}
+
 // Fixed decimals without trailing zeros: "0.25", "0.5", "1".
 std::string Decimal(double v) {
   std::string s = fmt::format("{:.4f}", v);
@@ -158,6 +177,103 @@ Result<std::vector<Assignment>> ParseAssignments(const json& body) {
   for (size_t i = 0; i < list.size(); ++i) {
     ASSIGN_OR_RETURN(Assignment a, ParseOne(list[i], fmt::format("assignments[{}]", i)));
     out.push_back(std::move(a));
+  }
+  return out;
+}
+
+Result<MigInstanceInfo> FindMigInstance(const AssignedGpu& g, const Inventory& inv, const std::string& node) {
+  if (g.index < 0 || static_cast<size_t>(g.index) >= inv.gpus.size())
+    return Status::InvalidArgument(
+        fmt::format("gpus: GPU {} is not on this node ({} GPUs)", g.index, inv.gpus.size()));
+  const GpuInfo& info = inv.gpus[static_cast<size_t>(g.index)];
+  if ((g.mig_profile.empty() && g.mig_profile_id < 0) || g.mig_start < 0) {
+    return Status::InvalidArgument(
+        fmt::format("gpus: GPU {}: isolation mig needs the instance's MIG profile and start slice", g.index));
+  }
+  const std::string wanted = ProfileLabel(g.mig_profile, g.mig_profile_id);
+  if (inv.simulated) {
+    MigInstanceInfo sim;
+    sim.uuid = fmt::format("MIG-sim-{}-{}-{}@{}", node, g.index, wanted, g.mig_start);
+    sim.profile_id = g.mig_profile_id;
+    sim.profile = g.mig_profile;
+    sim.start = g.mig_start;
+    return sim;
+  }
+  if (!info.mig_enabled) {
+    return Status::FailedPrecondition(
+        fmt::format("GPU {} ({}) is not in MIG mode; gpupool does not enable MIG", g.index, info.uuid));
+  }
+  const MigInstanceInfo* best = nullptr;
+  for (const MigInstanceInfo& inst : info.mig_instances) {
+    if (inst.start != g.mig_start || !SameProfile(g, inst)) continue;
+    if (best == nullptr || inst.compute_instance_id < best->compute_instance_id) best = &inst;
+  }
+  if (best != nullptr) return *best;
+  std::vector<std::string> existing;
+  for (const MigInstanceInfo& inst : info.mig_instances) {
+    existing.push_back(inst.start >= 0
+                           ? fmt::format("{}@{}", ProfileLabel(inst.profile, inst.profile_id), inst.start)
+                           : fmt::format("{} (GPU instance not readable)", inst.uuid));
+  }
+  return Status::FailedPrecondition(fmt::format(
+      "GPU {} ({}) has no MIG instance of profile {} at slice {} (existing: {}); gpupool does not create "
+      "MIG instances yet",
+      g.index, info.uuid, wanted, g.mig_start,
+      existing.empty() ? std::string("none") : Join(existing, ", ")));
+}
+
+Result<std::vector<std::string>> MigCapDevices(std::string_view mig_minors, int gpu_minor,
+                                               int gpu_instance_id, int compute_instance_id) {
+  if (gpu_minor < 0 || gpu_instance_id < 0 || compute_instance_id < 0) {
+    return Status::InvalidArgument(
+        fmt::format("MIG caps: unknown GPU minor ({}), GPU instance ({}) or compute instance ({})", gpu_minor,
+                    gpu_instance_id, compute_instance_id));
+  }
+  const std::string gi_name = fmt::format("gpu{}/gi{}/access", gpu_minor, gpu_instance_id);
+  const std::string ci_name =
+      fmt::format("gpu{}/gi{}/ci{}/access", gpu_minor, gpu_instance_id, compute_instance_id);
+  std::vector<std::string> out;
+  for (const std::string& wanted : {gi_name, ci_name}) {
+    std::optional<std::string> device;
+    size_t pos = 0;
+    while (pos < mig_minors.size() && !device) {
+      size_t end = mig_minors.find('\n', pos);
+      if (end == std::string_view::npos) end = mig_minors.size();
+      std::string_view line = mig_minors.substr(pos, end - pos);
+      pos = end + 1;
+      const size_t space = line.find_first_of(" \t");
+      if (space == std::string_view::npos || line.substr(0, space) != wanted) continue;
+      std::string_view minor = line.substr(space);
+      while (!minor.empty() && (minor.front() == ' ' || minor.front() == '\t')) minor.remove_prefix(1);
+      while (!minor.empty() && (minor.back() == ' ' || minor.back() == '\t' || minor.back() == '\r'))
+        minor.remove_suffix(1);
+      int value = -1;
+      const auto [ptr, ec] = std::from_chars(minor.data(), minor.data() + minor.size(), value);
+      if (minor.empty() || ec != std::errc() || ptr != minor.data() + minor.size() || value < 0) {
+        return Status::InvalidArgument(
+            fmt::format("mig-minors: '{}' has no valid minor number: '{}'", wanted, std::string(line)));
+      }
+      device = fmt::format("/dev/nvidia-caps/nvidia-cap{}", value);
+    }
+    if (!device) return Status::NotFound(fmt::format("mig-minors has no entry for {}", wanted));
+    out.push_back(std::move(*device));
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> TaskMigCapDevices(const Assignment& a, const Inventory& inv,
+                                                   std::string_view mig_minors) {
+  std::vector<std::string> out;
+  if (a.isolation != "mig" || inv.simulated) return out;
+  for (const AssignedGpu& g : a.gpus) {
+    ASSIGN_OR_RETURN(const MigInstanceInfo inst, FindMigInstance(g, inv, ""));
+    const GpuInfo& info = inv.gpus[static_cast<size_t>(g.index)];
+    ASSIGN_OR_RETURN(
+        std::vector<std::string> caps,
+        MigCapDevices(mig_minors, info.minor_number, inst.gpu_instance_id, inst.compute_instance_id));
+    for (std::string& c : caps) {
+      if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
+    }
   }
   return out;
 }
@@ -237,11 +353,16 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
     env["GPUPOOL_GPU_MEMORY_BYTES"] = Join(memories, ",");
     std::string visible = Join(uuids, ",");
     if (a.isolation == "mig") {
-      // The MIG instance is named by its parent GPU and profile until instance creation lands;
-      // the profile and start tell the task (and a MIG-aware runtime hook) which one.
-      std::vector<std::string> mig;
-      for (const AssignedGpu& g : a.gpus) mig.push_back(fmt::format("{}:{}@{}", g.uuid.empty() ? inv.gpus[static_cast<size_t>(g.index)].uuid : g.uuid, g.mig_profile, g.mig_start));
+      // CUDA addresses a MIG instance by its own UUID: the task sees exactly its instances.
+      std::vector<std::string> mig, instance_uuids;
+      for (const AssignedGpu& g : a.gpus) {
+        ASSIGN_OR_RETURN(const MigInstanceInfo inst, FindMigInstance(g, inv, options.node));
+        mig.push_back(fmt::format("{}:{}@{}:{}", inv.gpus[static_cast<size_t>(g.index)].uuid,
+                                  ProfileLabel(g.mig_profile, g.mig_profile_id), g.mig_start, inst.uuid));
+        instance_uuids.push_back(inst.uuid);
+      }
       env["GPUPOOL_MIG_INSTANCES"] = Join(mig, ",");
+      visible = Join(instance_uuids, ",");
     }
     env["CUDA_VISIBLE_DEVICES"] = visible;
     env["NVIDIA_VISIBLE_DEVICES"] = visible;

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -23,7 +24,8 @@ struct AssignedGpu {
   int64_t share_milli = 0;    // of 1000
   int64_t memory_bytes = 0;   // granted GPU memory; 0: none asked
   std::string mig_profile;    // "3g.40gb" when isolation is mig
-  int mig_start = -1;
+  int mig_profile_id = -1;    // the driver's GPU-instance profile id (9 for 3g.40gb); -1: not sent
+  int mig_start = -1;         // first memory slice of the instance's placement
 };
 
 // An assignment of the server's `GET /api/v1/agent/nodes/{name}/assignments`, parsed.
@@ -62,8 +64,35 @@ struct TaskEnvOptions {
 // The complete environment: PATH and HOME defaults, then ours, then the job's own `env` (which may
 // not override GPUPOOL_*, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES or CUDA_MPS_*: those are
 // what enforce the allocation; an attempt is an error naming the variable).
+//
+// Isolation mig: each GPU's instance is the one FindMigInstance gives; CUDA_VISIBLE_DEVICES and
+// NVIDIA_VISIBLE_DEVICES name the instances' UUIDs ("MIG-..."), GPUPOOL_GPU_UUIDS the parent GPUs,
+// and GPUPOOL_MIG_INSTANCES lists "<gpu uuid>:<profile>@<start slice>:<instance uuid>" per GPU,
+// comma-separated (the instance UUID is everything after the second ':'). A missing instance on
+// real GPUs is an error (FailedPrecondition) naming the instances that do exist.
 Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, const Inventory& inv,
                                                            const TaskEnvOptions& options);
+
+// The MIG instance of `g` (isolation mig) on this node. Real GPUs: the existing instance on GPU
+// `g.index` whose GPU-instance profile (by id when both sides know it, else by name) and placement
+// start match the assignment; of several compute instances in that GPU instance, the lowest compute
+// instance id. gpupool does not create instances: none is an error naming the existing ones.
+// Simulated inventories: a synthetic instance "MIG-sim-<node>-<gpu index>-<profile>@<start>" (no
+// ids, no placement size), since simulated GPUs have no instances.
+Result<MigInstanceInfo> FindMigInstance(const AssignedGpu& g, const Inventory& inv, const std::string& node);
+
+// The nvidia-caps device nodes a container needs to use a MIG instance, from the text of
+// /proc/driver/nvidia-caps/mig-minors (lines "<name> <minor>", e.g. "gpu0/gi1/access 12" and
+// "gpu0/gi1/ci0/access 13"): "/dev/nvidia-caps/nvidia-cap<minor>" for the GPU instance's access
+// and then the compute instance's. `gpu_minor` is the GPU's /dev/nvidia<minor> number
+// (GpuInfo::minor_number). NotFound names a missing entry; InvalidArgument a bad minor.
+Result<std::vector<std::string>> MigCapDevices(std::string_view mig_minors, int gpu_minor,
+                                               int gpu_instance_id, int compute_instance_id);
+
+// MigCapDevices for every GPU of a mig task on real GPUs (empty for other isolations and for
+// simulated inventories). Agent::StartTask adds them to a container task's device list.
+Result<std::vector<std::string>> TaskMigCapDevices(const Assignment& a, const Inventory& inv,
+                                                   std::string_view mig_minors);
 
 // NCCL_P2P_LEVEL for a set of GPUs of the node: NVL when every pair has NVLink, else the PCIe
 // level that connects the farthest pair (PIX, PXB, PHB, SYS); empty for fewer than two GPUs.

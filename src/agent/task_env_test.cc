@@ -101,13 +101,192 @@ TEST(TaskEnvTest, NoGpuMeansNoneVisible) {
   EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], "void");
 }
 
-TEST(TaskEnvTest, MigNamesTheInstance) {
-  auto env = Env(ParseSingle(RunAssignment(
-                     "mig", json::array({{{"index", 3}, {"uuid", "GPU-test-3"}, {"share", 428}, {"memory", "40Gi"},
-                                          {"mig", {{"profileId", 9}, {"start", 4}, {"profile", "3g.40gb"}}}}}))),
-                 FourGpus());
-  EXPECT_EQ(env["GPUPOOL_MIG_INSTANCES"], "GPU-test-3:3g.40gb@4");
-  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "GPU-test-3");
+json MigGpu(int index, const std::string& profile, int profile_id, int start) {
+  return {{"index", index},
+          {"uuid", "GPU-test-" + std::to_string(index)},
+          {"share", 428},
+          {"memory", "40Gi"},
+          {"mig", {{"profileId", profile_id}, {"start", start}, {"profile", profile}}}};
+}
+
+// Real (NVML) GPUs with minors 0..3; GPU 3 and GPU 2 in MIG mode with existing instances.
+Inventory RealMigGpus() {
+  Inventory inv = FourGpus(false);
+  for (GpuInfo& g : inv.gpus) g.minor_number = g.index;
+  GpuInfo& g2 = inv.gpus[2];
+  g2.mig_enabled = true;
+  g2.mig_instances = {
+      {.uuid = "MIG-two-a",
+       .profile_id = 19,
+       .profile = "1g.10gb",
+       .start = 0,
+       .size = 1,
+       .gpu_instance_id = 7,
+       .compute_instance_id = 0},
+      {.uuid = "MIG-two-b",
+       .profile_id = 9,
+       .profile = "3g.40gb",
+       .start = 4,
+       .size = 4,
+       .gpu_instance_id = 2,
+       .compute_instance_id = 0},
+  };
+  GpuInfo& g3 = inv.gpus[3];
+  g3.mig_enabled = true;
+  g3.mig_instances = {
+      {.uuid = "MIG-three-a",
+       .profile_id = 19,
+       .profile = "1g.10gb",
+       .start = 4,
+       .size = 1,
+       .gpu_instance_id = 9,
+       .compute_instance_id = 0},
+      // Two compute instances in one GPU instance: the lower compute instance id is taken.
+      {.uuid = "MIG-three-b",
+       .profile_id = 9,
+       .profile = "3g.40gb",
+       .start = 0,
+       .size = 4,
+       .gpu_instance_id = 1,
+       .compute_instance_id = 1},
+      {.uuid = "MIG-three-c",
+       .profile_id = 9,
+       .profile = "3g.40gb",
+       .start = 0,
+       .size = 4,
+       .gpu_instance_id = 1,
+       .compute_instance_id = 0},
+  };
+  return inv;
+}
+
+TEST(TaskEnvTest, MigOnSimulatedGpusGetsASyntheticInstanceUuid) {
+  const Assignment a = ParseSingle(RunAssignment("mig", json::array({MigGpu(3, "3g.40gb", 9, 4)})));
+  ASSERT_EQ(a.gpus.size(), 1u);
+  EXPECT_EQ(a.gpus[0].mig_profile_id, 9);
+  EXPECT_EQ(a.gpus[0].mig_start, 4);
+  auto env = Env(a, FourGpus());
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "MIG-sim-node-1-3-3g.40gb@4");
+  EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], "MIG-sim-node-1-3-3g.40gb@4");
+  EXPECT_EQ(env["GPUPOOL_MIG_INSTANCES"], "GPU-test-3:3g.40gb@4:MIG-sim-node-1-3-3g.40gb@4");
+  EXPECT_EQ(env["GPUPOOL_GPU_UUIDS"], "GPU-test-3");
+  EXPECT_EQ(env["GPUPOOL_SIMULATED"], "1");
+}
+
+TEST(TaskEnvTest, MigOnRealGpusSeesExactlyItsExistingInstances) {
+  const Inventory inv = RealMigGpus();
+  const Assignment a = ParseSingle(
+      RunAssignment("mig", json::array({MigGpu(2, "3g.40gb", 9, 4), MigGpu(3, "3g.40gb", 9, 0)})));
+  auto env = Env(a, inv);
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "MIG-two-b,MIG-three-c");
+  EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], "MIG-two-b,MIG-three-c");
+  EXPECT_EQ(env["GPUPOOL_MIG_INSTANCES"], "GPU-test-2:3g.40gb@4:MIG-two-b,GPU-test-3:3g.40gb@0:MIG-three-c");
+  EXPECT_EQ(env["GPUPOOL_GPU_UUIDS"], "GPU-test-2,GPU-test-3");
+  EXPECT_EQ(env.count("GPUPOOL_SIMULATED"), 0u);
+
+  // The driver's own name for a profile may differ from the server's: the profile id decides.
+  Inventory renamed = inv;
+  renamed.gpus[2].mig_instances[1].profile = "3g.39gb";
+  auto by_id = Env(ParseSingle(RunAssignment("mig", json::array({MigGpu(2, "3g.40gb", 9, 4)}))), renamed);
+  EXPECT_EQ(by_id["CUDA_VISIBLE_DEVICES"], "MIG-two-b");
+  // Without a profile id, the name does.
+  json no_id = MigGpu(3, "1g.10gb", 0, 4);
+  no_id["mig"].erase("profileId");
+  auto by_name = Env(ParseSingle(RunAssignment("mig", json::array({no_id}))), inv);
+  EXPECT_EQ(by_name["CUDA_VISIBLE_DEVICES"], "MIG-three-a");
+}
+
+TEST(TaskEnvTest, MigWithoutAMatchingInstanceOnRealGpusIsAClearError) {
+  TaskEnvOptions o;
+  o.node = "node-1";
+  const Inventory inv = RealMigGpus();
+  auto missing =
+      TaskEnvironment(ParseSingle(RunAssignment("mig", json::array({MigGpu(2, "3g.40gb", 9, 0)}))), inv, o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(missing.status().message(),
+            "GPU 2 (GPU-test-2) has no MIG instance of profile 3g.40gb at slice 0 (existing: 1g.10gb@0, "
+            "3g.40gb@4); gpupool does not create MIG instances yet");
+  // Same start, other profile: no match either.
+  auto other_profile =
+      TaskEnvironment(ParseSingle(RunAssignment("mig", json::array({MigGpu(2, "1g.10gb", 19, 4)}))), inv, o);
+  ASSERT_FALSE(other_profile.ok());
+  EXPECT_NE(other_profile.status().message().find("no MIG instance of profile 1g.10gb at slice 4"),
+            std::string::npos)
+      << other_profile.status().message();
+
+  Inventory none = inv;
+  none.gpus[2].mig_instances.clear();
+  auto empty =
+      TaskEnvironment(ParseSingle(RunAssignment("mig", json::array({MigGpu(2, "3g.40gb", 9, 4)}))), none, o);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("(existing: none)"), std::string::npos) << empty.status().message();
+
+  auto not_mig =
+      TaskEnvironment(ParseSingle(RunAssignment("mig", json::array({MigGpu(1, "3g.40gb", 9, 4)}))), inv, o);
+  ASSERT_FALSE(not_mig.ok());
+  EXPECT_NE(not_mig.status().message().find("GPU 1 (GPU-test-1) is not in MIG mode"), std::string::npos)
+      << not_mig.status().message();
+
+  json no_profile = MigGpu(2, "3g.40gb", 9, 4);
+  no_profile.erase("mig");
+  for (const Inventory& where : {inv, FourGpus()}) {
+    auto unnamed = TaskEnvironment(ParseSingle(RunAssignment("mig", json::array({no_profile}))), where, o);
+    ASSERT_FALSE(unnamed.ok());
+    EXPECT_NE(
+        unnamed.status().message().find("isolation mig needs the instance's MIG profile and start slice"),
+        std::string::npos)
+        << unnamed.status().message();
+  }
+}
+
+constexpr const char* kMigMinors =
+    "config 1\n"
+    "monitor 2\n"
+    "gpu0/gi1/access 12\n"
+    "gpu0/gi1/ci0/access 13\n"
+    "gpu2/gi2/access 21\n"
+    "gpu2/gi2/ci0/access 22\n"
+    "gpu3/gi1/access 30\n"
+    "gpu3/gi1/ci0/access 31\n"
+    "gpu3/gi1/ci1/access 32\n"
+    "gpu13/gi1/access 99\n";
+
+TEST(TaskEnvTest, MigCapDevicesFromMigMinors) {
+  auto caps = MigCapDevices(kMigMinors, 3, 1, 1);
+  ASSERT_TRUE(caps.ok()) << caps.status().ToString();
+  EXPECT_EQ(*caps,
+            (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap32"}));
+  auto first = MigCapDevices("gpu0/gi1/access   12\r\ngpu0/gi1/ci0/access\t13", 0, 1, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(*first,
+            (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"}));
+
+  auto missing = MigCapDevices(kMigMinors, 1, 1, 0);  // "gpu13/..." is not "gpu1/..."
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("gpu1/gi1/access"), std::string::npos)
+      << missing.status().message();
+  auto no_ci = MigCapDevices(kMigMinors, 3, 1, 2);
+  ASSERT_FALSE(no_ci.ok());
+  EXPECT_NE(no_ci.status().message().find("gpu3/gi1/ci2/access"), std::string::npos)
+      << no_ci.status().message();
+  auto bad = MigCapDevices("gpu0/gi1/access x12\n", 0, 1, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(MigCapDevices(kMigMinors, -1, 1, 0).ok());
+
+  // A task's caps: its instances' GPU and compute instances, on real GPUs only.
+  const Assignment a = ParseSingle(
+      RunAssignment("mig", json::array({MigGpu(2, "3g.40gb", 9, 4), MigGpu(3, "3g.40gb", 9, 0)})));
+  auto task = TaskMigCapDevices(a, RealMigGpus(), kMigMinors);
+  ASSERT_TRUE(task.ok()) << task.status().ToString();
+  EXPECT_EQ(*task,
+            (std::vector<std::string>{"/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22",
+                                      "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"}));
+  auto simulated = TaskMigCapDevices(a, FourGpus(), kMigMinors);
+  ASSERT_TRUE(simulated.ok());
+  EXPECT_TRUE(simulated->empty());
 }
 
 TEST(TaskEnvTest, TheJobCannotOverrideWhatEnforcesItsAllocation) {

@@ -14,6 +14,11 @@
 //   memory_mib=81920      total memory of every GPU
 //   cc=8.0                CUDA compute capability
 //   mig=0,1               GPUs with MIG mode enabled (comma-separated indices)
+//   mig_instances.1=9@4,19@0   MIG instances that exist on GPU 1 (when MIG is enabled there): GPU
+//                         instance profile id @ placement start, each a GPU instance with ids 1, 2,
+//                         ... in this order holding one compute instance (id 0). The MIG device of
+//                         GPU g, GPU instance i, compute instance c has the UUID
+//                         "MIG-fa6e00gg-00ii-4000-8000-0000000000cc" (two decimal digits each)
 //   no_mig=1              MIG not supported at all (GetMigMode -> NOT_SUPPORTED)
 //   xid.1=79              an XID event pending on GPU 1
 //   ecc.2=3               uncorrectable volatile ECC errors on GPU 2
@@ -23,7 +28,9 @@
 //                         field values), ancestor, virtualization; and, as the per-field /
 //                         per-metric status inside a successful call: memory_temp, nvlink_tx,
 //                         nvlink_rx, gpm_graphics, gpm_tensor, gpm_dram; field_values makes the
-//                         whole nvmlDeviceGetFieldValues call fail, gpm_sample nvmlGpmSampleGet
+//                         whole nvmlDeviceGetFieldValues call fail, gpm_sample nvmlGpmSampleGet;
+//                         gpu_instance_by_id makes nvmlDeviceGetGpuInstanceById fail with
+//                         NO_PERMISSION (as for an unprivileged user)
 //   memory_temp=60        memory temperature of GPU 0 in degrees C (GPU i: + i), field 82
 //   nvlink_tx_kib=1000    NVLink data KiB sent by GPU 0 over all links (GPU i: + i), field 138;
 //   nvlink_rx_kib=2000    received, field 139. Only GPUs with an NVLink partner have them; a
@@ -38,8 +45,8 @@
 //   vgpu_licensed=0       on a vGPU guest: the vGPU software feature is not licensed (default 1)
 //
 // Built with FAKE_NVML_MINIMAL, the optional entry points (NUMA, memory info v2, power, energy,
-// remapped rows, events, temperature, field values, GPM, virtualization, vGPU licensing) are not
-// exported at all.
+// remapped rows, events, temperature, field values, GPM, virtualization, vGPU licensing, the MIG
+// device and GPU instance queries) are not exported at all.
 //
 // fake_nvml_gpm_samples_live() (a test hook, not NVML) counts GPM samples allocated and not freed.
 #include <algorithm>
@@ -61,6 +68,8 @@ constexpr int kSuccess = 0;
 constexpr int kUninitialized = 1;
 constexpr int kInvalidArgument = 2;
 constexpr int kNotSupported = 3;
+constexpr int kNoPermission = 4;
+constexpr int kNotFound = 6;
 constexpr int kInsufficientSize = 7;
 constexpr int kTimeout = 10;
 
@@ -93,6 +102,14 @@ struct GiProfileInfo {
   unsigned long long memory_size_mb;
 };
 struct FakeGpu;
+struct GpuInstancePlacement {
+  unsigned start, size;
+};
+struct GpuInstanceInfo {
+  FakeGpu* device;
+  unsigned id, profile_id;
+  GpuInstancePlacement placement;
+};
 struct EventData {
   FakeGpu* device;
   unsigned long long event_type;
@@ -157,9 +174,22 @@ struct GridLicensableFeatures {
   GridLicensableFeature features[3];
 };
 
+struct FakeGpu;
+// An existing GPU instance, and a MIG device (one compute instance in a GPU instance).
+struct FakeGpuInstance {
+  FakeGpu* gpu = nullptr;
+  unsigned id = 0, profile_id = 0, start = 0, size = 0;
+};
+struct FakeMigDevice {
+  FakeGpu* gpu = nullptr;
+  unsigned gpu_instance_id = 0, compute_instance_id = 0;
+};
+
 struct FakeGpu {
   int index = 0;
   bool mig = false;
+  std::vector<FakeGpuInstance> gpu_instances;  // fixed after Configure: handles point into them
+  std::vector<FakeMigDevice> mig_devices;
   unsigned long long xid = 0;  // pending
   unsigned long long ecc = 0;
   unsigned gpm_samples_taken = 0;
@@ -223,6 +253,17 @@ FakeGpu* Gpu(void* handle) {
   return gpu;
 }
 
+// GPU instance profiles of an 80 GB H100: index -> id, slices, instances, MiB, placement size in
+// memory slices.
+struct ProfileRow {
+  unsigned index, id, slices, instances;
+  unsigned long long mib;
+  unsigned memory_slices;
+};
+constexpr ProfileRow kProfileRows[] = {
+    {0, 19, 1, 7, 9856, 1}, {1, 14, 2, 3, 20096, 2}, {2, 9, 3, 2, 40192, 4}, {3, 5, 4, 1, 40192, 4},
+    {4, 0, 7, 1, 80384, 8}, {7, 20, 1, 1, 9856, 1},  {9, 15, 1, 4, 20096, 2}};
+
 void Configure() {
   State& s = S();
   s = State();
@@ -282,6 +323,23 @@ void Configure() {
     if (i >= 0 && i < count) s.gpus[static_cast<size_t>(i)].mig = true;
   }
   for (int i = 0; i < count; ++i) {
+    FakeGpu& gpu = s.gpus[static_cast<size_t>(i)];
+    const std::string key = "mig_instances." + std::to_string(i);
+    for (const std::string& entry : split(kv[key])) {
+      unsigned profile_id = 0;
+      unsigned start = 0;
+      if (std::sscanf(entry.c_str(), "%u@%u", &profile_id, &start) != 2) continue;
+      unsigned size = 1;
+      for (const ProfileRow& row : kProfileRows) {
+        if (row.id == profile_id) size = row.memory_slices;
+      }
+      const auto gi = static_cast<unsigned>(gpu.gpu_instances.size() + 1);
+      gpu.gpu_instances.push_back(
+          FakeGpuInstance{.gpu = &gpu, .id = gi, .profile_id = profile_id, .start = start, .size = size});
+      gpu.mig_devices.push_back(FakeMigDevice{.gpu = &gpu, .gpu_instance_id = gi, .compute_instance_id = 0});
+    }
+  }
+  for (int i = 0; i < count; ++i) {
     const std::string xid = "xid." + std::to_string(i);
     const std::string ecc = "ecc." + std::to_string(i);
     if (kv.count(xid) != 0) s.gpus[static_cast<size_t>(i)].xid = std::strtoull(kv[xid].c_str(), nullptr, 10);
@@ -316,7 +374,28 @@ int Numa(int index) {
   return index < static_cast<int>(S().gpus.size()) / 2 ? 0 : 1;
 }
 
+// The MIG device a handle points at; nullptr for anything else (a GPU handle, garbage).
+FakeMigDevice* MigDevice(void* handle) {
+  if (!S().initialized || handle == nullptr) return nullptr;
+  for (FakeGpu& g : S().gpus) {
+    for (FakeMigDevice& d : g.mig_devices) {
+      if (&d == handle) return &d;
+    }
+  }
+  return nullptr;
+}
+
 #ifndef FAKE_NVML_MINIMAL
+FakeGpuInstance* GpuInstance(void* handle) {
+  if (!S().initialized || handle == nullptr) return nullptr;
+  for (FakeGpu& g : S().gpus) {
+    for (FakeGpuInstance& gi : g.gpu_instances) {
+      if (&gi == handle) return &gi;
+    }
+  }
+  return nullptr;
+}
+
 bool HasNvLink(int index) {
   return Partner(index) < static_cast<int>(S().gpus.size()) && !Unsupported("nvlink");
 }
@@ -369,6 +448,8 @@ __attribute__((visibility("default"))) const char* nvmlErrorString(int code) {
     case 1: return "Uninitialized";
     case 2: return "Invalid Argument";
     case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 6: return "Not Found";
     case 9: return "Driver Not Loaded";
     case 10: return "Timeout";
     default: return "Unknown Error";
@@ -393,6 +474,12 @@ __attribute__((visibility("default"))) int nvmlDeviceGetHandleByIndex_v2(unsigne
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetUUID(void* dev, char* buf, unsigned len) {
+  if (const FakeMigDevice* m = MigDevice(dev); m != nullptr) {
+    char uuid[64];
+    std::snprintf(uuid, sizeof(uuid), "MIG-fa6e00%02d-00%02u-4000-8000-0000000000%02u", m->gpu->index,
+                  m->gpu_instance_id, m->compute_instance_id);
+    return CopyString(uuid, buf, len);
+  }
   FAKE_GPU_OR_RETURN(g, dev);
   char uuid[64];
   std::snprintf(uuid, sizeof(uuid), "GPU-fa6e0000-0000-4000-8000-%012d", g->index);
@@ -450,15 +537,7 @@ __attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceProfileInfo(v
   if (S().no_mig) return kNotSupported;
   if (profile >= 0x12) return kInvalidArgument;
   std::memset(info, 0, sizeof(*info));
-  // index -> id, slices, instances, MiB (an 80 GB H100)
-  struct Row {
-    unsigned index, id, slices, instances;
-    unsigned long long mib;
-  };
-  static const Row kRows[] = {{0, 19, 1, 7, 9856}, {1, 14, 2, 3, 20096}, {2, 9, 3, 2, 40192},
-                              {3, 5, 4, 1, 40192}, {4, 0, 7, 1, 80384},  {7, 20, 1, 1, 9856},
-                              {9, 15, 1, 4, 20096}};
-  for (const Row& row : kRows) {
+  for (const ProfileRow& row : kProfileRows) {
     if (row.index != profile) continue;
     info->id = row.id;
     info->slice_count = row.slices;
@@ -809,6 +888,61 @@ __attribute__((visibility("default"))) int nvmlDeviceGetGridLicensableFeatures_v
   std::snprintf(feature.product_name, sizeof(feature.product_name), "NVIDIA Virtual Compute Server");
   feature.license_expiry =
       GridLicenseExpiry{.year = 2030, .month = 1, .day = 1, .hour = 0, .min = 0, .sec = 0, .status = 1};
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetMaxMigDeviceCount(void* dev, unsigned* count) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (S().no_mig) return kNotSupported;
+  if (count == nullptr) return kInvalidArgument;
+  *count = g->mig ? 7 : 0;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetMigDeviceHandleByIndex(void* dev, unsigned index,
+                                                                               void** mig) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (S().no_mig) return kNotSupported;
+  if (mig == nullptr || !g->mig || index >= 7) return kInvalidArgument;
+  if (index >= g->mig_devices.size()) return kNotFound;
+  *mig = &g->mig_devices[index];
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceId(void* dev, unsigned* id) {
+  const FakeMigDevice* m = MigDevice(dev);
+  if (m == nullptr || id == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
+  *id = m->gpu_instance_id;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetComputeInstanceId(void* dev, unsigned* id) {
+  const FakeMigDevice* m = MigDevice(dev);
+  if (m == nullptr || id == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
+  *id = m->compute_instance_id;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceById(void* dev, unsigned id, void** gi) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (S().no_mig) return kNotSupported;
+  if (gi == nullptr || !g->mig) return kInvalidArgument;
+  if (Unsupported("gpu_instance_by_id")) return kNoPermission;
+  for (FakeGpuInstance& instance : g->gpu_instances) {
+    if (instance.id != id) continue;
+    *gi = &instance;
+    return kSuccess;
+  }
+  return kNotFound;
+}
+
+__attribute__((visibility("default"))) int nvmlGpuInstanceGetInfo(void* gi, GpuInstanceInfo* info) {
+  const FakeGpuInstance* instance = GpuInstance(gi);
+  if (instance == nullptr || info == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
+  info->device = instance->gpu;
+  info->id = instance->id;
+  info->profile_id = instance->profile_id;
+  info->placement = GpuInstancePlacement{.start = instance->start, .size = instance->size};
   return kSuccess;
 }
 
