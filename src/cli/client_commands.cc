@@ -773,8 +773,9 @@ int TaskLogs(const CommandOptions& options, const LogsOptions& logs, std::ostrea
       const QueryParams query = {{"stream", stream}, {"offset", std::to_string(offset)}};
       Result<HttpReply> reply = client->Get(WithQuery(path, query));
       if (!reply.ok()) return Fail(err, ExitForStatus(reply.status()), reply.status().message()).exit;
-      // A follower waits for a task that has not started yet (409) instead of giving up.
-      const bool not_yet = reply->status == 409 && logs.follow;
+      // A follower waits for a task that has not run yet (409), or whose agent has not started it
+      // yet (404 from its node), instead of giving up; the job check below ends the wait.
+      const bool not_yet = (reply->status == 409 || reply->status == 404) && logs.follow;
       if (reply->status != 200 && !not_yet) {
         return Fail(err, ExitCodeForHttpStatus(reply->status), ErrorMessage(*reply)).exit;
       }
