@@ -51,6 +51,7 @@ constexpr int kMemoryErrorUncorrected = 1;
 constexpr int kEccCounterVolatile = 0;
 constexpr int kPcieCounterTx = 0;
 constexpr int kPcieCounterRx = 1;
+constexpr int kNvLinkDeviceSwitch = 2;  // NVML_NVLINK_DEVICE_TYPE_SWITCH (GPU 0, IBMNPU 1)
 
 // Field values (nvmlDeviceGetFieldValues). Memory temperature is in degrees C; the NVLink data
 // counters are KiB moved since the driver loaded (payload only, no protocol overhead), and scope
@@ -263,6 +264,7 @@ using GpuInstanceInfoFn = NvmlReturn (*)(NvmlGpuInstance, GpuInstanceInfo*);
 using CommonAncestorFn = NvmlReturn (*)(NvmlDevice, NvmlDevice, int*);
 using NvLinkStateFn = NvmlReturn (*)(NvmlDevice, unsigned, int*);
 using NvLinkRemotePciFn = NvmlReturn (*)(NvmlDevice, unsigned, PciInfo*);
+using NvLinkRemoteTypeFn = NvmlReturn (*)(NvmlDevice, unsigned, int*);
 using ProcessesFn = NvmlReturn (*)(NvmlDevice, unsigned*, ProcessInfo*);
 using EccFn = NvmlReturn (*)(NvmlDevice, int, int, unsigned long long*);
 using EventSetCreateFn = NvmlReturn (*)(NvmlEventSet*);
@@ -364,6 +366,7 @@ struct Nvml::Impl {
   CommonAncestorFn common_ancestor = nullptr;
   NvLinkStateFn nvlink_state = nullptr;
   NvLinkRemotePciFn nvlink_remote_pci = nullptr;
+  NvLinkRemoteTypeFn nvlink_remote_type = nullptr;  // optional (newer drivers)
   ProcessesFn processes = nullptr;
   EccFn total_ecc = nullptr;
   EventSetCreateFn event_set_create = nullptr;
@@ -650,6 +653,9 @@ struct Nvml::Impl {
                                            const std::vector<bool>& pci_ok) const {
     const size_t n = devices.size();
     std::vector<std::vector<int>> links(n, std::vector<int>(n, 0));
+    // Links that end at an NVSwitch rather than at a GPU (HGX/DGX baseboards): every GPU with such
+    // links reaches every other one through the switch fabric.
+    std::vector<int> switch_links(n, 0);
     if (nvlink_state != nullptr && nvlink_remote_pci != nullptr) {
       for (size_t a = 0; a < n; ++a) {
         for (unsigned link = 0; link < kNvLinkMaxLinks; ++link) {
@@ -659,13 +665,21 @@ struct Nvml::Impl {
           if (r != kSuccess || active != 1) continue;
           PciInfo remote{};
           if (nvlink_remote_pci(devices[a], link, &remote) != kSuccess) continue;
+          bool to_gpu = false;
           for (size_t b = 0; b < n; ++b) {
             if (b == a || !pci_ok[b]) continue;
             if (remote.domain == pci[b].domain && remote.bus == pci[b].bus &&
                 remote.device == pci[b].device) {
               ++links[a][b];
+              to_gpu = true;
             }
           }
+          if (to_gpu) continue;
+          // Not one of our GPUs: a switch when NVML says so, or (older drivers without the call)
+          // when it is not a GPU at all.
+          int type = kNvLinkDeviceSwitch;
+          if (nvlink_remote_type != nullptr && nvlink_remote_type(devices[a], link, &type) != kSuccess) continue;
+          if (type == kNvLinkDeviceSwitch) ++switch_links[a];
         }
       }
     }
@@ -687,7 +701,10 @@ struct Nvml::Impl {
         if (a == b) continue;
         // Without every pair's common ancestor, all pairs count as across sockets (a valid tree).
         const PcieLevel level = levels_ok ? LevelFromNvml(levels[a][b]) : PcieLevel::kCrossCpu;
-        scores[a][b] = PcieLevelScore(level) + 100 * std::max(links[a][b], links[b][a]);
+        int nvlinks = std::max(links[a][b], links[b][a]);
+        if (nvlinks == 0 && switch_links[a] > 0 && switch_links[b] > 0)
+          nvlinks = std::min(switch_links[a], switch_links[b]);
+        scores[a][b] = PcieLevelScore(level) + 100 * nvlinks;
       }
     }
     return scores;
@@ -774,6 +791,7 @@ Result<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
   m.common_ancestor = m.Sym<CommonAncestorFn>("nvmlDeviceGetTopologyCommonAncestor");
   m.nvlink_state = m.Sym<NvLinkStateFn>("nvmlDeviceGetNvLinkState");
   m.nvlink_remote_pci = m.Sym<NvLinkRemotePciFn>("nvmlDeviceGetNvLinkRemotePciInfo_v2");
+  m.nvlink_remote_type = m.Sym<NvLinkRemoteTypeFn>("nvmlDeviceGetNvLinkRemoteDeviceType");
   m.processes = m.Sym<ProcessesFn>("nvmlDeviceGetComputeRunningProcesses_v3");
   m.total_ecc = m.Sym<EccFn>("nvmlDeviceGetTotalEccErrors");
   m.event_set_create = m.Sym<EventSetCreateFn>("nvmlEventSetCreate");

@@ -132,6 +132,32 @@ TEST(Nvml, DiscoveredInventoryRegisters) {
   EXPECT_EQ(spec->labels.at("gpupool.io/gpu-source"), "nvml");
 }
 
+TEST(Nvml, NvSwitchLinksJoinEveryPair) {
+  // An HGX board: each GPU's 18 links end at NVSwitch chips, none at another GPU. Every pair is
+  // joined through the fabric, so an NVLink requirement can be met on any set of its GPUs.
+  FakeNvmlConfig config("gpus=8\nnvswitch=18\n");
+  auto nvml = LoadFake();
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->topology[0][7], 10 + 1800);  // across sockets, 18 links through the switches
+  EXPECT_EQ(inv->topology[0][1], 50 + 1800);
+  Result<NodeSpec> spec = ParseNodeSpec(NodeRegistration(*inv, "hgx", "64", "512Gi", {}), GpuCatalog::Builtin());
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->topology.NvLinks(3, 6), 18);
+}
+
+TEST(Nvml, NvSwitchLinksAreInferredWithoutTheRemoteTypeCall) {
+  // The minimal library lacks nvmlDeviceGetNvLinkRemoteDeviceType: a link whose far end is none of
+  // the GPUs counts as a switch link.
+  FakeNvmlConfig config("gpus=4\nnvswitch=12\n");
+  auto nvml = LoadFake(FAKE_NVML_MINIMAL_PATH);
+  ASSERT_NE(nvml, nullptr);
+  Result<Inventory> inv = nvml->Discover();
+  ASSERT_TRUE(inv.ok()) << inv.status().ToString();
+  EXPECT_EQ(inv->topology[0][3], 10 + 1200);
+}
+
 TEST(Nvml, SameNumaLevelAndNoNvLinkOnEightGpus) {
   FakeNvmlConfig config("gpus=8\nunsupported=nvlink\n");
   auto nvml = LoadFake();

@@ -35,6 +35,8 @@
 //   nvlink_tx_kib=1000    NVLink data KiB sent by GPU 0 over all links (GPU i: + i), field 138;
 //   nvlink_rx_kib=2000    received, field 139. Only GPUs with an NVLink partner have them; a
 //                         single link (scope 0..3) gives a quarter
+//   nvswitch=18           an NVSwitch board: every GPU has this many active links, each to a
+//                         switch chip (not to a GPU); default 0: NVLink bridges as above
 //   gpm=1                 GPM supported (default: compute capability 9.0 or later)
 //   gpm_graphics=50,70    GPM graphics activity in percent for GPU 0 over the interval between its
 //                         1st and 2nd sample, 2nd and 3rd, ... (the last repeats; GPU i: + i); a
@@ -220,6 +222,7 @@ struct State {
   unsigned long long nvlink_tx_kib = 1000;
   unsigned long long nvlink_rx_kib = 2000;
   int gpm = -1;  // -1: by compute capability
+  unsigned nvswitch = 0;  // > 0: every GPU has this many NVLink links to an NVSwitch, no bridges
   std::vector<double> gpm_graphics = {50, 70};
   std::vector<double> gpm_tensor = {20, 30};
   std::vector<double> gpm_dram = {40, 45};
@@ -298,6 +301,7 @@ void Configure() {
   for (const std::string& f : split(kv["unsupported"])) s.unsupported.insert(f);
   if (kv.count("memory_temp") != 0)
     s.memory_temp = static_cast<unsigned>(std::atoi(kv["memory_temp"].c_str()));
+  if (kv.count("nvswitch") != 0) s.nvswitch = static_cast<unsigned>(std::atoi(kv["nvswitch"].c_str()));
   if (kv.count("nvlink_tx_kib") != 0)
     s.nvlink_tx_kib = std::strtoull(kv["nvlink_tx_kib"].c_str(), nullptr, 10);
   if (kv.count("nvlink_rx_kib") != 0)
@@ -397,7 +401,7 @@ FakeGpuInstance* GpuInstance(void* handle) {
 }
 
 bool HasNvLink(int index) {
-  return Partner(index) < static_cast<int>(S().gpus.size()) && !Unsupported("nvlink");
+  return (S().nvswitch > 0 || Partner(index) < static_cast<int>(S().gpus.size())) && !Unsupported("nvlink");
 }
 
 bool GpmSupported() {
@@ -567,6 +571,10 @@ __attribute__((visibility("default"))) int nvmlDeviceGetNvLinkState(void* dev, u
   FAKE_GPU_OR_RETURN(g, dev);
   if (Unsupported("nvlink")) return kNotSupported;
   if (link >= 18) return kInvalidArgument;
+  if (S().nvswitch > 0) {
+    *active = link < S().nvswitch ? 1 : 0;
+    return kSuccess;
+  }
   *active = (link < 4 && Partner(g->index) < static_cast<int>(S().gpus.size())) ? 1 : 0;
   return kSuccess;
 }
@@ -574,6 +582,15 @@ __attribute__((visibility("default"))) int nvmlDeviceGetNvLinkState(void* dev, u
 __attribute__((visibility("default"))) int nvmlDeviceGetNvLinkRemotePciInfo_v2(void* dev, unsigned link,
                                                                                PciInfo* pci) {
   FAKE_GPU_OR_RETURN(g, dev);
+  if (S().nvswitch > 0) {
+    // The far end is one of four NVSwitch chips, on buses no GPU uses.
+    if (link >= S().nvswitch) return kInvalidArgument;
+    std::memset(pci, 0, sizeof(*pci));
+    pci->bus = 0xE0 + link % 4;
+    pci->pci_device_id = 0x22a310de;
+    std::snprintf(pci->bus_id, sizeof(pci->bus_id), "00000000:%02X:00.0", pci->bus);
+    return kSuccess;
+  }
   if (link >= 4 || Partner(g->index) >= static_cast<int>(S().gpus.size())) return kInvalidArgument;
   FillPci(Partner(g->index), pci);
   return kSuccess;
@@ -943,6 +960,21 @@ __attribute__((visibility("default"))) int nvmlGpuInstanceGetInfo(void* gi, GpuI
   info->id = instance->id;
   info->profile_id = instance->profile_id;
   info->placement = GpuInstancePlacement{.start = instance->start, .size = instance->size};
+  return kSuccess;
+}
+
+// NVML_NVLINK_DEVICE_TYPE_GPU 0, _IBMNPU 1, _SWITCH 2.
+__attribute__((visibility("default"))) int nvmlDeviceGetNvLinkRemoteDeviceType(void* dev, unsigned link,
+                                                                               int* type) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (Unsupported("nvlink")) return kNotSupported;
+  if (S().nvswitch > 0) {
+    if (link >= S().nvswitch) return kInvalidArgument;
+    *type = 2;
+    return kSuccess;
+  }
+  if (link >= 4 || Partner(g->index) >= static_cast<int>(S().gpus.size())) return kInvalidArgument;
+  *type = 0;
   return kSuccess;
 }
 
