@@ -813,7 +813,7 @@ Status FromValidateJob(const Status& st, const Job& job) {
 Result<Job> ReadJob(const Json& root, const JobSpecLimits& limits) {
   ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(root, "",
                                                       {"name", "tenant", "queue", "priority", "qos", "labels",
-                                                       "gang", "affinity", "tasks"}));
+                                                       "gang", "affinity", "tasks", "retry"}));
   Job job;
   const Json* name = f.Get("name");
   if (name == nullptr) return FieldError("name", "is required");
@@ -883,6 +883,33 @@ Result<Job> ReadJob(const Json& root, const JobSpecLimits& limits) {
   }
   if (const Json* affinity = f.Get("affinity")) {
     RETURN_IF_ERROR(ReadAffinity(*affinity, "affinity", limits, &job.affinity));
+  }
+  if (const Json* retry = f.Get("retry")) {
+    ASSIGN_OR_RETURN(ObjectFields r, ObjectFields::Read(*retry, "retry",
+                                                        {"maxRestarts", "backoffSeconds", "maxBackoffSeconds",
+                                                         "onFailure"}));
+    if (const Json* v = r.Get("maxRestarts")) {
+      ASSIGN_OR_RETURN(int64_t n, ReadInt(*v, r.Path("maxRestarts"), 0, 10000));
+      job.retry.max_restarts = static_cast<int>(n);
+    }
+    if (const Json* v = r.Get("backoffSeconds")) {
+      ASSIGN_OR_RETURN(int64_t n, ReadInt(*v, r.Path("backoffSeconds"), 0, 86400));
+      job.retry.backoff_seconds = static_cast<int>(n);
+    }
+    if (const Json* v = r.Get("maxBackoffSeconds")) {
+      ASSIGN_OR_RETURN(int64_t n, ReadInt(*v, r.Path("maxBackoffSeconds"), 0, 7 * 86400));
+      job.retry.max_backoff_seconds = static_cast<int>(n);
+    }
+    if (const Json* v = r.Get("onFailure")) {
+      if (!v->is_boolean())
+        return FieldError(r.Path("onFailure"), fmt::format("must be true or false, got {}", DescribeValue(*v)));
+      job.retry.on_failure = v->get<bool>();
+    }
+    if (job.retry.max_backoff_seconds < job.retry.backoff_seconds) {
+      return FieldError(r.Path("maxBackoffSeconds"),
+                        fmt::format("must be at least backoffSeconds ({}), got {}", job.retry.backoff_seconds,
+                                    job.retry.max_backoff_seconds));
+    }
   }
 
   const Status valid = ValidateJob(job);
@@ -971,6 +998,11 @@ Json JobSpecToJson(const Job& job) {
                    {"togetherWith", std::move(together)},
                    {"apartFrom", std::move(apart)}};
 
+  j["retry"] = {{"maxRestarts", job.retry.max_restarts},
+                {"backoffSeconds", job.retry.backoff_seconds},
+                {"maxBackoffSeconds", job.retry.max_backoff_seconds},
+                {"onFailure", job.retry.on_failure}};
+
   Json tasks = Json::array();
   for (const TaskGroup& g : job.groups) tasks.push_back(TaskJson(g));
   j["tasks"] = std::move(tasks);
@@ -980,7 +1012,7 @@ Json JobSpecToJson(const Job& job) {
 bool SameJobSpec(const Job& a, const Job& b) {
   if (a.name != b.name || a.tenant != b.tenant || a.queue != b.queue || a.priority != b.priority ||
       a.qos != b.qos || a.gang_size() != b.gang_size() || a.labels != b.labels ||
-      !(a.affinity == b.affinity) || a.groups.size() != b.groups.size()) {
+      !(a.affinity == b.affinity) || !(a.retry == b.retry) || a.groups.size() != b.groups.size()) {
     return false;
   }
   for (size_t i = 0; i < a.groups.size(); ++i) {

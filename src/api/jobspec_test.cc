@@ -156,6 +156,27 @@ TEST(JobSpec, MinimalSpecGetsDefaults) {
   EXPECT_EQ(job.groups[0].request, TaskRequest{});
   EXPECT_EQ(job.groups[0].exec, TaskExec{});
   EXPECT_TRUE(job.affinity.empty());
+  EXPECT_EQ(job.retry, RetryPolicy{});
+}
+
+TEST(JobSpec, RetryPolicyAndItsBackoff) {
+  const Job job = MustParse(
+      "name: j\nretry: {maxRestarts: 5, backoffSeconds: 2, maxBackoffSeconds: 10, onFailure: true}\n"
+      "tasks: [{name: t}]\n",
+      SpecFormat::kYaml);
+  EXPECT_EQ(job.retry.max_restarts, 5);
+  EXPECT_TRUE(job.retry.on_failure);
+  // The first restart at once, then doubling from backoffSeconds up to maxBackoffSeconds.
+  EXPECT_EQ(job.retry.BackoffSeconds(1), 0);
+  EXPECT_EQ(job.retry.BackoffSeconds(2), 2);
+  EXPECT_EQ(job.retry.BackoffSeconds(3), 4);
+  EXPECT_EQ(job.retry.BackoffSeconds(4), 8);
+  EXPECT_EQ(job.retry.BackoffSeconds(5), 10);
+  EXPECT_EQ(job.retry.BackoffSeconds(60), 10);
+  // The canonical form writes the policy out and reads back the same.
+  const Job again = MustParse(JobSpecToJson(job).dump(), SpecFormat::kJson);
+  EXPECT_EQ(again.retry, job.retry);
+  EXPECT_TRUE(SameJobSpec(job, again));
 }
 
 TEST(JobSpec, NullCountsAsAbsent) {
@@ -509,6 +530,14 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "affinity.apartFrom[0]", "has value 'a/b'"},
       {"selector value", [](Json& j) { j["affinity"]["nodeSelector"]["zone"] = 1; }, "affinity.nodeSelector",
        "must have a string value"},
+      // Retry policy.
+      {"unknown retry", [](Json& j) { j["retry"] = {{"limit", 3}}; }, "retry.limit",
+       "unknown field (known: maxRestarts, backoffSeconds, maxBackoffSeconds, onFailure)"},
+      {"negative restarts", [](Json& j) { j["retry"] = {{"maxRestarts", -1}}; }, "retry.maxRestarts", ""},
+      {"onFailure string", [](Json& j) { j["retry"] = {{"onFailure", "yes"}}; }, "retry.onFailure",
+       "must be true or false"},
+      {"max below base", [](Json& j) { j["retry"] = {{"backoffSeconds", 10}, {"maxBackoffSeconds", 5}}; },
+       "retry.maxBackoffSeconds", "at least backoffSeconds (10)"},
       // The document.
       {"not an object", [](Json& j) { j = Json::array({1}); }, "", "expected an object, got array"},
   };

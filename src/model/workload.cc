@@ -130,6 +130,13 @@ int Job::task_count() const {
   return n;
 }
 
+int64_t RetryPolicy::BackoffSeconds(int n) const {
+  if (n < 2 || backoff_seconds <= 0) return 0;
+  int64_t wait = backoff_seconds;
+  for (int i = 2; i < n && wait < max_backoff_seconds; ++i) wait *= 2;
+  return std::min<int64_t>(wait, max_backoff_seconds);
+}
+
 Status ValidateJob(const Job& job) {
   const std::string who = job.name.empty() ? std::string("job") : fmt::format("job '{}'", job.name);
   if (job.groups.empty()) return Status::InvalidArgument(who + ": has no tasks");

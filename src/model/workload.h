@@ -110,6 +110,22 @@ struct TaskGroup {
   TaskExec exec;
 };
 
+// What happens after a fault: the job's tasks stopped because their node was lost, a GPU of theirs
+// failed, or (with on_failure) a task exited non-zero. The job goes back to its queue and restarts
+// from its checkpoint: the first restart at once (a node loss should cost seconds, not a backoff),
+// the n-th after backoff_seconds * 2^(n-2) (at most max_backoff_seconds), which keeps a job that
+// fails over and over from hammering the pool; after max_restarts the job fails, naming the fault. Moves the
+// pool makes on purpose (preemption, drain, hot-spot migration) are not faults and do not count.
+struct RetryPolicy {
+  int max_restarts = 3;
+  int backoff_seconds = 1;
+  int max_backoff_seconds = 300;
+  bool on_failure = false;
+  bool operator==(const RetryPolicy&) const = default;
+  // The wait before the n-th fault restart (n >= 1).
+  int64_t BackoffSeconds(int n) const;
+};
+
 // A job is a gang of task groups: either at least `min_available` tasks are placed together, or
 // none is. min_available == 0 means all tasks.
 struct Job {
@@ -123,6 +139,7 @@ struct Job {
   std::vector<TaskGroup> groups;
   std::map<std::string, std::string> labels;
   Affinity affinity;
+  RetryPolicy retry;
 
   int task_count() const;
   int gang_size() const { return min_available > 0 ? min_available : task_count(); }

@@ -91,6 +91,11 @@ CREATE INDEX jobs_by_tenant ON jobs (tenant, seq);
 CREATE INDEX jobs_by_queue ON jobs (queue, seq);
 CREATE INDEX events_by_job ON events (job_id, id);
 )sql"},
+    {3, "jobs: fault restarts and the time a requeued job may start again",
+     R"sql(
+ALTER TABLE jobs ADD COLUMN faults INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN not_before_ms INTEGER NOT NULL DEFAULT 0;
+)sql"},
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -113,11 +118,12 @@ constexpr const char* kCreateMigrationsTable =
 // with a cascading key, silently delete) the tasks of a job.
 constexpr const char* kPutJob =
     "INSERT INTO jobs (id, seq, tenant, queue, name, priority, state, reason, spec_json, created_ms, "
-    "updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) "
+    "updated_ms, faults, not_before_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) "
     "ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, tenant = excluded.tenant, "
     "queue = excluded.queue, name = excluded.name, priority = excluded.priority, "
     "state = excluded.state, reason = excluded.reason, spec_json = excluded.spec_json, "
-    "created_ms = excluded.created_ms, updated_ms = excluded.updated_ms";
+    "created_ms = excluded.created_ms, updated_ms = excluded.updated_ms, faults = excluded.faults, "
+    "not_before_ms = excluded.not_before_ms";
 constexpr const char* kPutTask =
     "INSERT INTO tasks (job_id, idx, state, node, placement_json, exit_code, restarts, updated_ms) "
     "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
@@ -141,8 +147,8 @@ constexpr const char* kPutMeta =
     "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value";
 
 constexpr const char* kLoadJobs =
-    "SELECT id, seq, tenant, queue, name, priority, state, reason, spec_json, created_ms, updated_ms "
-    "FROM jobs ORDER BY seq";
+    "SELECT id, seq, tenant, queue, name, priority, state, reason, spec_json, created_ms, updated_ms, "
+    "faults, not_before_ms FROM jobs ORDER BY seq";
 constexpr const char* kLoadTasks =
     "SELECT t.job_id, t.idx, t.state, t.node, t.placement_json, t.exit_code, t.restarts, t.updated_ms "
     "FROM tasks AS t JOIN jobs AS j ON j.id = t.job_id ORDER BY j.seq, t.idx";
@@ -517,7 +523,9 @@ Status SqliteStore::ApplyOp(const WriteOp& op) {
                 .Text(j.reason)
                 .Text(j.spec_json)
                 .Int(j.created_ms)
-                .Int(j.updated_ms);
+                .Int(j.updated_ms)
+                .Int(j.faults)
+                .Int(j.not_before_ms);
             return run(s, b, [&] { return fmt::format("put job {}", j.id); });
           },
           [&](const PutTask& o) -> Status {
@@ -615,6 +623,8 @@ Result<StoreSnapshot> SqliteStore::Load() {
     j.spec_json = ColumnText(s, 8);
     j.created_ms = ColumnInt64(s, 9);
     j.updated_ms = ColumnInt64(s, 10);
+    j.faults = ColumnInt(s, 11);
+    j.not_before_ms = ColumnInt64(s, 12);
     snap.jobs.push_back(std::move(j));
   });
   if (st.ok()) {

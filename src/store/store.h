@@ -33,6 +33,8 @@ struct JobRecord {
   std::string spec_json;
   int64_t created_ms = 0;
   int64_t updated_ms = 0;
+  int faults = 0;             // restarts after faults (node lost, GPU fault, failed task), for retry
+  int64_t not_before_ms = 0;  // a requeued job waits for its retry backoff until then (0: no wait)
   bool operator==(const JobRecord&) const = default;
 };
 
