@@ -369,6 +369,8 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
   ServerConfig config;
   config.data_dir = dir.path();
   config.sync_full = s.sync_full;
+  // The bench registers nodes but runs no agents: no heartbeats, so nodes must not time out.
+  config.heartbeat_timeout_seconds = 86400;
   config.tokens[kToken] = Principal{"", Role::kAdmin};
   if (s.http_threads > 0) config.http_threads = s.http_threads;
 

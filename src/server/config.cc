@@ -106,7 +106,7 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
   auto fail = [&](const Status& st) -> Result<ServerConfig> { return st.WithContext(path); };
   if (Status st = CheckKeys(j, "",
                             {"listen", "dataDir", "tokens", "ordering", "tenants", "queues", "profile",
-                             "preemption", "backfill", "heartbeat", "limits", "store", "httpThreads"});
+                             "preemption", "backfill", "heartbeat", "hotspot", "limits", "store", "httpThreads"});
       !st.ok())
     return fail(st);
   try {
@@ -242,6 +242,48 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         auto v = GetInt(h["timeoutSeconds"], "heartbeat.timeoutSeconds", 1, 86400);
         if (!v.ok()) return fail(v.status());
         c.heartbeat_timeout_seconds = static_cast<int>(*v);
+      }
+      if (c.heartbeat_timeout_seconds < 2 * c.heartbeat_interval_seconds + 1)
+        return fail(Status::InvalidArgument(fmt::format(
+            "heartbeat.timeoutSeconds: must be at least twice intervalSeconds plus one ({}), got {}: one "
+            "late heartbeat must not make a node lost",
+            2 * c.heartbeat_interval_seconds + 1, c.heartbeat_timeout_seconds)));
+    }
+    if (j.contains("hotspot")) {
+      const auto& h = j["hotspot"];
+      if (Status st = CheckKeys(h, "hotspot",
+                                {"temperatureC", "utilization", "memoryUsedFraction", "windowSeconds",
+                                 "cooldownSeconds", "migrate"});
+          !st.ok())
+        return fail(st);
+      auto number = [&](const char* key, double lo, double hi, double* out) -> Status {
+        if (!h.contains(key)) return Status::Ok();
+        if (!h[key].is_number())
+          return Status::InvalidArgument(fmt::format("hotspot.{}: must be a number", key));
+        const double v = h[key].get<double>();
+        if (!(v >= lo && v <= hi))
+          return Status::InvalidArgument(fmt::format("hotspot.{}: must be in [{}, {}] (0: off), got {}", key,
+                                                     lo, hi, v));
+        *out = v;
+        return Status::Ok();
+      };
+      if (Status st = number("temperatureC", 0, 200, &c.hotspot.temperature_c); !st.ok()) return fail(st);
+      if (Status st = number("utilization", 0, 1, &c.hotspot.utilization); !st.ok()) return fail(st);
+      if (Status st = number("memoryUsedFraction", 0, 1, &c.hotspot.memory_used_fraction); !st.ok())
+        return fail(st);
+      if (h.contains("windowSeconds")) {
+        auto v = GetInt(h["windowSeconds"], "hotspot.windowSeconds", 0, 86400);
+        if (!v.ok()) return fail(v.status());
+        c.hotspot.window_seconds = static_cast<int>(*v);
+      }
+      if (h.contains("cooldownSeconds")) {
+        auto v = GetInt(h["cooldownSeconds"], "hotspot.cooldownSeconds", 0, 7 * 86400);
+        if (!v.ok()) return fail(v.status());
+        c.hotspot.cooldown_seconds = static_cast<int>(*v);
+      }
+      if (h.contains("migrate")) {
+        if (!h["migrate"].is_boolean()) return fail(Status::InvalidArgument("hotspot.migrate: must be true or false"));
+        c.hotspot.migrate = h["migrate"].get<bool>();
       }
     }
     if (j.contains("limits")) {

@@ -38,8 +38,25 @@ struct ServerConfig {
   // A gang that has waited this long gets nodes held for it: smaller jobs stop backfilling them.
   int reserve_after_seconds = 60;
 
-  int heartbeat_interval_seconds = 5;
-  int heartbeat_timeout_seconds = 30;
+  // An agent heartbeats every interval; a node silent for the timeout is lost: its tasks are
+  // released and their jobs restart elsewhere from their checkpoints. Agents fence (stop) their
+  // own tasks before the timeout when they cannot renew it (docs/agent.md), so a task never runs
+  // on a lost node and its replacement at once.
+  int heartbeat_interval_seconds = 1;
+  int heartbeat_timeout_seconds = 6;
+
+  // Hot spots: a GPU whose telemetry (sent with every heartbeat) stays over a threshold for the
+  // whole window takes no new placements, and its best-effort tasks are migrated (stopped with
+  // their grace period to checkpoint, requeued). It is usable again once it has been under every
+  // threshold for the cooldown. A threshold of 0 is off.
+  struct Hotspot {
+    double temperature_c = 85;
+    double utilization = 0;           // 0..1
+    double memory_used_fraction = 0;  // 0..1
+    int window_seconds = 30;
+    int cooldown_seconds = 120;
+    bool migrate = true;
+  } hotspot;
 
   size_t max_body_bytes = 1 << 20;
   int max_jobs_per_cycle = 5000;

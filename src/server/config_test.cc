@@ -34,6 +34,7 @@ profile: bestfit
 preemption: {enabled: false, gracePeriodSeconds: 10}
 backfill: {reserveAfterSeconds: 120}
 heartbeat: {intervalSeconds: 2, timeoutSeconds: 10}
+hotspot: {temperatureC: 80, utilization: 0.99, memoryUsedFraction: 0.95, windowSeconds: 20, cooldownSeconds: 300, migrate: false}
 limits: {maxBodyBytes: 65536, maxJobsPerCycle: 100}
 store: {synchronous: normal}
 )");
@@ -57,6 +58,14 @@ store: {synchronous: normal}
   EXPECT_FALSE(c->preemption);
   EXPECT_EQ(c->grace_period_seconds, 10);
   EXPECT_EQ(c->reserve_after_seconds, 120);
+  EXPECT_EQ(c->heartbeat_interval_seconds, 2);
+  EXPECT_EQ(c->heartbeat_timeout_seconds, 10);
+  EXPECT_EQ(c->hotspot.temperature_c, 80);
+  EXPECT_EQ(c->hotspot.utilization, 0.99);
+  EXPECT_EQ(c->hotspot.memory_used_fraction, 0.95);
+  EXPECT_EQ(c->hotspot.window_seconds, 20);
+  EXPECT_EQ(c->hotspot.cooldown_seconds, 300);
+  EXPECT_FALSE(c->hotspot.migrate);
   EXPECT_EQ(c->max_body_bytes, 65536u);
   EXPECT_FALSE(c->sync_full);
   std::filesystem::remove(path);
@@ -78,6 +87,10 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
       {"preemption: {gracePeriodSeconds: -1}\n", "preemption.gracePeriodSeconds"},
       {"listen: nohost\n", "host:port"},
       {"store: {synchronous: sometimes}\n", "store.synchronous"},
+      {"heartbeat: {intervalSeconds: 5, timeoutSeconds: 8}\n", "heartbeat.timeoutSeconds: must be at least"},
+      {"hotspot: {temperature: 80}\n", "hotspot.temperature: unknown key"},
+      {"hotspot: {utilization: 1.5}\n", "hotspot.utilization: must be in [0, 1]"},
+      {"hotspot: {windowSeconds: -1}\n", "hotspot.windowSeconds"},
   };
   for (const auto& c : cases) {
     const std::string path = WriteTemp(c.yaml);

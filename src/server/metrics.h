@@ -36,6 +36,9 @@ struct ServerMetrics {
   uint64_t preemptions = 0;  // victim jobs
   uint64_t cycles = 0;
   std::map<std::string, uint64_t> finished;  // job end state -> count
+  std::map<std::string, uint64_t> faults;    // fault cause (node_lost, gpu_fault, task_failed) -> count
+  uint64_t nodes_lost = 0;
+  uint64_t hotspot_migrations = 0;  // jobs moved off a hot GPU
 };
 
 // Helpers for rendering.

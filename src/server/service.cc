@@ -128,6 +128,18 @@ std::string JobShapeKey(const Job& job) {
   std::_Exit(70);
 }
 
+NodeRecord MakeNodeRecord(const std::string& name, const json& spec, bool cordoned, bool draining,
+                          const std::string& state, int64_t hb) {
+  NodeRecord r;
+  r.name = name;
+  r.spec_json = spec.dump();
+  r.cordoned = cordoned;
+  r.draining = draining;
+  r.state = state;
+  r.last_heartbeat_ms = hb;
+  return r;
+}
+
 }  // namespace
 
 PoolService::PoolService(ServerConfig config, std::unique_ptr<Store> store)
@@ -188,6 +200,7 @@ Status PoolService::Recover() {
     NodeInfo info;
     info.state = r.state.empty() ? "ready" : r.state;
     info.last_heartbeat_ms = now;  // every agent gets a fresh timeout after a server restart
+    info.heartbeat_mono = MonoSeconds();
     info.draining = r.draining;
     info.spec_json = std::move(j);
     nodes_.push_back(std::move(info));
@@ -441,6 +454,9 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     const auto& g = j.job.groups[static_cast<size_t>(f.group)];
     j.phase = JobPhase::kFailed;
     j.rec.reason = fmt::format("task {}[{}] failed with exit code {}", g.name, f.replica, f.exit_code);
+    if (j.job.retry.on_failure)
+      j.rec.reason += fmt::format("; gave up after {} restart(s) (retry.maxRestarts {})", j.rec.faults,
+                                  j.job.retry.max_restarts);
     for (size_t i = 0; i < j.tasks.size(); ++i)
       StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job failed", batch);
     pending_.erase(j.rec.seq);
@@ -484,7 +500,7 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     return;
   }
   j.phase = JobPhase::kSucceeded;
-  j.rec.reason = "";
+  j.rec.reason = "every task exited 0";
   ++metrics_.finished["succeeded"];
   Event(j.rec.id, "Succeeded", "every task exited 0", batch);
   PutJobOps(j, batch);
@@ -520,6 +536,185 @@ void PoolService::ExpireStops(WriteBatch& batch) {
   }
 }
 
+void PoolService::FaultJob(JobState& j, const std::string& cause, const std::string& reason,
+                           WriteBatch& batch) {
+  if (IsTerminal(j.phase)) return;
+  bool stopping_already = false;
+  for (const TaskState& ts : j.tasks) stopping_already |= ts.phase == TaskPhase::kStopping;
+  // A job already on its way out (cancelled, failed, moved) is not restarted twice for one stop.
+  if (stopping_already && j.phase != JobPhase::kRunning) return;
+  const int64_t now = NowMs();
+  ++metrics_.faults[cause];
+  if (j.rec.faults >= j.job.retry.max_restarts) {
+    j.phase = JobPhase::kFailed;
+    j.rec.reason = fmt::format("{}; gave up after {} restart(s) (retry.maxRestarts {})", reason, j.rec.faults,
+                               j.job.retry.max_restarts);
+    for (size_t i = 0; i < j.tasks.size(); ++i)
+      StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job failed", batch);
+    pending_.erase(j.rec.seq);
+    partial_.erase(j.rec.seq);
+    ++metrics_.finished["failed"];
+    Event(j.rec.id, "Failed", j.rec.reason, batch);
+    PutJobOps(j, batch);
+    return;
+  }
+  ++j.rec.faults;
+  const int64_t wait = j.job.retry.BackoffSeconds(j.rec.faults);
+  j.rec.not_before_ms = now + 1000 * wait;
+  for (size_t i = 0; i < j.tasks.size(); ++i)
+    StopTask(j, static_cast<int>(i), TaskPhase::kPreempted, reason, batch);
+  Event(j.rec.id, "Fault",
+        fmt::format("{}: the job restarts from its checkpoint (restart {} of {}{})", reason, j.rec.faults,
+                    j.job.retry.max_restarts, wait > 0 ? fmt::format(", after {} s", wait) : ""),
+        batch);
+  PutJobOps(j, batch);
+}
+
+void PoolService::CheckNodes(WriteBatch& batch) {
+  const int64_t now = NowMs();
+  const double mono = MonoSeconds();
+  for (NodeIndex n = 0; n < nodes_.size(); ++n) {
+    NodeInfo& info = nodes_[n];
+    if (info.state != "ready" || mono - info.heartbeat_mono < config_.heartbeat_timeout_seconds) continue;
+    const std::string& name = ledger_.spec(n).name;
+    info.state = "lost";
+    ++metrics_.nodes_lost;
+    const std::string reason =
+        fmt::format("node {} lost (no heartbeat for {:.1f} s)", name, mono - info.heartbeat_mono);
+    batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, ledger_.state(n).cordoned, info.draining, info.state,
+                                     info.last_heartbeat_ms)});
+    Event("", "NodeLost", reason, batch);
+    // The node's agent fenced its tasks before this timeout (it could not renew its lease), so they
+    // are released at once and their jobs restart elsewhere.
+    std::set<std::string> job_ids;
+    for (const auto& [job_id, index] : info.tasks) job_ids.insert(job_id);
+    for (const std::string& job_id : job_ids) {
+      JobState* j = FindJob(job_id);
+      if (j == nullptr) continue;
+      std::vector<int> released;
+      for (size_t i = 0; i < j->tasks.size(); ++i) {
+        TaskState& ts = j->tasks[i];
+        if (!IsLive(ts.phase) || !ts.placed || ts.placement.node != n) continue;
+        const TaskPhase outcome = ts.phase == TaskPhase::kStopping ? ts.stop_outcome : TaskPhase::kPreempted;
+        ReleaseTask(*j, static_cast<int>(i));
+        ts.phase = outcome;
+        if (outcome == TaskPhase::kPreempted && ts.stop_reason.empty()) ts.stop_reason = reason;
+        ts.updated_ms = now;
+        PutTaskOp(*j, static_cast<int>(i), batch);
+        released.push_back(static_cast<int>(i));
+      }
+      Event(job_id, "NodeLost", fmt::format("{}; task(s) {} released", reason, fmt::join(released, ", ")),
+            batch);
+      if (j->phase == JobPhase::kRunning) {
+        for (int i : released) {
+          if (j->tasks[static_cast<size_t>(i)].phase == TaskPhase::kPreempted)
+            j->tasks[static_cast<size_t>(i)].stop_reason = reason;
+        }
+        FaultJob(*j, "node_lost", reason, batch);
+      }
+      AfterTaskEnded(*j, batch);
+    }
+  }
+}
+
+std::vector<PoolService::JobState*> PoolService::JobsOnGpu(NodeIndex n, int gpu) {
+  std::vector<JobState*> out;
+  for (const auto& [job_id, index] : nodes_[n].tasks) {
+    JobState* j = FindJob(job_id);
+    if (j == nullptr) continue;
+    const TaskState& ts = j->tasks[static_cast<size_t>(index)];
+    if (!IsLive(ts.phase)) continue;
+    for (const GpuGrant& g : ts.placement.gpus) {
+      if (g.gpu == gpu && std::find(out.begin(), out.end(), j) == out.end()) out.push_back(j);
+    }
+  }
+  return out;
+}
+
+void PoolService::UpdateGpuUsable(NodeIndex n, int gpu) {
+  const NodeInfo::GpuCondition& c = nodes_[n].gpus[static_cast<size_t>(gpu)];
+  const bool usable = c.fault.empty() && !c.hot;
+  if (ledger_.state(n).gpus[static_cast<size_t>(gpu)].healthy == usable) return;
+  (void)ledger_.SetGpuHealthy(n, gpu, usable);
+  if (usable) {
+    ++capacity_epoch_;
+    wake_pending_ = true;
+    wake_.notify_one();
+  }
+}
+
+void PoolService::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& reports, WriteBatch& batch) {
+  NodeInfo& info = nodes_[n];
+  const NodeSpec& spec = ledger_.spec(n);
+  info.gpus.resize(spec.gpus.size());
+  const int64_t now = NowMs();
+  const auto& hs = config_.hotspot;
+  for (const GpuReport& r : reports) {
+    if (r.index < 0 || static_cast<size_t>(r.index) >= info.gpus.size()) continue;
+    NodeInfo::GpuCondition& c = info.gpus[static_cast<size_t>(r.index)];
+    const std::string where = fmt::format("GPU {} on {}", r.index, spec.name);
+    // Faults: an unhealthy GPU takes no placements; its jobs stop and restart elsewhere.
+    if (!r.healthy && c.fault.empty()) {
+      c.fault = r.reason.empty() ? "unhealthy" : r.reason;
+      UpdateGpuUsable(n, r.index);
+      const std::string reason = fmt::format("{} failed: {}", where, c.fault);
+      Event("", "GpuFault", reason, batch);
+      for (JobState* j : JobsOnGpu(n, r.index)) FaultJob(*j, "gpu_fault", reason, batch);
+    } else if (r.healthy && !c.fault.empty()) {
+      Event("", "GpuRecovered", fmt::format("{} is healthy again (was: {})", where, c.fault), batch);
+      c.fault.clear();
+      UpdateGpuUsable(n, r.index);
+    }
+    // Hot spots: over a threshold for the whole window makes the GPU hot; under every threshold for
+    // the cooldown makes it usable again.
+    c.temperature_c = r.temperature_c;
+    c.utilization = r.utilization;
+    c.memory_used_fraction = r.memory_used_fraction;
+    std::vector<std::string> over;
+    if (hs.temperature_c > 0 && r.temperature_c >= hs.temperature_c)
+      over.push_back(fmt::format("temperature {:.0f} C >= {:.0f} C", r.temperature_c, hs.temperature_c));
+    if (hs.utilization > 0 && r.utilization >= hs.utilization)
+      over.push_back(fmt::format("utilization {:.2f} >= {:.2f}", r.utilization, hs.utilization));
+    if (hs.memory_used_fraction > 0 && r.memory_used_fraction >= hs.memory_used_fraction)
+      over.push_back(fmt::format("memory used {:.2f} >= {:.2f}", r.memory_used_fraction, hs.memory_used_fraction));
+    if (!over.empty()) {
+      c.under_since_ms = 0;
+      if (c.over_since_ms == 0) c.over_since_ms = now;
+      if (!c.hot && now - c.over_since_ms >= 1000LL * hs.window_seconds) {
+        c.hot = true;
+        c.hot_reason = fmt::format("{} for {} s", fmt::join(over, ", "), (now - c.over_since_ms) / 1000);
+        UpdateGpuUsable(n, r.index);
+        Event("", "GpuHot", fmt::format("{} is hot: {}; no new placements", where, c.hot_reason), batch);
+        if (hs.migrate) {
+          const std::string reason = fmt::format("migrated off hot {} ({})", where, c.hot_reason);
+          for (JobState* j : JobsOnGpu(n, r.index)) {
+            if (j->job.qos != QosClass::kBestEffort || j->phase != JobPhase::kRunning) continue;
+            bool stopping = false;
+            for (const TaskState& ts : j->tasks) stopping |= ts.phase == TaskPhase::kStopping;
+            if (stopping) continue;
+            ++metrics_.hotspot_migrations;
+            for (size_t i = 0; i < j->tasks.size(); ++i)
+              StopTask(*j, static_cast<int>(i), TaskPhase::kPreempted, reason, batch);
+            Event(j->rec.id, "Migrating", reason + ": the job stops, checkpoints and restarts elsewhere", batch);
+          }
+        }
+      }
+    } else {
+      c.over_since_ms = 0;
+      if (c.under_since_ms == 0) c.under_since_ms = now;
+      if (c.hot && now - c.under_since_ms >= 1000LL * hs.cooldown_seconds) {
+        c.hot = false;
+        Event("", "GpuCooled",
+              fmt::format("{} has been under the hot-spot thresholds for {} s; placements again", where,
+                          (now - c.under_since_ms) / 1000),
+              batch);
+        c.hot_reason.clear();
+        UpdateGpuUsable(n, r.index);
+      }
+    }
+  }
+}
+
 // ---- JSON views --------------------------------------------------------------------------------
 
 json PoolService::TaskJson(const JobState& j, int index) const {
@@ -551,8 +746,11 @@ json PoolService::JobJson(const JobState& j) const {
               {"qos", QosClassName(j.job.qos)},
               {"state", JobPhaseName(j.phase)},
               {"reason", j.rec.reason},
+              {"faults", j.rec.faults},
               {"createdAt", FormatTime(j.rec.created_ms)},
               {"updatedAt", FormatTime(j.rec.updated_ms)}};
+  if (j.phase == JobPhase::kPending && j.rec.not_before_ms > NowMs())
+    out["notBefore"] = FormatTime(j.rec.not_before_ms);
   out["spec"] = JobSpecToJson(j.job);
   json tasks = json::array();
   for (size_t i = 0; i < j.tasks.size(); ++i) tasks.push_back(TaskJson(j, static_cast<int>(i)));
@@ -583,6 +781,15 @@ json PoolService::NodeJson(NodeIndex n) const {
               {"model", d.model},           {"memory", FormatMemory(d.memory)},
               {"healthy", gs.healthy},      {"migEnabled", gs.mig_enabled},
               {"freeShare", gs.free_share}, {"freeMemory", FormatMemory(MiB(gs.free_memory))}};
+    if (i < info.gpus.size()) {
+      const NodeInfo::GpuCondition& c = info.gpus[i];
+      if (!c.fault.empty()) g["fault"] = c.fault;
+      g["hot"] = c.hot;
+      if (c.hot) g["hotReason"] = c.hot_reason;
+      if (c.temperature_c >= 0) g["temperatureC"] = c.temperature_c;
+      if (c.utilization >= 0) g["utilization"] = c.utilization;
+      if (c.memory_used_fraction >= 0) g["memoryUsedFraction"] = c.memory_used_fraction;
+    }
     auto it = gpu_tasks.find(static_cast<int>(i));
     g["tasks"] = it == gpu_tasks.end() ? json::array() : it->second;
     gpus.push_back(std::move(g));
@@ -867,19 +1074,6 @@ Result<json> PoolService::GetNode(const std::string& name) {
   return NodeJson(*n);
 }
 
-namespace {
-NodeRecord MakeNodeRecord(const std::string& name, const json& spec, bool cordoned, bool draining,
-                          const std::string& state, int64_t hb) {
-  NodeRecord r;
-  r.name = name;
-  r.spec_json = spec.dump();
-  r.cordoned = cordoned;
-  r.draining = draining;
-  r.state = state;
-  r.last_heartbeat_ms = hb;
-  return r;
-}
-}  // namespace
 
 Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -1094,34 +1288,76 @@ Result<json> PoolService::RegisterNode(const json& body_in) {
     nodes_.push_back(std::move(info));
   }
   NodeInfo& info = nodes_[n];
+  const bool was_lost = info.state != "ready";
   info.state = "ready";
   info.last_heartbeat_ms = now;
+  info.heartbeat_mono = MonoSeconds();
   info.agent_endpoint = agent ? agent->endpoint : "";
   info.agent_log_token = agent ? agent->log_token : "";
   ++capacity_epoch_;
   WriteBatch batch;
   batch.Add(PutNode{
       MakeNodeRecord(spec->name, canonical, ledger_.state(n).cordoned, info.draining, info.state, now)});
-  Event("", existing ? "NodeReregistered" : "NodeRegistered", spec->name, batch);
+  Event("", existing ? (was_lost ? "NodeReady" : "NodeReregistered") : "NodeRegistered", spec->name, batch);
   RETURN_IF_ERROR(CommitLocked(batch));
   wake_pending_ = true;
   wake_.notify_one();
-  return json{{"node", NodeJson(n)}, {"heartbeatIntervalSeconds", config_.heartbeat_interval_seconds}};
+  return json{{"node", NodeJson(n)},
+              {"heartbeatIntervalSeconds", config_.heartbeat_interval_seconds},
+              {"heartbeatTimeoutSeconds", config_.heartbeat_timeout_seconds}};
 }
 
 Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
   if (!body.is_null() && !body.is_object())
     return Status::InvalidArgument("heartbeat: the body must be a JSON object");
   std::optional<AgentInfo> agent;
+  std::vector<GpuReport> gpu_reports;
   if (body.is_object()) {
     for (auto it = body.begin(); it != body.end(); ++it) {
-      if (it.key() != "tasks" && it.key() != "agent")
-        return Status::InvalidArgument(it.key() + ": unknown field (known: tasks, agent)");
+      if (it.key() != "tasks" && it.key() != "agent" && it.key() != "gpus")
+        return Status::InvalidArgument(it.key() + ": unknown field (known: tasks, agent, gpus)");
     }
     if (body.contains("agent")) {
       auto a = ParseAgentInfo(body["agent"]);
       if (!a.ok()) return a.status();
       agent = *a;
+    }
+    if (body.contains("gpus")) {
+      const json& gs = body["gpus"];
+      if (!gs.is_array()) return Status::InvalidArgument("gpus: must be a list");
+      if (gs.size() > 1024) return Status::InvalidArgument("gpus: at most 1024 entries");
+      for (size_t i = 0; i < gs.size(); ++i) {
+        const json& g = gs[i];
+        const std::string where = fmt::format("gpus[{}]", i);
+        if (!g.is_object() || !g.contains("index") || !g["index"].is_number_integer())
+          return Status::InvalidArgument(where + ": needs index (integer)");
+        GpuReport r;
+        r.index = g["index"].get<int>();
+        for (auto it = g.begin(); it != g.end(); ++it) {
+          const std::string& k = it.key();
+          const json& v = it.value();
+          if (k == "index") continue;
+          if (k == "healthy") {
+            if (!v.is_boolean()) return Status::InvalidArgument(where + ".healthy: must be true or false");
+            r.healthy = v.get<bool>();
+          } else if (k == "reason") {
+            if (!v.is_string()) return Status::InvalidArgument(where + ".reason: must be a string");
+            r.reason = v.get<std::string>().substr(0, 256);
+          } else if (k == "temperatureC" || k == "utilization" || k == "memoryUsedFraction") {
+            const double hi = k == "temperatureC" ? 1000 : 1;
+            if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= hi))
+              return Status::InvalidArgument(fmt::format("{}.{}: must be a number in [0, {}]", where, k, hi));
+            (k == "temperatureC" ? r.temperature_c : k == "utilization" ? r.utilization : r.memory_used_fraction) =
+                v.get<double>();
+          } else {
+            return Status::InvalidArgument(fmt::format(
+                "{}.{}: unknown field (known: index, healthy, reason, temperatureC, utilization, "
+                "memoryUsedFraction)",
+                where, k));
+          }
+        }
+        gpu_reports.push_back(std::move(r));
+      }
     }
     if (body.contains("tasks")) {
       if (!body["tasks"].is_array()) return Status::InvalidArgument("tasks: must be a list");
@@ -1143,15 +1379,35 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
     std::lock_guard<std::mutex> lock(mu_);
     auto n = ledger_.FindNode(node);
     if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
-    nodes_[*n].last_heartbeat_ms = NowMs();
-    nodes_[*n].state = "ready";
+    NodeInfo& info = nodes_[*n];
+    info.last_heartbeat_ms = NowMs();
+    info.heartbeat_mono = MonoSeconds();
+    WriteBatch batch;
+    if (info.state != "ready") {
+      // Back from lost: its tasks were released when it was lost (the agent fenced them), so it
+      // comes back empty and its agent stops whatever is not in its assignments.
+      info.state = "ready";
+      batch.Add(PutNode{MakeNodeRecord(node, info.spec_json, ledger_.state(*n).cordoned, info.draining,
+                                       info.state, info.last_heartbeat_ms)});
+      Event("", "NodeReady", node + " heartbeats again", batch);
+      ++capacity_epoch_;
+      wake_pending_ = true;
+      wake_.notify_one();
+    }
     // After a server restart the agent's endpoint comes back with its first heartbeat.
     if (agent) {
-      nodes_[*n].agent_endpoint = agent->endpoint;
-      nodes_[*n].agent_log_token = agent->log_token;
+      info.agent_endpoint = agent->endpoint;
+      info.agent_log_token = agent->log_token;
     }
+    ApplyGpuReports(*n, gpu_reports, batch);
+    if (!batch.empty()) RETURN_IF_ERROR(CommitLocked(batch));
   }
-  return Assignments(node);
+  auto out = Assignments(node);
+  if (out.ok()) {
+    (*out)["heartbeatIntervalSeconds"] = config_.heartbeat_interval_seconds;
+    (*out)["heartbeatTimeoutSeconds"] = config_.heartbeat_timeout_seconds;
+  }
+  return out;
 }
 
 Result<json> PoolService::Assignments(const std::string& node) {
@@ -1260,11 +1516,20 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     ts.phase = end;
     ts.exit_code = exit_code;
     ts.updated_ms = now;
-    PutTaskOp(*j, index, batch);
     Event(job_id, "TaskFinished",
           fmt::format("task {} on {}: {} (exit code {}){}{}", task_name, node, TaskPhaseName(end), exit_code,
                       message.empty() ? "" : ": ", message),
           batch);
+    if (end == TaskPhase::kFailed && j->job.retry.on_failure && j->phase == JobPhase::kRunning &&
+        j->rec.faults < j->job.retry.max_restarts) {
+      // retry.onFailure: the failure is a fault like a lost node; the gang restarts from its checkpoint.
+      const std::string reason = fmt::format("task {} failed on {} with exit code {}{}{}", task_name, node,
+                                             exit_code, message.empty() ? "" : ": ", message);
+      ts.phase = TaskPhase::kPreempted;
+      ts.stop_reason = reason;
+      FaultJob(*j, "task_failed", reason, batch);
+    }
+    PutTaskOp(*j, index, batch);
     AfterTaskEnded(*j, batch);
   }
   RETURN_IF_ERROR(CommitLocked(batch));
@@ -1401,6 +1666,7 @@ bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
 int PoolService::CycleLocked(WriteBatch& batch) {
   const double t0 = MonoSeconds();
   ++metrics_.cycles;
+  CheckNodes(batch);
   ExpireStops(batch);
   LearnTypicalPods();
   const int64_t now = NowMs();
@@ -1430,6 +1696,14 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   for (uint64_t seq : pending_) {
     JobState* j = by_seq_[seq];
     if (!j->waiting_for.empty()) continue;
+    if (j->rec.not_before_ms > now) {
+      // Retry backoff after a fault (docs/jobspec.md#retry).
+      const std::string message =
+          fmt::format("waiting for its retry backoff (restart {} of {}) until {}", j->rec.faults,
+                      j->job.retry.max_restarts, FormatTime(j->rec.not_before_ms));
+      if (message != j->pending_message) j->pending_message = message;
+      continue;
+    }
     entries.push_back({seq, j->rec.tenant, j->rec.queue, j->rec.priority, j->demand});
     states.push_back(j);
   }
@@ -1839,6 +2113,26 @@ std::string PoolService::MetricsText() {
   for (const char* s : {"succeeded", "failed", "cancelled"})
     RenderSample("gpupool_jobs_finished_total", {{"state", s}}, static_cast<double>(metrics_.finished[s]),
                  out);
+  RenderHeader("gpupool_fault_restarts_total", "counter",
+               "Faults that stopped a job (each restarts it or, over its retry budget, fails it), by cause.",
+               out);
+  for (const char* c : {"node_lost", "gpu_fault", "task_failed"})
+    RenderSample("gpupool_fault_restarts_total", {{"cause", c}}, static_cast<double>(metrics_.faults[c]), out);
+  RenderHeader("gpupool_nodes_lost_total", "counter", "Nodes declared lost (no heartbeat for the timeout).",
+               out);
+  RenderSample("gpupool_nodes_lost_total", {}, static_cast<double>(metrics_.nodes_lost), out);
+  RenderHeader("gpupool_hotspot_migrations_total", "counter", "Best-effort jobs moved off a hot GPU.", out);
+  RenderSample("gpupool_hotspot_migrations_total", {}, static_cast<double>(metrics_.hotspot_migrations), out);
+  int faulty = 0, hot = 0;
+  for (const NodeInfo& info : nodes_) {
+    for (const auto& c : info.gpus) {
+      faulty += !c.fault.empty();
+      hot += c.hot;
+    }
+  }
+  RenderHeader("gpupool_gpus_unusable", "gauge", "GPUs that take no new placements, by cause.", out);
+  RenderSample("gpupool_gpus_unusable", {{"cause", "fault"}}, faulty, out);
+  RenderSample("gpupool_gpus_unusable", {{"cause", "hot"}}, hot, out);
   metrics_.scheduling_latency.Render("gpupool_scheduling_latency_seconds",
                                      "Time from submission (or requeue) to placement, per job.", out);
   metrics_.cycle_duration.Render("gpupool_scheduling_cycle_seconds", "Duration of one scheduling cycle.",

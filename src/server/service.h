@@ -7,6 +7,13 @@
 // the store without the mutex (group commit batches concurrent submitters), and enters the
 // in-memory queue only once it is durable, so memory never holds what the disk does not.
 //
+// Faults (docs/server.md#faults): a node silent for the heartbeat timeout is lost, a GPU its agent
+// reports unhealthy is faulty, and a failed task of a job with retry.onFailure is a fault too. Each
+// fault releases or stops the job's tasks (the whole gang), counts against the job's retry budget
+// and requeues it after its backoff; over budget the job fails naming the fault. A GPU whose
+// telemetry stays over the hot-spot thresholds takes no new placements and its best-effort tasks are
+// migrated; that is a move, not a fault.
+//
 // Lifecycle of a task: pending -> assigned (placed, the agent has not reported) -> running ->
 // succeeded | failed; a cancel or a preemption moves assigned/running to stopping, and the agent's
 // "stopped" report (or the stop deadline) releases the allocation: cancelled | preempted (the job
@@ -201,6 +208,23 @@ class PoolService {
   bool TryPreempt(JobState& j, const PendingEntry& entry, RunningView& running, WriteBatch& batch);
   void MaybeReserve(JobState& j, WriteBatch& batch);
   void ExpireStops(WriteBatch& batch);
+  // A fault hit the job: counts it against the retry budget and stops every live task (as
+  // preempted: requeue), or fails the job once over budget. Tasks already released by the caller
+  // (a lost node's) keep the phase the caller gave them.
+  void FaultJob(JobState& j, const std::string& cause, const std::string& reason, WriteBatch& batch);
+  // Marks silent nodes lost and releases their tasks.
+  void CheckNodes(WriteBatch& batch);
+  // The heartbeat's GPU reports: faults, recoveries, hot spots.
+  struct GpuReport {
+    int index = 0;
+    bool healthy = true;
+    std::string reason;
+    double temperature_c = -1, utilization = -1, memory_used_fraction = -1;  // -1: not reported
+  };
+  void ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& reports, WriteBatch& batch);
+  // Jobs with a live task on GPU `gpu` of node `n`.
+  std::vector<JobState*> JobsOnGpu(NodeIndex n, int gpu);
+  void UpdateGpuUsable(NodeIndex n, int gpu);
   void LearnTypicalPods();
   int64_t NowMs() const;
 
@@ -240,7 +264,8 @@ class PoolService {
 
   struct NodeInfo {
     std::string state = "ready";
-    int64_t last_heartbeat_ms = 0;
+    int64_t last_heartbeat_ms = 0;  // wall clock, for display and the store
+    double heartbeat_mono = 0;      // steady clock seconds: what the lost-node timeout measures
     bool draining = false;
     nlohmann::json spec_json;
     std::set<std::pair<std::string, int>> tasks;  // live tasks (job id, index)
@@ -248,6 +273,16 @@ class PoolService {
     // Soft state: sent at registration and with every heartbeat, never stored.
     std::string agent_endpoint;
     std::string agent_log_token;
+    // Per GPU, from the heartbeats (soft state: a restarted server learns it again within one).
+    struct GpuCondition {
+      std::string fault;  // non-empty: the agent reports the GPU unhealthy, and why
+      bool hot = false;
+      std::string hot_reason;
+      int64_t over_since_ms = 0;   // start of the current run of samples over a threshold (0: none)
+      int64_t under_since_ms = 0;  // start of the current run of samples under every threshold
+      double temperature_c = -1, utilization = -1, memory_used_fraction = -1;
+    };
+    std::vector<GpuCondition> gpus;
   };
   std::vector<NodeInfo> nodes_;
   std::map<std::pair<std::string, std::string>, Resources> usage_;  // (tenant, queue) -> used

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "store/sqlite_store.h"
 
@@ -428,6 +430,263 @@ TEST_F(ServiceTest, ReregistrationMustMatchTheInventory) {
   EXPECT_EQ(service_->RegisterNode(body).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(service_->RegisterNode({{"name", "n2"}, {"cpu", -1}}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// ---- faults --------------------------------------------------------------------------------------
+
+std::vector<std::string> EventTypes(PoolService& s, const std::string& id) {
+  auto events = s.JobEvents(kAdmin, id, 0, 1000);
+  std::vector<std::string> types;
+  if (events.ok()) {
+    for (const auto& e : (*events)["items"]) types.push_back(e["type"]);
+  }
+  return types;
+}
+
+bool Has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+constexpr char kGangTwoNodes[] = R"(
+name: train
+retry: {maxRestarts: 3, backoffSeconds: 0}
+tasks:
+  - name: w
+    replicas: 2
+    resources: {cpu: 4, memory: 16Gi, gpu: 2}
+    command: [python3, train.py]
+    checkpoint: {dir: /ckpt/train, intervalSeconds: 60}
+)";
+
+TEST_F(ServiceTest, LostNodeReleasesItsTasksAndTheGangRestartsElsewhere) {
+  config_.heartbeat_timeout_seconds = 1;
+  Open();
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  AddNode("n3", 2);
+  const std::string id = Submit(kAdmin, kGangTwoNodes);
+  service_->RunCycle();
+  Report(id, 0, "running");
+  Report(id, 1, "running");
+  json job = Get(id);
+  const std::string dead = job["tasks"][0]["node"];
+  const std::string alive = job["tasks"][1]["node"];
+  ASSERT_NE(dead, alive);
+  std::string spare;
+  for (const char* n : {"n1", "n2", "n3"}) {
+    if (n != dead && n != alive) spare = n;
+  }
+  // Every node but `dead` keeps heartbeating.
+  for (int i = 0; i < 6; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ASSERT_TRUE(service_->Heartbeat(alive, json::object()).ok());
+    ASSERT_TRUE(service_->Heartbeat(spare, json::object()).ok());
+    service_->RunCycle();
+  }
+  auto node = service_->GetNode(dead);
+  ASSERT_TRUE(node.ok());
+  EXPECT_EQ((*node)["state"], "lost");
+  EXPECT_EQ((*service_->GetNode(alive))["state"], "ready");
+  job = Get(id);
+  // The lost node's task is released at once; the rest of the gang is asked to stop (checkpoint).
+  EXPECT_EQ(job["tasks"][0]["state"], "preempted");
+  EXPECT_EQ(job["tasks"][1]["state"], "stopping");
+  EXPECT_NE(job["tasks"][1]["stopReason"].get<std::string>().find("node " + dead + " lost"), std::string::npos)
+      << job.dump();
+  EXPECT_EQ(job["faults"], 1);
+  // A late report from the lost node is refused: its task was released.
+  EXPECT_EQ(service_->ReportTask(dead, id, 0, {{"state", "running"}}).status().code(),
+            StatusCode::kFailedPrecondition);
+  Report(id, 1, "stopped");
+  EXPECT_EQ(State(id), "pending");
+  service_->RunCycle();
+  job = Get(id);
+  EXPECT_EQ(job["state"], "running");
+  for (const auto& t : job["tasks"]) {
+    EXPECT_NE(t["node"], dead) << "placed on the lost node";
+    EXPECT_EQ(t["restarts"], 1);
+  }
+  const auto types = EventTypes(*service_, id);
+  EXPECT_TRUE(Has(types, "NodeLost"));
+  EXPECT_TRUE(Has(types, "Fault"));
+  EXPECT_TRUE(Has(types, "Requeued"));
+  ExpectConsistent();
+  // The node comes back: ready again, empty, and placements may use it.
+  ASSERT_TRUE(service_->Heartbeat(dead, json::object()).ok());
+  EXPECT_EQ((*service_->GetNode(dead))["state"], "ready");
+  EXPECT_EQ((*service_->GetNode(dead))["tasks"], 0);
+  EXPECT_NE(service_->MetricsText().find("gpupool_nodes_lost_total 1"), std::string::npos);
+}
+
+TEST_F(ServiceTest, RetryBudgetBackoffAndAClearFinalReason) {
+  AddNode("n1", 1);
+  const std::string id = Submit(kAdmin, R"(
+name: flaky
+retry: {maxRestarts: 2, backoffSeconds: 30, onFailure: true}
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}, command: [x]}]
+)");
+  service_->RunCycle();
+  Report(id, 0, "running");
+  Report(id, 0, "failed", 3);
+  // First restart: at once.
+  json job = Get(id);
+  EXPECT_EQ(job["state"], "pending");
+  EXPECT_EQ(job["faults"], 1);
+  EXPECT_FALSE(job.contains("notBefore"));
+  service_->RunCycle();
+  EXPECT_EQ(State(id), "running");
+  Report(id, 0, "failed", 3);
+  // Second: after the backoff; the job waits and says until when.
+  job = Get(id);
+  EXPECT_EQ(job["faults"], 2);
+  ASSERT_TRUE(job.contains("notBefore")) << job.dump();
+  service_->RunCycle();
+  EXPECT_EQ(State(id), "pending");
+  // The budget survives a restart of the server.
+  Open();
+  job = Get(id);
+  EXPECT_EQ(job["faults"], 2);
+  EXPECT_TRUE(job.contains("notBefore"));
+  service_->RunCycle();
+  EXPECT_EQ(State(id), "pending");
+  ExpectConsistent();
+
+  // Without onFailure a failed task fails the job at once.
+  const std::string once = Submit(kAdmin, "name: once\ntasks: [{name: w, resources: {cpu: 1}, command: [x]}]\n");
+  service_->RunCycle();
+  Report(once, 0, "failed", 1);
+  EXPECT_EQ(State(once), "failed");
+  EXPECT_EQ(Get(once)["reason"], "task w[0] failed with exit code 1");
+}
+
+TEST_F(ServiceTest, RetryBudgetExhaustedFailsTheJobNamingTheFault) {
+  AddNode("n1", 1);
+  const std::string id = Submit(kAdmin, R"(
+name: flaky
+retry: {maxRestarts: 1, backoffSeconds: 0, onFailure: true}
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}, command: [x]}]
+)");
+  service_->RunCycle();
+  Report(id, 0, "failed", 3);
+  service_->RunCycle();
+  EXPECT_EQ(State(id), "running");
+  Report(id, 0, "failed", 4);
+  const json job = Get(id);
+  EXPECT_EQ(job["state"], "failed");
+  EXPECT_EQ(job["reason"], "task w[0] failed with exit code 4; gave up after 1 restart(s) (retry.maxRestarts 1)");
+  EXPECT_EQ(Get(id)["tasks"][0]["restarts"], 1);
+  ExpectConsistent();
+  // Every terminal job says why.
+  const std::string ok = Submit(kAdmin, "name: ok\ntasks: [{name: w, resources: {cpu: 1}, command: [x]}]\n");
+  service_->RunCycle();
+  Report(ok, 0, "succeeded");
+  EXPECT_EQ(Get(ok)["reason"], "every task exited 0");
+}
+
+constexpr char kOneGpu[] = R"(
+name: one
+retry: {backoffSeconds: 0}
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}, command: [x]}]
+)";
+
+TEST_F(ServiceTest, GpuFaultEvictsItsJobsAndKeepsTheRestOfTheNode) {
+  AddNode("n1", 2);
+  const std::string a = Submit(kAdmin, kOneGpu);
+  const std::string b = Submit(kAdmin, kOneGpu);
+  service_->RunCycle();
+  Report(a, 0, "running");
+  Report(b, 0, "running");
+  const int gpu_a = Get(a)["tasks"][0]["gpus"][0]["index"];
+  json beat = {{"gpus", json::array({{{"index", gpu_a}, {"healthy", false}, {"reason", "XID 79"}},
+                                     {{"index", 1 - gpu_a}, {"healthy", true}}})}};
+  ASSERT_TRUE(service_->Heartbeat("n1", beat).ok());
+  json ja = Get(a);
+  EXPECT_EQ(ja["tasks"][0]["state"], "stopping");
+  EXPECT_NE(ja["tasks"][0]["stopReason"].get<std::string>().find("XID 79"), std::string::npos);
+  EXPECT_EQ(Get(b)["tasks"][0]["state"], "running");  // the other GPU stays in service
+  const json node = *service_->GetNode("n1");
+  EXPECT_EQ(node["gpus"][static_cast<size_t>(gpu_a)]["healthy"], false);
+  EXPECT_EQ(node["gpus"][static_cast<size_t>(gpu_a)]["fault"], "XID 79");
+  // Reported again: nothing new happens (one fault, one restart).
+  ASSERT_TRUE(service_->Heartbeat("n1", beat).ok());
+  EXPECT_EQ(Get(a)["faults"], 1);
+  Report(a, 0, "stopped");
+  service_->RunCycle();
+  EXPECT_EQ(State(a), "pending");  // the faulty GPU takes nothing, the other is b's
+  AddNode("n2", 1);
+  service_->RunCycle();
+  EXPECT_EQ(Get(a)["tasks"][0]["node"], "n2");
+  // Healthy again: usable again.
+  beat["gpus"][0] = {{"index", gpu_a}, {"healthy", true}};
+  ASSERT_TRUE(service_->Heartbeat("n1", beat).ok());
+  EXPECT_EQ((*service_->GetNode("n1"))["gpus"][static_cast<size_t>(gpu_a)]["healthy"], true);
+  ExpectConsistent();
+  // A bad report names the field and changes nothing.
+  auto bad = service_->Heartbeat("n1", {{"gpus", json::array({{{"index", 0}, {"temperatureC", "hot"}}})}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("gpus[0].temperatureC"), std::string::npos) << bad.status().message();
+}
+
+TEST_F(ServiceTest, HotGpuTakesNoPlacementsMigratesBestEffortAndCoolsDown) {
+  config_.hotspot.temperature_c = 85;
+  config_.hotspot.window_seconds = 0;
+  config_.hotspot.cooldown_seconds = 1;
+  Open();
+  AddNode("n1", 1);
+  const std::string be = Submit(kAdmin, R"(
+name: be
+qos: best-effort
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.5}, command: [x]}]
+)");
+  const std::string g = Submit(kAdmin, R"(
+name: g
+qos: guaranteed
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.25, gpuMemory: 10Gi}, command: [x]}]
+)");
+  service_->RunCycle();
+  Report(be, 0, "running");
+  Report(g, 0, "running");
+  auto beat = [&](double temp) {
+    auto r = service_->Heartbeat("n1", {{"gpus", json::array({{{"index", 0}, {"temperatureC", temp}}})}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  };
+  beat(95);
+  json j = Get(be);
+  EXPECT_EQ(j["tasks"][0]["state"], "stopping");
+  EXPECT_NE(j["tasks"][0]["stopReason"].get<std::string>().find("hot"), std::string::npos);
+  EXPECT_EQ(Get(g)["tasks"][0]["state"], "running");  // only best-effort work moves
+  EXPECT_EQ((*service_->GetNode("n1"))["gpus"][0]["hot"], true);
+  Report(be, 0, "stopped");
+  EXPECT_EQ(Get(be)["faults"], 0);  // a move, not a fault
+  service_->RunCycle();
+  EXPECT_EQ(State(be), "pending");  // the hot GPU takes no new work
+  beat(60);
+  service_->RunCycle();
+  EXPECT_EQ(State(be), "pending");  // cooling down: no flapping
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  beat(60);
+  EXPECT_EQ((*service_->GetNode("n1"))["gpus"][0]["hot"], false);
+  service_->RunCycle();
+  EXPECT_EQ(State(be), "running");
+  EXPECT_NE(service_->MetricsText().find("gpupool_hotspot_migrations_total 1"), std::string::npos);
+  ExpectConsistent();
+}
+
+TEST_F(ServiceTest, DrainMovesEveryJobOffThroughTheSameRequeue) {
+  AddNode("n1", 1);
+  const std::string id = Submit(kAdmin, kOneGpu);
+  service_->RunCycle();
+  Report(id, 0, "running");
+  ASSERT_TRUE(service_->DrainNode("n1").ok());
+  EXPECT_EQ(Get(id)["tasks"][0]["state"], "stopping");
+  Report(id, 0, "stopped");
+  AddNode("n2", 1);
+  service_->RunCycle();
+  const json job = Get(id);
+  EXPECT_EQ(job["tasks"][0]["node"], "n2");
+  EXPECT_EQ(job["tasks"][0]["restarts"], 1);
+  EXPECT_EQ(job["faults"], 0);
+  ExpectConsistent();
 }
 
 // Forwards to a real store; while closed, every Apply waits until Open(). Lets a test hold the
