@@ -11,7 +11,7 @@ target_link_libraries(gpupool_agent
 
 if(GPUPOOL_BUILD_TESTS)
   # mps_test starts the fake nvidia-cuda-mps-control of tests/fake_mps (a POSIX sh script).
-  gpupool_test(agent_test src/agent/task_env_test.cc src/agent/mps_test.cc)
+  gpupool_test(agent_test src/agent/task_env_test.cc src/agent/mps_test.cc src/agent/agent_lease_test.cc)
   # It also runs whole agents against a fake server, with the fake NVML of cmake/agent_gpu.cmake.
   target_link_libraries(agent_test PRIVATE gpupool_agent PkgConfig::HTTPLIB fmt::fmt)
   target_compile_definitions(agent_test PRIVATE

@@ -30,6 +30,7 @@ struct Response;
 namespace gpupool {
 
 class ApiClient;
+struct HttpReply;
 
 struct AgentOptions {
   std::string server = "http://127.0.0.1:8470";
@@ -51,7 +52,15 @@ struct AgentOptions {
   // How often the agent asks for its assignments between heartbeats (every heartbeat brings them
   // too): what a new task waits at most before its agent sees it. 0: only with heartbeats.
   double assignment_poll_seconds = 1.0;
+  // Simulated GPUs only: a JSON file of GPU faults and telemetry overrides, re-read on every
+  // heartbeat (docs/agent.md#fault-injection). Empty: none.
+  std::string sim_faults;
 };
+
+// Lease fencing: when, after a lease of `timeout_s` seconds starts, the agent's tasks get SIGTERM
+// and SIGKILL: 2 s and 1 s before the lease ends, clamped for short leases to 1/3 and 2/3 of it
+// (timeout 3 s: +1 s and +2 s).
+void LeaseFenceOffsets(double timeout_s, int64_t* term_ms, int64_t* kill_ms);
 
 class Agent {
  public:
@@ -74,6 +83,14 @@ class Agent {
   std::string MetricsText();
   // What the agent printed about itself at Create (GPU source, simulated or not).
   const std::string& summary() const { return summary_; }
+  // The `gpus` array of the heartbeat: one entry per GPU of the node spec, in index order
+  // (docs/agent.md). Re-reads --sim-faults.
+  nlohmann::json GpuStatusJson();
+  // The last problem with the --sim-faults file; empty when it was fine (or absent).
+  std::string sim_faults_error();
+  // Where the lease lives (<state dir>/lease) and whether it is still good for starting tasks.
+  const std::string& lease_path() const { return lease_path_; }
+  bool LeaseValid();
 
  private:
   struct LocalTask {
@@ -108,6 +125,14 @@ class Agent {
   Status EnsureMps(LocalTask& t);
   // The task no longer uses its GPUs' MPS daemons (the last user stops one). REQUIRES: mu_ held.
   void ReleaseMps(LocalTask& t);
+  // Lease bookkeeping after a register/heartbeat attempt that began at `start_ms` (BootTimeMs).
+  void AfterContact(int64_t start_ms, const Result<HttpReply>& r);
+  void RenewLease(int64_t start_ms, double timeout_s);
+  // True when a TCP connect to the server is refused (nobody listens there).
+  bool ServerPortClosed() const;
+  void ReloadSimFaults();  // REQUIRES: sim_mu_ held
+  bool AdoptableTask(const std::string& id);  // a runtime still knows it (left by an earlier agent)
+  std::string FencedMessage(const std::string& runtime_message);
 
   AgentOptions options_;
   Inventory inventory_;
@@ -136,6 +161,20 @@ class Agent {
   std::chrono::steady_clock::time_point next_heartbeat_{};
   std::chrono::steady_clock::time_point next_assignments_{};
   double heartbeat_interval_ = 5;
+
+  // Lease fencing (docs/agent.md#lease-fencing).
+  std::mutex lease_mu_;
+  std::string lease_path_;
+  double lease_timeout_s_ = 0;     // the server's heartbeatTimeoutSeconds; 0: not known yet
+  int64_t lease_term_ms_ = 0;      // CLOCK_BOOTTIME deadlines written to the lease file
+  int64_t lease_kill_ms_ = 0;
+  int64_t last_contact_ms_ = 0;    // the start of the last attempt that renewed the lease
+  bool lease_expired_logged_ = false;
+
+  // --sim-faults: the overrides last read well, per GPU index.
+  std::mutex sim_mu_;
+  std::map<int, nlohmann::json> sim_overrides_;
+  std::string sim_faults_error_;
 };
 
 }  // namespace gpupool

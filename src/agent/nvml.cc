@@ -825,6 +825,89 @@ Result<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
   return holder;
 }
 
+namespace {
+
+// Shared by Discover, Sample and Health: one reading of each, in one place.
+
+// A critical XID seen since start, uncorrectable ECC errors, a failed row remapping.
+void HealthOf(Nvml::Impl& m, size_t i, NvmlDevice dev, bool* healthy, std::string* reason) {
+  *healthy = true;
+  reason->clear();
+  if (i < m.critical_xid.size() && m.critical_xid[i] != 0) {
+    *healthy = false;
+    *reason = fmt::format("XID {}", m.critical_xid[i]);
+    return;
+  }
+  unsigned long long ecc = 0;
+  if (m.total_ecc != nullptr && m.total_ecc(dev, kMemoryErrorUncorrected, kEccCounterVolatile, &ecc) == kSuccess &&
+      ecc > 0) {
+    *healthy = false;
+    *reason = fmt::format("uncorrectable ECC errors: {}", ecc);
+    return;
+  }
+  unsigned corr = 0;
+  unsigned unc = 0;
+  unsigned pending = 0;
+  unsigned failed = 0;
+  if (m.remapped_rows != nullptr && m.remapped_rows(dev, &corr, &unc, &pending, &failed) == kSuccess &&
+      failed != 0) {
+    *healthy = false;
+    *reason = "row remapping failed";
+  }
+}
+
+std::optional<double> GpuTemperature(Nvml::Impl& m, NvmlDevice dev) {
+  TemperatureV1 t{
+      .version = StructVersion(sizeof(TemperatureV1), 1), .sensor_type = kTemperatureGpu, .temperature = 0};
+  unsigned u = 0;
+  if (m.temperature_v != nullptr && m.temperature_v(dev, &t) == kSuccess) return t.temperature;
+  if (m.temperature != nullptr && m.temperature(dev, kTemperatureGpu, &u) == kSuccess) return u;
+  return std::nullopt;
+}
+
+struct FramebufferBytes {
+  double total = 0, free = 0, used = 0;
+  std::optional<double> reserved;
+};
+
+std::optional<FramebufferBytes> Framebuffer(Nvml::Impl& m, NvmlDevice dev) {
+  MemoryInfoV2 mem2{};
+  mem2.version = StructVersion(sizeof(MemoryInfoV2), 2);
+  MemoryInfo mem{};
+  if (m.memory_info_v2 != nullptr && m.memory_info_v2(dev, &mem2) == kSuccess) {
+    return FramebufferBytes{static_cast<double>(mem2.total), static_cast<double>(mem2.free),
+                            static_cast<double>(mem2.used), static_cast<double>(mem2.reserved)};
+  }
+  if (m.memory_info(dev, &mem) == kSuccess) {
+    return FramebufferBytes{static_cast<double>(mem.total), static_cast<double>(mem.free),
+                            static_cast<double>(mem.used), std::nullopt};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::vector<GpuHealthSample>> Nvml::Health() {
+  Impl& m = *impl_;
+  const std::lock_guard<std::mutex> lock(m.mu);
+  ASSIGN_OR_RETURN(const std::vector<NvmlDevice> devices, m.Devices());
+  m.PollXids(devices);
+  std::vector<GpuHealthSample> out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    NvmlDevice dev = devices[i];
+    GpuHealthSample h;
+    h.index = static_cast<int>(i);
+    HealthOf(m, i, dev, &h.healthy, &h.reason);
+    if (auto t = GpuTemperature(m, dev)) h.temperature_celsius = *t;
+    Utilization util{};
+    if (m.utilization != nullptr && m.utilization(dev, &util) == kSuccess) h.utilization = util.gpu / 100.0;
+    if (const auto fb = Framebuffer(m, dev); fb && fb->total > 0)
+      h.memory_used_fraction = std::clamp(fb->used / fb->total, 0.0, 1.0);
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
 Result<Inventory> Nvml::Discover() {
   Impl& m = *impl_;
   const std::lock_guard<std::mutex> lock(m.mu);
@@ -887,26 +970,7 @@ Result<Inventory> Nvml::Discover() {
     }
     m.FillMigInstances(dev, gpu);
     m.FillProcesses(dev, gpu);
-    // Health: a critical XID seen since start, uncorrectable ECC errors, a failed row remapping.
-    if (i < m.critical_xid.size() && m.critical_xid[i] != 0) {
-      gpu.healthy = false;
-      gpu.health_reason = fmt::format("XID {}", m.critical_xid[i]);
-    }
-    unsigned long long ecc = 0;
-    if (gpu.healthy && m.total_ecc != nullptr &&
-        m.total_ecc(dev, kMemoryErrorUncorrected, kEccCounterVolatile, &ecc) == kSuccess && ecc > 0) {
-      gpu.healthy = false;
-      gpu.health_reason = fmt::format("uncorrectable ECC errors: {}", ecc);
-    }
-    unsigned corr = 0;
-    unsigned unc = 0;
-    unsigned pending = 0;
-    unsigned failed = 0;
-    if (gpu.healthy && m.remapped_rows != nullptr &&
-        m.remapped_rows(dev, &corr, &unc, &pending, &failed) == kSuccess && failed != 0) {
-      gpu.healthy = false;
-      gpu.health_reason = "row remapping failed";
-    }
+    HealthOf(m, i, dev, &gpu.healthy, &gpu.health_reason);
     inv.gpus.push_back(std::move(gpu));
   }
   if (!devices.empty()) inv.topology = m.TopologyOf(devices, pci, pci_ok);
@@ -926,13 +990,7 @@ Result<std::vector<GpuSample>> Nvml::Sample() {
     unsigned u = 0;
     if (m.clock_info != nullptr && m.clock_info(dev, kClockSm, &u) == kSuccess) s.sm_clock_hz = u * 1e6;
     if (m.clock_info != nullptr && m.clock_info(dev, kClockMem, &u) == kSuccess) s.memory_clock_hz = u * 1e6;
-    TemperatureV1 t{
-        .version = StructVersion(sizeof(TemperatureV1), 1), .sensor_type = kTemperatureGpu, .temperature = 0};
-    if (m.temperature_v != nullptr && m.temperature_v(dev, &t) == kSuccess) {
-      s.gpu_temperature_celsius = t.temperature;
-    } else if (m.temperature != nullptr && m.temperature(dev, kTemperatureGpu, &u) == kSuccess) {
-      s.gpu_temperature_celsius = u;
-    }
+    s.gpu_temperature_celsius = GpuTemperature(m, dev);
     if (m.power_usage != nullptr && m.power_usage(dev, &u) == kSuccess) s.power_watts = u / 1000.0;
     unsigned long long ull = 0;
     if (m.total_energy != nullptr && m.total_energy(dev, &ull) == kSuccess) {
@@ -950,16 +1008,10 @@ Result<std::vector<GpuSample>> Nvml::Sample() {
     if (m.decoder_util != nullptr && m.decoder_util(dev, &u, &period) == kSuccess)
       s.decoder_utilization_ratio = u / 100.0;
     if (i < m.last_xid.size() && m.last_xid[i]) s.last_xid = static_cast<double>(*m.last_xid[i]);
-    MemoryInfoV2 mem2{};
-    mem2.version = StructVersion(sizeof(MemoryInfoV2), 2);
-    MemoryInfo mem{};
-    if (m.memory_info_v2 != nullptr && m.memory_info_v2(dev, &mem2) == kSuccess) {
-      s.framebuffer_free_bytes = static_cast<double>(mem2.free);
-      s.framebuffer_used_bytes = static_cast<double>(mem2.used);
-      s.framebuffer_reserved_bytes = static_cast<double>(mem2.reserved);
-    } else if (m.memory_info(dev, &mem) == kSuccess) {
-      s.framebuffer_free_bytes = static_cast<double>(mem.free);
-      s.framebuffer_used_bytes = static_cast<double>(mem.used);
+    if (const auto fb = Framebuffer(m, dev)) {
+      s.framebuffer_free_bytes = fb->free;
+      s.framebuffer_used_bytes = fb->used;
+      s.framebuffer_reserved_bytes = fb->reserved;
     }
     unsigned corr = 0;
     unsigned unc = 0;

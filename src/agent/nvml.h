@@ -46,6 +46,17 @@ struct GpuSample {
   std::optional<double> pcie_rx_bytes_per_second;
 };
 
+// What the agent sends with every heartbeat about one GPU: health as Discover judges it (a critical
+// XID seen since start, uncorrectable ECC errors, a failed row remapping) and a little telemetry.
+struct GpuHealthSample {
+  int index = 0;
+  bool healthy = true;
+  std::string reason;                                // "XID 79"; empty when healthy
+  std::optional<double> temperature_celsius;
+  std::optional<double> utilization;                 // 0..1
+  std::optional<double> memory_used_fraction;        // framebuffer used / total, 0..1
+};
+
 class Nvml {
  public:
   // Opens `library` (default "libnvidia-ml.so.1"; then the usual driver directories), resolves the
@@ -65,6 +76,9 @@ class Nvml {
   // The GPM ratios (graphics engine, tensor pipe, DRAM active) are averages since the previous
   // call's GPM sample: empty on the first call and on a call within 100 ms of the last sample.
   Result<std::vector<GpuSample>> Sample();
+  // Health and temperature/utilisation/memory of every GPU now (no GPM sampling, so it does not
+  // disturb the GPM averages of /metrics).
+  Result<std::vector<GpuHealthSample>> Health();
 
   struct Impl;
 

@@ -56,6 +56,7 @@ class ProcessRuntime final : public SupervisedRuntime {
     req.stdout_path = StdoutPath(spec.id);
     req.stderr_path = StderrPath(spec.id);
     req.exit_path = ExitPath(spec.id);
+    req.lease_path = spec.lease_path;
     if (cgroups_.kind != CgroupLayout::Kind::kNone && (spec.cpu_milli > 0 || spec.memory_bytes > 0)) {
       ASSIGN_OR_RETURN(req.cgroup_dirs, CreateTaskCgroups(cgroups_, spec.id, spec.cpu_milli, spec.memory_bytes));
     }

@@ -192,6 +192,9 @@ class RuncRuntime final : public SupervisedRuntime {
     req.stdout_path = StdoutPath(spec.id);
     req.stderr_path = StderrPath(spec.id);
     req.exit_path = ExitPath(spec.id);
+    req.lease_path = spec.lease_path;
+    // Killing the group of `runc run` alone may leave the container running: fence through runc.
+    if (!spec.lease_path.empty()) req.fence_kill_argv = {runc_, "--root", runc_root_, "kill", "--all", spec.id, "KILL"};
     auto spawned = SpawnSupervised(req);
     if (!spawned.ok()) return spawned.status().WithContext(fmt::format("starting container {}", spec.id));
 

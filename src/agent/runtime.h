@@ -29,6 +29,11 @@ struct LaunchSpec {
   // (driver libraries), when present on the host.
   std::vector<std::string> devices;
   std::vector<std::string> readonly_binds;
+  // Lease fencing (opt-in): a file the agent keeps renewed, "<term_ms> <kill_ms>[ ...]\n" with two
+  // CLOCK_BOOTTIME deadlines in milliseconds. The task's supervisor reads it every ~100 ms and,
+  // once a deadline has passed, sends the task SIGTERM, then SIGKILL, even when the agent is dead.
+  // Empty, or a file that does not exist: no fencing.
+  std::string lease_path;
 };
 
 enum class RunState { kRunning, kExited, kUnknown };
@@ -38,6 +43,7 @@ struct TaskStatusInfo {
   int exit_code = 0;     // when exited normally
   int term_signal = 0;   // when killed by a signal
   std::string message;   // "exit code 3", "killed by SIGKILL after the grace period", ...
+  bool fenced = false;   // the supervisor stopped it because its lease ran out
 };
 
 class Runtime {

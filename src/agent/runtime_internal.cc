@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
 #include <thread>
@@ -114,7 +116,117 @@ struct ChildPlan {
   const char* exit_tmp_path;
   int devnull, out, err, pipe_w;
   int max_fd;
+  const char* lease_path;           // null: no fencing
+  const char* fence_exe;            // null: no fence command
+  char* const* fence_argv;
+  char* const* fence_envp;
 };
+
+// The lease file's two deadlines, parsed without allocating. False when missing or malformed.
+bool SafeReadLease(const char* path, int64_t* term_ms, int64_t* kill_ms) {
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[128];
+  ssize_t n;
+  do {
+    n = ::read(fd, buf, sizeof(buf) - 1);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return false;
+  int64_t values[2] = {0, 0};
+  int found = 0;
+  ssize_t i = 0;
+  while (found < 2) {
+    while (i < n && buf[i] == ' ') ++i;
+    if (i >= n || buf[i] < '0' || buf[i] > '9') return false;
+    int64_t v = 0;
+    while (i < n && buf[i] >= '0' && buf[i] <= '9') {
+      if (v > (INT64_MAX - 9) / 10) return false;
+      v = v * 10 + (buf[i] - '0');
+      ++i;
+    }
+    values[found++] = v;
+  }
+  *term_ms = values[0];
+  *kill_ms = values[1];
+  return true;
+}
+
+int64_t SafeBootMs() {
+  struct timespec ts;
+  if (::clock_gettime(CLOCK_BOOTTIME, &ts) != 0) ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+// Waits for the task; with a lease file, enforces it (see runtime_internal.h). Returns the
+// waitpid result and sets *fenced when the lease ran out.
+pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
+  *fenced = false;
+  if (p.lease_path == nullptr) {
+    pid_t r;
+    do {
+      r = ::waitpid(task, status, 0);
+    } while (r < 0 && errno == EINTR);
+    return r;
+  }
+  bool term_sent = false;
+  bool kill_sent = false;
+  int64_t kill_at = 0;
+  pid_t helper = -1;
+  int64_t last_kill_ms = 0;
+  while (true) {
+    pid_t r = ::waitpid(task, status, WNOHANG);
+    if (r == task) break;
+    if (r < 0 && errno != EINTR) {
+      if (helper > 0) ::waitpid(helper, nullptr, 0);
+      return r;
+    }
+    if (helper > 0 && ::waitpid(helper, nullptr, WNOHANG) == helper) helper = -1;
+    const int64_t now = SafeBootMs();
+    int64_t term_ms = 0, kill_ms = 0;
+    if (!term_sent && SafeReadLease(p.lease_path, &term_ms, &kill_ms) && now >= term_ms) {
+      term_sent = true;
+      *fenced = true;
+      // Once fenced, stay fenced: a later renewal does not take the SIGKILL back.
+      kill_at = kill_ms > term_ms ? kill_ms : term_ms;
+      ::kill(-task, SIGTERM);
+    }
+    if (term_sent && now >= kill_at && (!kill_sent || now - last_kill_ms >= 1000)) {
+      // Repeated every second while the task lives (a container runc could not kill at once).
+      kill_sent = true;
+      last_kill_ms = now;
+      if (p.fence_exe != nullptr && helper <= 0) {
+        helper = ::fork();
+        if (helper == 0) {
+          int fd = ::open("/dev/null", O_RDWR);
+          if (fd >= 0) {
+            ::dup2(fd, 0);
+            ::dup2(fd, 1);
+            ::dup2(fd, 2);
+          }
+          ::execve(p.fence_exe, p.fence_argv, p.fence_envp);
+          ::_exit(127);
+        }
+        if (helper > 0) {
+          // Give runc a moment to kill the container before its `runc run` goes.
+          for (int i = 0; i < 50; ++i) {
+            if (::waitpid(helper, nullptr, WNOHANG) == helper) {
+              helper = -1;
+              break;
+            }
+            struct timespec ts{0, 100 * 1000 * 1000};
+            ::nanosleep(&ts, nullptr);
+          }
+        }
+      }
+      ::kill(-task, SIGKILL);
+    }
+    struct timespec ts{0, 100 * 1000 * 1000};
+    ::nanosleep(&ts, nullptr);
+  }
+  if (helper > 0) ::waitpid(helper, nullptr, 0);
+  return task;
+}
 
 [[noreturn]] void RunTask(const ChildPlan& p) {
   // fd 3 is the status pipe (CLOEXEC); 0..2 are the logs.
@@ -176,10 +288,8 @@ struct ChildPlan {
   }
 
   int status = 0;
-  pid_t r;
-  do {
-    r = ::waitpid(task, &status, 0);
-  } while (r < 0 && errno == EINTR);
+  bool fenced = false;
+  pid_t r = SuperviseTask(p, task, &status, &fenced);
 
   char buf[96];
   size_t len = 0;
@@ -192,6 +302,7 @@ struct ChildPlan {
   } else {
     SafeAppendStr(buf, sizeof(buf), &len, "{\"code\":-1,\"lost\":true");
   }
+  if (fenced) SafeAppendStr(buf, sizeof(buf), &len, ",\"fenced\":true");
   SafeAppendStr(buf, sizeof(buf), &len, "}\n");
   int out = ::open(p.exit_tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out >= 0) {
@@ -593,9 +704,18 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
     max_fd = static_cast<int>(std::min<rlim_t>(rl.rlim_cur, 65536));
 
+  std::vector<char*> fence_argv;
+  for (const auto& a : req.fence_kill_argv) fence_argv.push_back(const_cast<char*>(a.c_str()));
+  fence_argv.push_back(nullptr);
+  std::string fence_path_env = "PATH=" + DefaultPath();
+  char* fence_envp[] = {fence_path_env.data(), nullptr};
+
   ChildPlan plan{req.executable.c_str(), argv.data(), envp.data(), req.workdir.c_str(), procs.data(),
                  req.exit_path.c_str(), exit_tmp.c_str(), devnull.get(), out.get(), err.get(),
-                 pipe_w.get(), max_fd};
+                 pipe_w.get(), max_fd,
+                 req.lease_path.empty() ? nullptr : req.lease_path.c_str(),
+                 req.fence_kill_argv.empty() ? nullptr : req.fence_kill_argv[0].c_str(),
+                 fence_argv.data(), fence_envp};
 
   ::unlink(req.exit_path.c_str());
   pid_t sup = ::fork();
@@ -716,8 +836,17 @@ std::optional<ExitRecord> ReadExitRecord(const std::string& path) {
   auto sig = j.find("signal");
   if (code != j.end() && code->is_number_integer()) rec.code = code->get<int>();
   if (sig != j.end() && sig->is_number_integer()) rec.signal = sig->get<int>();
+  rec.fenced = j.value("fenced", false);
   return rec;
 }
+
+std::optional<LeaseDeadlines> ReadLeaseFile(const std::string& path) {
+  LeaseDeadlines d;
+  if (!SafeReadLease(path.c_str(), &d.term_ms, &d.kill_ms)) return std::nullopt;
+  return d;
+}
+
+int64_t BootTimeMs() { return SafeBootMs(); }
 
 // ---- task records ------------------------------------------------------------------------------
 
@@ -868,6 +997,7 @@ Result<TaskStatusInfo> SupervisedRuntime::Poll(const std::string& id) {
     if (rec.runc && sig == 0 && code > 128 && code < 128 + 65) sig = code - 128;
     info.exit_code = code;
     info.term_signal = sig;
+    info.fenced = exit_rec->fenced;
     if (sig != 0) {
       info.message = fmt::format("killed by {}", SignalName(sig));
       if (sig == SIGKILL && rec.kill_sent && !rec.exited_before_kill) info.message += " after the grace period";
@@ -875,6 +1005,7 @@ Result<TaskStatusInfo> SupervisedRuntime::Poll(const std::string& id) {
     } else {
       info.message = fmt::format("exit code {}", code);
     }
+    if (info.fenced) info.message = "fenced (lease expired): " + info.message;
     return info;
   }
   if (!alive) {

@@ -7,7 +7,11 @@
 // {"signal":N}) before it exits. Exit codes therefore reach any runtime object that reads the task
 // directory, whether it started the task or adopted it after an agent restart. S runs only
 // async-signal-safe calls (everything it needs is prepared before the fork), so starting a task
-// from a multi-threaded agent is safe. A CLOEXEC pipe carries T's pid from S and, when the exec
+// from a multi-threaded agent is safe. With a lease file (SpawnRequest::lease_path) S does not block
+// in waitpid: every ~100 ms it reaps T if it is done, reads the lease (two CLOCK_BOOTTIME deadlines
+// in ms, parsed by hand) and, past the first, sends SIGTERM to T's group once, past the second
+// SIGKILL (after running `fence_kill_argv`, e.g. `runc kill --all <id> KILL`, when given), and
+// records {"signal":9,"fenced":true}. A CLOEXEC pipe carries T's pid from S and, when the exec
 // fails, the stage and errno from T back to Start.
 #pragma once
 
@@ -104,6 +108,10 @@ struct SpawnRequest {
   std::string stderr_path;
   std::vector<std::string> cgroup_dirs;  // T writes itself into each dir's cgroup.procs
   std::string exit_path;                 // where S writes exit.json
+  std::string lease_path;                // empty: no fencing (see LaunchSpec::lease_path)
+  // Run by S (fork + execve, no PATH search: argv[0] is a path) at the KILL deadline, before it
+  // kills T's group; empty: none.
+  std::vector<std::string> fence_kill_argv;
 };
 struct SpawnResult {
   pid_t supervisor = -1;
@@ -122,7 +130,17 @@ Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output
 struct ExitRecord {
   int code = 0;
   int signal = 0;
+  bool fenced = false;
 };
+// Reads "<term_ms> <kill_ms>" from a lease file; nullopt when absent or malformed. (S has its own
+// allocation-free parser; this one is for the agent and tests.)
+struct LeaseDeadlines {
+  int64_t term_ms = 0;
+  int64_t kill_ms = 0;
+};
+std::optional<LeaseDeadlines> ReadLeaseFile(const std::string& path);
+// CLOCK_BOOTTIME in milliseconds: the clock of lease files.
+int64_t BootTimeMs();
 std::optional<ExitRecord> ReadExitRecord(const std::string& path);
 
 // ---- the task table ----------------------------------------------------------------------------

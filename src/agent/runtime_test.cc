@@ -213,6 +213,115 @@ TEST(ProcessRuntime, StopKillsATermIgnoringTaskAfterTheGracePeriod) {
   ASSERT_TRUE(rt->Remove(id).ok());
 }
 
+// ---- lease fencing -------------------------------------------------------------------------------
+
+void WriteLease(const std::string& path, int64_t term_ms, int64_t kill_ms) {
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(path, std::to_string(term_ms) + " " + std::to_string(kill_ms) + "\n").ok());
+}
+
+TEST(Fencing, ExpiredLeaseGetsTermThenKillAndTheExitRecordSaysFenced) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path() + "/state");
+  ASSERT_NE(rt, nullptr);
+  const std::string lease = dir.path() + "/lease";
+  const int64_t now = agent_internal::BootTimeMs();
+  WriteLease(lease, now + 600, now + 1200);
+  std::string id = UniqueId("fenced");
+  LaunchSpec spec = Spec(id, {"sh", "-c", "trap 'echo term' TERM; echo ready; while true; do sleep 0.1; done"});
+  spec.lease_path = lease;
+  auto start = Clock::now();
+  ASSERT_TRUE(rt->Start(spec).ok());
+  ASSERT_EQ(WaitLines(rt->StdoutPath(id), 1), "ready\n");
+  TaskStatusInfo info = WaitDone(*rt, id, 5s);
+  auto elapsed = Clock::now() - start;
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.term_signal, SIGKILL) << info.message;
+  EXPECT_TRUE(info.fenced);
+  EXPECT_NE(info.message.find("fenced"), std::string::npos) << info.message;
+  EXPECT_EQ(ReadText(rt->StdoutPath(id)), "ready\nterm\n") << "SIGTERM came first";
+  EXPECT_GE(elapsed, 1000ms);
+  EXPECT_LT(elapsed, 3s);
+  const std::string exit_json = ReadText(dir.path() + "/state/" + id + "/exit.json");
+  EXPECT_EQ(exit_json, "{\"signal\":9,\"fenced\":true}\n");
+  auto rec = agent_internal::ReadExitRecord(dir.path() + "/state/" + id + "/exit.json");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_TRUE(rec->fenced);
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(Fencing, ATaskThatExitsOnTermIsFencedWithoutKill) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path() + "/state");
+  ASSERT_NE(rt, nullptr);
+  const std::string lease = dir.path() + "/lease";
+  const int64_t now = agent_internal::BootTimeMs();
+  WriteLease(lease, now - 1000, now + 5000);  // already expired at start
+  std::string id = UniqueId("fenced-term");
+  LaunchSpec spec = Spec(id, {"sleep", "30"});
+  spec.lease_path = lease;
+  ASSERT_TRUE(rt->Start(spec).ok());
+  TaskStatusInfo info = WaitDone(*rt, id, 3s);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.term_signal, SIGTERM) << info.message;
+  EXPECT_TRUE(info.fenced);
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(Fencing, ARenewedLeaseKeepsTheTaskRunning) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path() + "/state");
+  ASSERT_NE(rt, nullptr);
+  const std::string lease = dir.path() + "/lease";
+  WriteLease(lease, agent_internal::BootTimeMs() + 400, agent_internal::BootTimeMs() + 700);
+  std::string id = UniqueId("renewed");
+  LaunchSpec spec = Spec(id, {"sleep", "30"});
+  spec.lease_path = lease;
+  ASSERT_TRUE(rt->Start(spec).ok());
+  for (int i = 0; i < 20; ++i) {  // 2 s, five times the lease
+    const int64_t now = agent_internal::BootTimeMs();
+    WriteLease(lease, now + 400, now + 700);
+    std::this_thread::sleep_for(100ms);
+  }
+  auto r = rt->Poll(id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, RunState::kRunning) << r->message;
+  ASSERT_TRUE(rt->Stop(id, 0s).ok());
+  TaskStatusInfo info = WaitDone(*rt, id, 3s);
+  EXPECT_FALSE(info.fenced);
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(Fencing, NoLeaseFileMeansNoFencing) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path() + "/state");
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("nolease");
+  LaunchSpec spec = Spec(id, {"sh", "-c", "sleep 1.5; exit 4"});
+  spec.lease_path = dir.path() + "/no-such-lease";
+  ASSERT_TRUE(rt->Start(spec).ok());
+  TaskStatusInfo info = WaitDone(*rt, id, 5s);
+  EXPECT_EQ(info.state, RunState::kExited);
+  EXPECT_EQ(info.exit_code, 4) << info.message;
+  EXPECT_FALSE(info.fenced);
+  EXPECT_EQ(ReadText(dir.path() + "/state/" + id + "/exit.json"), "{\"code\":4}\n");
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
+TEST(Fencing, LeaseFileParsing) {
+  TempDir dir;
+  const std::string lease = dir.path() + "/lease";
+  EXPECT_FALSE(agent_internal::ReadLeaseFile(lease).has_value());
+  WriteLease(lease, 12, 34);
+  auto d = agent_internal::ReadLeaseFile(lease);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->term_ms, 12);
+  EXPECT_EQ(d->kill_ms, 34);
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(lease, "12 x\n").ok());
+  EXPECT_FALSE(agent_internal::ReadLeaseFile(lease).has_value());
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(lease, "5 6 6000\n").ok());
+  EXPECT_TRUE(agent_internal::ReadLeaseFile(lease).has_value()) << "extra fields are allowed";
+}
+
 TEST(ProcessRuntime, StopOfATaskThatExitsOnTerm) {
   TempDir dir;
   auto rt = MakeProcess(dir.path());
@@ -576,6 +685,26 @@ TEST_F(RuncTest, ANewRuntimeAdoptsARunningContainer) {
   EXPECT_EQ(info.state, RunState::kExited);
   EXPECT_EQ(info.term_signal, SIGKILL) << info.message;
   ASSERT_TRUE((*rt2)->Remove(id).ok());
+}
+
+TEST_F(RuncTest, AnExpiredLeaseKillsTheContainer) {
+  std::string id = UniqueId("runc-fence");
+  const std::string lease = dir_.path() + "/lease";
+  const int64_t now = agent_internal::BootTimeMs();
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(lease, std::to_string(now + 1500) + " " + std::to_string(now + 2000)).ok());
+  LaunchSpec spec = ContainerSpec(id, {"sh", "-c", "trap '' TERM; echo ready; sleep 67"});
+  spec.lease_path = lease;
+  ASSERT_TRUE(rt_->Start(spec).ok());
+  ASSERT_EQ(WaitLines(rt_->StdoutPath(id), 1), "ready\n") << ReadText(rt_->StderrPath(id));
+  TaskStatusInfo info = WaitDone(*rt_, id, 10s);
+  EXPECT_EQ(info.state, RunState::kExited) << info.message;
+  EXPECT_TRUE(info.fenced) << info.message;
+  // No process of the container is left.
+  std::string out;
+  auto rc = agent_internal::RunCommand({"/bin/sh", "-c", "ps -eo args | grep -c '[s]leep 67' || true"}, &out, 5s);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(out, "0\n");
+  ASSERT_TRUE(rt_->Remove(id).ok());
 }
 
 }  // namespace

@@ -184,6 +184,7 @@ struct UpFlags {
   std::string metrics_listen = "127.0.0.1:9400";
   double heartbeat_seconds = 0;
   double assignment_poll_seconds = 0.25;
+  std::string sim_faults;
 };
 
 int RunUp(UpFlags flags) {
@@ -213,6 +214,7 @@ int RunUp(UpFlags flags) {
     o.metrics_listen = fmt::format("{}:{}", metrics_host, metrics_port == 0 ? 0 : metrics_port + i);
     o.heartbeat_seconds = flags.heartbeat_seconds;
     o.assignment_poll_seconds = flags.assignment_poll_seconds;
+    o.sim_faults = flags.sim_faults;
     if (Status st = MakeDirs(o.state_dir); !st.ok()) {
       server.Stop();
       return Fail(st);
@@ -281,6 +283,8 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--memory", agent->options.memory, "Memory to offer, e.g. 64Gi (default: all)");
   agent_cmd->add_option("--heartbeat-interval", agent->options.heartbeat_seconds,
                         "Seconds between heartbeats (default: what the server asks)");
+  agent_cmd->add_option("--sim-faults", agent->options.sim_faults,
+                        "Simulated GPUs: JSON file of injected GPU faults/telemetry, re-read every heartbeat");
   agent_cmd->add_option("--assignment-poll", agent->options.assignment_poll_seconds,
                         "Seconds between assignment checks between heartbeats (default 1; 0: only with heartbeats)")
       ->check(CLI::Range(0.0, 3600.0));
@@ -296,6 +300,9 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   up_cmd->add_option("--metrics-listen", up->metrics_listen,
                      "host:port of the first agent's /metrics; node i uses port+i (default 127.0.0.1:9400; port 0: any)");
   up_cmd->add_option("--heartbeat-interval", up->heartbeat_seconds, "Seconds between agent heartbeats");
+  up_cmd->add_option("--sim-faults", up->sim_faults,
+                     "Simulated GPUs: JSON file of injected GPU faults/telemetry for every agent (per node: "
+                     "\"nodes\": {NAME: {\"gpus\": ...}})");
   up_cmd->add_option("--assignment-poll", up->assignment_poll_seconds,
                      "Seconds between the agents' assignment checks (default 0.25; 0: only with heartbeats)")
       ->check(CLI::Range(0.0, 3600.0));

@@ -1,0 +1,371 @@
+// Whole agents against a fake server: lease fencing (a server that stops answering gets the tasks
+// fenced, a closed port does not) and the heartbeat's `gpus` (simulated load, --sim-faults, real
+// GPUs through the fake NVML).
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "agent/agent.h"
+#include "agent/runtime_internal.h"
+
+namespace gpupool {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 5s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+json Task(const std::string& job, const std::string& script, int share_milli = 500) {
+  return {{"jobId", job},        {"index", 0},        {"desired", "run"},   {"state", "assigned"},
+          {"name", "t/w-0"},     {"tenant", "t"},     {"qos", "guaranteed"}, {"isolation", "timeslice"},
+          {"command", {"/bin/sh", "-c", script}},    {"env", json::object()},
+          {"bundle", ""},        {"rootfs", ""},      {"restarts", 0},      {"cpu", "0"}, {"memory", "0"},
+          {"gpus", json::array({{{"index", 1}, {"share", share_milli}, {"memory", "10Gi"}}})}};
+}
+
+// Registration, heartbeats and assignment polls that hand out `assignments`, status reports. The
+// heartbeat answers 503 while `failing`; both answers carry heartbeatTimeoutSeconds.
+class LeaseServer {
+ public:
+  LeaseServer(json assignments, double timeout_s) : assignments_(std::move(assignments)), timeout_s_(timeout_s) {
+    srv_.Post("/api/v1/agent/register", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"heartbeatIntervalSeconds", 0.2}, {"heartbeatTimeoutSeconds", timeout_s_}}.dump(),
+                      "application/json");
+    });
+    srv_.Post(R"(/api/v1/agent/nodes/([^/]+)/heartbeat)", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(mu_);
+      heartbeats_.push_back(json::parse(req.body));
+      if (failing_) {
+        res.status = 503;
+        res.set_content(R"({"error":{"code":"Unavailable","message":"down"}})", "application/json");
+        return;
+      }
+      res.set_content(json{{"assignments", assignments_}, {"heartbeatTimeoutSeconds", timeout_s_}}.dump(),
+                      "application/json");
+    });
+    srv_.Get(R"(/api/v1/agent/nodes/([^/]+)/assignments)", [this](const httplib::Request&, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(mu_);
+      res.set_content(json{{"assignments", assignments_}}.dump(), "application/json");
+    });
+    srv_.Post(R"(/api/v1/agent/nodes/([^/]+)/tasks/([^/]+)/(\d+)/status)",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (failing_) {
+                  res.status = 503;
+                  return;
+                }
+                json s = json::parse(req.body);
+                s["job"] = std::string(req.matches[2]);
+                statuses_.push_back(s);
+                res.set_content("{}", "application/json");
+              });
+    port_ = srv_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { srv_.listen_after_bind(); });
+  }
+  ~LeaseServer() { Close(); }
+  void Close() {
+    if (!thread_.joinable()) return;
+    srv_.stop();
+    thread_.join();
+  }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+  void SetFailing(bool f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failing_ = f;
+  }
+  void SetAssignments(json a) {
+    std::lock_guard<std::mutex> lock(mu_);
+    assignments_ = std::move(a);
+  }
+  json Status(const std::string& job, const std::string& state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const json& s : statuses_)
+      if (s["job"] == job && s["state"] == state) return s;
+    return nullptr;
+  }
+  json LastHeartbeat() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heartbeats_.empty() ? json(nullptr) : heartbeats_.back();
+  }
+
+ private:
+  httplib::Server srv_;
+  std::thread thread_;
+  int port_ = 0;
+  std::mutex mu_;
+  json assignments_;
+  double timeout_s_;
+  bool failing_ = false;
+  std::vector<json> heartbeats_;
+  std::vector<json> statuses_;
+};
+
+class AgentLeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::unsetenv("GPUPOOL_FAKE_NVML");
+    char tmpl[] = "/tmp/gpupool-lease-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override {
+    if (agent_) agent_->Stop(true);
+    agent_.reset();
+    ::unsetenv("GPUPOOL_FAKE_NVML");
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  AgentOptions Opts(const std::string& server) const {
+    AgentOptions o;
+    o.server = server;
+    o.node = "lease-node";
+    o.cpu = "4";
+    o.memory = "8Gi";
+    o.simulate = "2xA100-80GB";
+    o.state_dir = root_ + "/state";
+    o.poll_seconds = 0.05;
+    o.heartbeat_seconds = 0.2;
+    o.assignment_poll_seconds = 0.1;
+    return o;
+  }
+  Agent* Create(const AgentOptions& o) {
+    auto agent = Agent::Create(o);
+    EXPECT_TRUE(agent.ok()) << agent.status().ToString();
+    if (!agent.ok()) return nullptr;
+    agent_ = std::move(agent).value();
+    return agent_.get();
+  }
+  std::string ExitJson(const std::string& job) const {
+    return Slurp(fmt::format("{}/state/process/{}.0/exit.json", root_, job));
+  }
+
+  std::string root_;
+  std::unique_ptr<Agent> agent_;
+};
+
+TEST(LeaseFenceOffsets, TwoAndOneSecondsBeforeTheEndClampedForShortLeases) {
+  int64_t term = 0, kill = 0;
+  LeaseFenceOffsets(6, &term, &kill);
+  EXPECT_EQ(term, 4000);
+  EXPECT_EQ(kill, 5000);
+  LeaseFenceOffsets(30, &term, &kill);
+  EXPECT_EQ(term, 28000);
+  EXPECT_EQ(kill, 29000);
+  LeaseFenceOffsets(3, &term, &kill);
+  EXPECT_EQ(term, 1000);
+  EXPECT_EQ(kill, 2000);
+  LeaseFenceOffsets(1.5, &term, &kill);
+  EXPECT_EQ(term, 500);
+  EXPECT_EQ(kill, 1000);
+}
+
+TEST_F(AgentLeaseTest, ServerThatStopsAnsweringGetsTheTasksFencedAndNoNewTaskStarts) {
+  const std::string marker = root_ + "/term";
+  LeaseServer server(json::array({Task("j-000000000001", fmt::format(
+                                           "trap 'echo term > {}' TERM; while true; do sleep 0.1; done", marker))}),
+                     3);
+  Agent* agent = Create(Opts(server.url()));
+  ASSERT_NE(agent, nullptr);
+  ASSERT_TRUE(agent->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000001", "running").is_null(); }, 10s));
+  const auto lease = agent_internal::ReadLeaseFile(agent->lease_path());
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_TRUE(agent->LeaseValid());
+
+  // Heartbeats now fail with 503 (no renewal); assignment polls still answer.
+  server.SetFailing(true);
+  const auto failed_at = std::chrono::steady_clock::now();
+  // TERM at lease end - 2 s, KILL at - 1 s (timeout 3 s: +1 s, +2 s after the last renewal).
+  ASSERT_TRUE(WaitFor([&] { return !ExitJson("j-000000000001").empty(); }, 6s));
+  EXPECT_LT(std::chrono::steady_clock::now() - failed_at, 3500ms);
+  EXPECT_EQ(ExitJson("j-000000000001"), "{\"signal\":9,\"fenced\":true}\n");
+  EXPECT_EQ(Slurp(marker), "term\n") << "SIGTERM came before SIGKILL";
+  EXPECT_FALSE(agent->LeaseValid());
+  // A new task comes with an assignment poll (which renews nothing): it must not start.
+  server.SetAssignments(json::array(
+      {Task("j-000000000001", fmt::format("trap 'echo term > {}' TERM; while true; do sleep 0.1; done", marker)),
+       Task("j-000000000002", "echo ran > " + root_ + "/ran")}));
+  std::this_thread::sleep_for(700ms);
+  EXPECT_FALSE(fs::exists(root_ + "/ran")) << "no new task while the lease is expired";
+
+  // The server answers again: the fenced task is reported stopped, and the new task starts.
+  server.SetFailing(false);
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000001", "stopped").is_null(); }, 10s));
+  const std::string message = server.Status("j-000000000001", "stopped").value("message", "");
+  EXPECT_NE(message.find("fenced: no contact with the server for"), std::string::npos) << message;
+  EXPECT_TRUE(WaitFor([&] { return fs::exists(root_ + "/ran"); }, 10s));
+}
+
+TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {
+  auto server = std::make_unique<LeaseServer>(json::array({Task("j-000000000003", "sleep 30")}), 3);
+  Agent* agent = Create(Opts(server->url()));
+  ASSERT_NE(agent, nullptr);
+  ASSERT_TRUE(agent->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server->Status("j-000000000003", "running").is_null(); }, 10s));
+  server->Close();  // connection refused from now on
+  std::this_thread::sleep_for(4500ms);
+  EXPECT_EQ(ExitJson("j-000000000003"), "") << "the task still runs";
+  EXPECT_TRUE(agent->LeaseValid());
+}
+
+TEST_F(AgentLeaseTest, HeartbeatCarriesSimulatedGpuLoad) {
+  LeaseServer server(json::array({Task("j-000000000004", "sleep 30", 500)}), 30);
+  Agent* agent = Create(Opts(server.url()));
+  ASSERT_NE(agent, nullptr);
+  ASSERT_TRUE(agent->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000004", "running").is_null(); }, 10s));
+  const double gpu_memory = static_cast<double>(agent->inventory().gpus.at(1).memory_bytes);
+  ASSERT_TRUE(WaitFor([&] {
+    json hb = server.LastHeartbeat();
+    return hb.is_object() && hb.contains("gpus") && hb["gpus"][1]["utilization"] == 0.5;
+  }));
+  const json gpus = server.LastHeartbeat()["gpus"];
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(gpus[0], (json{{"index", 0}, {"healthy", true}, {"reason", ""}, {"temperatureC", 35.0},
+                           {"utilization", 0.0}, {"memoryUsedFraction", 0.0}}));
+  EXPECT_EQ(gpus[1]["index"], 1);
+  EXPECT_EQ(gpus[1]["healthy"], true);
+  EXPECT_DOUBLE_EQ(gpus[1]["temperatureC"].get<double>(), 35 + 45 * 0.5);
+  EXPECT_DOUBLE_EQ(gpus[1]["memoryUsedFraction"].get<double>(), 10.0 * (1LL << 30) / gpu_memory);
+}
+
+TEST_F(AgentLeaseTest, SimFaultsOverrideTheSimulatedValues) {
+  AgentOptions o = Opts("http://127.0.0.1:1");
+  const std::string faults = root_ + "/faults.json";
+  o.sim_faults = faults;
+  Agent* agent = Create(o);
+  ASSERT_NE(agent, nullptr);
+  // No file: no overrides.
+  json g = agent->GpuStatusJson();
+  EXPECT_EQ(g[1]["healthy"], true);
+  EXPECT_EQ(agent->sim_faults_error(), "");
+
+  std::ofstream(faults) << R"({"gpus": {"1": {"xid": 79, "temperatureC": 95, "utilization": 1.0,
+                                              "memoryUsedFraction": 0.99}}})";
+  g = agent->GpuStatusJson();
+  EXPECT_EQ(g[0]["healthy"], true);
+  EXPECT_EQ(g[1], (json{{"index", 1}, {"healthy", false}, {"reason", "XID 79"}, {"temperatureC", 95},
+                        {"utilization", 1.0}, {"memoryUsedFraction", 0.99}}));
+
+  // A broken file: one clear error naming it; the previous overrides stay.
+  std::ofstream(faults) << R"({"gpus": {"1": {"xid": 79)";
+  g = agent->GpuStatusJson();
+  EXPECT_EQ(g[1]["reason"], "XID 79");
+  EXPECT_NE(agent->sim_faults_error().find(faults), std::string::npos) << agent->sim_faults_error();
+  EXPECT_NE(agent->sim_faults_error().find("not valid JSON"), std::string::npos) << agent->sim_faults_error();
+  std::ofstream(faults) << R"({"gpus": {"7": {"healthy": false}}})";
+  g = agent->GpuStatusJson();
+  EXPECT_NE(agent->sim_faults_error().find("'7' is not a GPU index"), std::string::npos) << agent->sim_faults_error();
+  std::ofstream(faults) << R"({"gpus": {"0": {"temp": 3}}})";
+  g = agent->GpuStatusJson();
+  EXPECT_NE(agent->sim_faults_error().find("gpus.0.temp: unknown key"), std::string::npos) << agent->sim_faults_error();
+
+  // healthy/reason by hand, and per-node entries on top of the shared ones.
+  std::ofstream(faults) << R"({"gpus": {"0": {"healthy": false}},
+                               "nodes": {"lease-node": {"gpus": {"1": {"healthy": false, "reason": "too hot"}}},
+                                         "other": {"gpus": {"0": {"healthy": true}}}}})";
+  g = agent->GpuStatusJson();
+  EXPECT_EQ(agent->sim_faults_error(), "");
+  EXPECT_EQ(g[0]["healthy"], false);
+  EXPECT_EQ(g[0]["reason"], "simulated fault");
+  EXPECT_EQ(g[1]["healthy"], false);
+  EXPECT_EQ(g[1]["reason"], "too hot");
+  EXPECT_EQ(g[1]["temperatureC"], 35.0);
+
+  fs::remove(faults);
+  g = agent->GpuStatusJson();
+  EXPECT_EQ(g[0]["healthy"], true);
+  EXPECT_EQ(g[1]["healthy"], true);
+}
+
+TEST_F(AgentLeaseTest, SimFaultsNeedSimulatedGpus) {
+  AgentOptions o = Opts("http://127.0.0.1:1");
+  o.simulate.clear();
+  o.nvml_library = FAKE_NVML_PATH;
+  o.sim_faults = root_ + "/faults.json";
+  auto agent = Agent::Create(o);
+  ASSERT_FALSE(agent.ok());
+  EXPECT_NE(agent.status().message().find("--sim-faults"), std::string::npos);
+}
+
+TEST_F(AgentLeaseTest, RealGpusReportNvmlHealthAndTelemetry) {
+  const std::string config = root_ + "/fake-nvml.conf";
+  std::ofstream(config) << "xid.1=79\necc.2=3\n";
+  ::setenv("GPUPOOL_FAKE_NVML", config.c_str(), 1);
+  AgentOptions o = Opts("http://127.0.0.1:1");
+  o.simulate.clear();
+  o.nvml_library = FAKE_NVML_PATH;
+  Agent* agent = Create(o);
+  ASSERT_NE(agent, nullptr);
+  ASSERT_FALSE(agent->inventory().simulated);
+  const json g = agent->GpuStatusJson();
+  ASSERT_EQ(g.size(), 4u);
+  EXPECT_EQ(g[0]["healthy"], true);
+  EXPECT_EQ(g[0]["reason"], "");
+  EXPECT_EQ(g[1]["healthy"], false);
+  EXPECT_EQ(g[1]["reason"], "XID 79");
+  EXPECT_EQ(g[2]["healthy"], false);
+  EXPECT_EQ(g[2]["reason"], "uncorrectable ECC errors: 3");
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(g[i]["index"], i);
+    ASSERT_TRUE(g[i].contains("temperatureC")) << g[i].dump();
+    EXPECT_GT(g[i]["temperatureC"].get<double>(), 0);
+    ASSERT_TRUE(g[i].contains("utilization")) << g[i].dump();
+    EXPECT_GE(g[i]["utilization"].get<double>(), 0);
+    EXPECT_LE(g[i]["utilization"].get<double>(), 1);
+    ASSERT_TRUE(g[i].contains("memoryUsedFraction")) << g[i].dump();
+    EXPECT_GE(g[i]["memoryUsedFraction"].get<double>(), 0);
+    EXPECT_LE(g[i]["memoryUsedFraction"].get<double>(), 1);
+  }
+}
+
+TEST_F(AgentLeaseTest, RealGpusLeaveOutWhatTheDeviceCannotGive) {
+  const std::string config = root_ + "/fake-nvml.conf";
+  std::ofstream(config) << "unsupported=temperature,utilization\n";
+  ::setenv("GPUPOOL_FAKE_NVML", config.c_str(), 1);
+  AgentOptions o = Opts("http://127.0.0.1:1");
+  o.simulate.clear();
+  o.nvml_library = FAKE_NVML_PATH;
+  Agent* agent = Create(o);
+  ASSERT_NE(agent, nullptr);
+  const json g = agent->GpuStatusJson();
+  ASSERT_FALSE(g.empty());
+  EXPECT_FALSE(g[0].contains("temperatureC")) << g[0].dump();
+  EXPECT_FALSE(g[0].contains("utilization")) << g[0].dump();
+  EXPECT_TRUE(g[0].contains("memoryUsedFraction")) << g[0].dump();
+}
+
+}  // namespace
+}  // namespace gpupool
