@@ -555,6 +555,16 @@ void PrintJob(const Json& job, std::ostream& out) {
       {"Queue", Text(job, "queue")}, {"Priority", Text(job, "priority")}, {"QoS", Text(job, "qos")},
       {"State", Text(job, "state")}};
   if (!String(job, "reason").empty()) fields.emplace_back("Reason", Text(job, "reason"));
+  // Fault restarts against the retry budget (docs/jobspec.md#retry), once there are any.
+  const Json* faults = Member(job, "faults");
+  if (faults != nullptr && faults->is_number_integer() && faults->get<int64_t>() > 0) {
+    const Json* spec = Member(job, "spec");
+    const Json* retry = spec != nullptr ? Member(*spec, "retry") : nullptr;
+    const Json* max = retry != nullptr ? Member(*retry, "maxRestarts") : nullptr;
+    fields.emplace_back("Faults", max != nullptr ? fmt::format("{} of {} restarts", Text(faults), Text(max))
+                                                 : Text(faults));
+  }
+  if (Member(job, "notBefore") != nullptr) fields.emplace_back("Restarts at", Text(job, "notBefore"));
   fields.emplace_back("Created", Text(job, "createdAt"));
   fields.emplace_back("Updated", Text(job, "updatedAt"));
   PrintFields(out, fields);
@@ -612,7 +622,14 @@ void PrintNode(const Json& node, std::ostream& out) {
     for (const Json& task : Array(gpu, "tasks")) {
       tasks.push_back(fmt::format("{}[{}]:{}", Text(task, "job"), Text(task, "index"), Text(task, "share")));
     }
-    t.Add({Text(gpu, "index"), Text(gpu, "model"), Text(gpu, "memory"), YesNo(gpu, "healthy"),
+    // Why a GPU takes no placements: its fault, or that it runs hot.
+    std::string healthy = YesNo(gpu, "healthy");
+    if (Member(gpu, "fault") != nullptr) {
+      healthy = "no: " + Text(gpu, "fault");
+    } else if (Member(gpu, "hotReason") != nullptr) {
+      healthy = "hot: " + Text(gpu, "hotReason");
+    }
+    t.Add({Text(gpu, "index"), Text(gpu, "model"), Text(gpu, "memory"), healthy,
            YesNo(gpu, "migEnabled"), Text(gpu, "freeShare"), Text(gpu, "freeMemory"),
            tasks.empty() ? "-" : Join(tasks, ",")});
   }

@@ -717,6 +717,18 @@ TEST_F(ClientCommandTest, GetJobTable) {
   EXPECT_NE(out_.str().find("Reason:     preempted by j-000000000001\n"), std::string::npos) << out_.str();
 }
 
+TEST_F(ClientCommandTest, GetJobShowsFaultRestartsAndTheBackoff) {
+  Json job = Json::parse(kJob2);
+  job["reason"] = "node node-3 lost (no heartbeat for 6.2 s)";
+  job["faults"] = 2;
+  job["notBefore"] = "2026-12-02T12:00:04.000Z";
+  job["spec"] = {{"retry", {{"maxRestarts", 3}}}};
+  server_.On("GET", "/api/v1/jobs/j-000000000002", 200, job.dump());
+  ASSERT_EQ(GetJob(Options(), "j-000000000002", out_, err_), 0) << err_.str();
+  EXPECT_NE(out_.str().find("Faults:        2 of 3 restarts\n"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("Restarts at:   2026-12-02T12:00:04.000Z\n"), std::string::npos) << out_.str();
+}
+
 TEST_F(ClientCommandTest, CancelPostsAndReports) {
   server_.On("POST", "/api/v1/jobs/j-000000000001/cancel",
              [](const httplib::Request&, httplib::Response& res) {
