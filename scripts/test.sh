@@ -33,6 +33,7 @@ bash scripts/server_smoke.sh build/gpupool
 
 echo "== gpupool up end to end: 2 simulated nodes, 100 jobs as processes and runc containers, Prometheus"
 python3 tests/e2e/up_e2e.py build/gpupool build/e2e-up
+echo "== chaos end to end: 4 agents, ~45 checkpointing jobs, seeded agent/server/task kills and XIDs" && python3 tests/e2e/chaos_e2e.py build/gpupool build/e2e-chaos --seed 1
 
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py
