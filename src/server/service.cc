@@ -1501,6 +1501,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     }
   } else {
     TaskPhase end;
+    bool unasked_stop = false;
     if (ts.phase == TaskPhase::kStopping) {
       end = (state == "succeeded") && ts.stop_outcome == TaskPhase::kCancelled ? TaskPhase::kCancelled
                                                                                : ts.stop_outcome;
@@ -1509,7 +1510,10 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     } else if (state == "failed") {
       end = TaskPhase::kFailed;
     } else {
+      // Stopped without being asked: the agent fenced it (its lease ran out), or the machine
+      // killed it. Not the task's own doing, so it is a fault, not a failure.
       end = TaskPhase::kFailed;
+      unasked_stop = true;
       if (message.empty()) message = "stopped without being asked to";
     }
     ReleaseTask(*j, index);
@@ -1520,14 +1524,16 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
           fmt::format("task {} on {}: {} (exit code {}){}{}", task_name, node, TaskPhaseName(end), exit_code,
                       message.empty() ? "" : ": ", message),
           batch);
-    if (end == TaskPhase::kFailed && j->job.retry.on_failure && j->phase == JobPhase::kRunning &&
-        j->rec.faults < j->job.retry.max_restarts) {
-      // retry.onFailure: the failure is a fault like a lost node; the gang restarts from its checkpoint.
-      const std::string reason = fmt::format("task {} failed on {} with exit code {}{}{}", task_name, node,
-                                             exit_code, message.empty() ? "" : ": ", message);
+    if (end == TaskPhase::kFailed && (j->job.retry.on_failure || unasked_stop) &&
+        j->phase == JobPhase::kRunning && j->rec.faults < j->job.retry.max_restarts) {
+      // A fault like a lost node: the gang restarts from its checkpoint.
+      const std::string reason =
+          unasked_stop ? fmt::format("task {} stopped on {}: {}", task_name, node, message)
+                       : fmt::format("task {} failed on {} with exit code {}{}{}", task_name, node, exit_code,
+                                     message.empty() ? "" : ": ", message);
       ts.phase = TaskPhase::kPreempted;
       ts.stop_reason = reason;
-      FaultJob(*j, "task_failed", reason, batch);
+      FaultJob(*j, unasked_stop ? "task_stopped" : "task_failed", reason, batch);
     }
     PutTaskOp(*j, index, batch);
     AfterTaskEnded(*j, batch);
@@ -2116,7 +2122,7 @@ std::string PoolService::MetricsText() {
   RenderHeader("gpupool_fault_restarts_total", "counter",
                "Faults that stopped a job (each restarts it or, over its retry budget, fails it), by cause.",
                out);
-  for (const char* c : {"node_lost", "gpu_fault", "task_failed"})
+  for (const char* c : {"node_lost", "gpu_fault", "task_failed", "task_stopped"})
     RenderSample("gpupool_fault_restarts_total", {{"cause", c}}, static_cast<double>(metrics_.faults[c]), out);
   RenderHeader("gpupool_nodes_lost_total", "counter", "Nodes declared lost (no heartbeat for the timeout).",
                out);

@@ -551,6 +551,17 @@ tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}, command: [x]}]
   EXPECT_EQ(State(id), "pending");
   ExpectConsistent();
 
+  // A task stopped without being asked (its agent fenced it) is a fault even without onFailure.
+  const std::string fenced = Submit(kAdmin, "name: fenced\ntasks: [{name: w, resources: {cpu: 1}, command: [x]}]\n");
+  service_->RunCycle();
+  {
+    const std::string node = Get(fenced)["tasks"][0]["node"];
+    ASSERT_TRUE(service_->ReportTask(node, fenced, 0, {{"state", "stopped"}, {"message", "fenced: no contact"}}).ok());
+  }
+  EXPECT_EQ(State(fenced), "pending");
+  EXPECT_EQ(Get(fenced)["faults"], 1);
+  EXPECT_NE(Get(fenced)["reason"].get<std::string>().find("fenced: no contact"), std::string::npos);
+
   // Without onFailure a failed task fails the job at once.
   const std::string once = Submit(kAdmin, "name: once\ntasks: [{name: w, resources: {cpu: 1}, command: [x]}]\n");
   service_->RunCycle();
