@@ -14,6 +14,7 @@
 #include <charconv>
 #include <cstring>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -270,16 +271,32 @@ void Agent::ServeLog(const httplib::Request& req, httplib::Response& res) {
       return refuse(400, "InvalidArgument", fmt::format("{}: must be a non-negative integer", key));
   }
   limit = std::min<uint64_t>(limit, kMaxLogChunk);
-  const std::string id = req.matches[1];
+  // The server names the task ("<job>.<index>"); its newest run on this node has the logs.
+  const std::string task = req.matches[1];
+  std::string id;
   Runtime* rt = nullptr;
+  int newest = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = tasks_.find(id);
-    if (it != tasks_.end()) rt = it->second.runtime;
+    for (const auto& [run, t] : tasks_) {
+      if (t.assignment.task_id() == task && t.assignment.restarts > newest && t.runtime != nullptr) {
+        newest = t.assignment.restarts;
+        id = run;
+        rt = t.runtime;
+      }
+    }
   }
   // A finished task is forgotten once reported, but its logs stay on disk.
-  for (Runtime* r : {process_runtime_.get(), runc_runtime_.get()}) {
-    if (rt == nullptr && r != nullptr && ::access(r->StdoutPath(id).c_str(), R_OK) == 0) rt = r;
+  if (rt == nullptr) {
+    for (Runtime* r : {process_runtime_.get(), runc_runtime_.get()}) {
+      if (r == nullptr) continue;
+      const int n = NewestRunOnDisk(*r, task);
+      if (n > newest) {
+        newest = n;
+        id = n > 0 ? fmt::format("{}.r{}", task, n) : task;
+        rt = r;
+      }
+    }
   }
   if (rt == nullptr) return refuse(404, "NotFound", "no such task on this node");
   const std::string path = req.matches[2] == "stdout" ? rt->StdoutPath(id) : rt->StderrPath(id);
@@ -426,7 +443,7 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, t] : tasks_) t.in_assignments = false;
   for (const Assignment& a : assignments) {
-    const std::string id = a.task_id();
+    const std::string id = a.run_id();
     auto it = tasks_.find(id);
     if (it == tasks_.end()) {
       LocalTask t;
@@ -489,7 +506,7 @@ Status Agent::EnsureMps(LocalTask& t) {
     // The inventory's UUID: the one TaskEnvironment names the pipe directory after.
     const std::string& uuid = inventory_.gpus[static_cast<size_t>(g.index)].uuid;
     if (std::find(t.mps_gpus.begin(), t.mps_gpus.end(), uuid) != t.mps_gpus.end()) continue;
-    RETURN_IF_ERROR(mps_->Ensure(uuid, a.task_id()));
+    RETURN_IF_ERROR(mps_->Ensure(uuid, a.run_id()));
     t.mps_gpus.push_back(uuid);
   }
   return Status::Ok();
@@ -499,7 +516,7 @@ Status Agent::EnsureMps(LocalTask& t) {
 void Agent::ReleaseMps(LocalTask& t) {
   if (!mps_) return;
   for (const std::string& uuid : t.mps_gpus) {
-    if (Status st = mps_->Release(uuid, t.assignment.task_id()); !st.ok())
+    if (Status st = mps_->Release(uuid, t.assignment.run_id()); !st.ok())
       std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
   }
   t.mps_gpus.clear();
@@ -508,7 +525,7 @@ void Agent::ReleaseMps(LocalTask& t) {
 // REQUIRES: mu_ held.
 void Agent::StartTask(LocalTask& t) {
   const Assignment& a = t.assignment;
-  const std::string id = a.task_id();
+  const std::string id = a.run_id();
   auto fail = [&](const Status& st) {
     ReleaseMps(t);
     ++start_failures_;
@@ -607,7 +624,8 @@ void Agent::PollTasks() {
       copy = it->second;
     }
     const bool final = copy.exited;
-    json body = {{"state", final ? copy.final_state : "running"}};
+    // The run it is about: the server ignores a late report of an earlier run of the task.
+    json body = {{"state", final ? copy.final_state : "running"}, {"restarts", copy.assignment.restarts}};
     if (final) {
       body["exitCode"] = copy.exit_code;
       if (!copy.final_message.empty()) body["message"] = copy.final_message;
@@ -715,6 +733,28 @@ bool Agent::ServerPortClosed() const {
   }
   ::freeaddrinfo(res);
   return refused;
+}
+
+int Agent::NewestRunOnDisk(Runtime& rt, const std::string& task) {
+  namespace fs = std::filesystem;
+  int newest = -1;
+  std::error_code ec;
+  const fs::path dir = fs::path(rt.StdoutPath(task)).parent_path().parent_path();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int n = -1;
+    if (name == task) {
+      n = 0;
+    } else if (name.size() > task.size() + 2 && name.compare(0, task.size() + 2, task + ".r") == 0) {
+      const char* first = name.data() + task.size() + 2;
+      const char* last = name.data() + name.size();
+      int v = 0;
+      auto [p, err] = std::from_chars(first, last, v);
+      if (err == std::errc() && p == last && v > 0) n = v;
+    }
+    if (n > newest && ::access((it->path() / "stdout.log").c_str(), R_OK) == 0) newest = n;
+  }
+  return newest;
 }
 
 bool Agent::AdoptableTask(const std::string& id) {

@@ -112,6 +112,8 @@ class Agent {
   Status Register();
   nlohmann::json AgentInfoJson() const;  // {endpoint, logToken} for registration and heartbeats
   void ServeLog(const httplib::Request& req, httplib::Response& res);
+  // The highest restart count of `task`'s runs whose logs are in `rt`'s state dir; -1: none.
+  static int NewestRunOnDisk(Runtime& rt, const std::string& task);
   void Loop();
   void Tick();
   void Reconcile(const std::vector<Assignment>& assignments);

@@ -17,6 +17,10 @@ std::string Assignment::task_id() const {
   return fmt::format("{}.{}", job_id, index);
 }
 
+std::string Assignment::run_id() const {
+  return restarts > 0 ? fmt::format("{}.{}.r{}", job_id, index, restarts) : task_id();
+}
+
 namespace {
 
 Status Bad(const std::string& where, const std::string& what) {

@@ -50,6 +50,9 @@ struct Assignment {
   std::vector<AssignedGpu> gpus;
 
   std::string task_id() const;  // "<jobId>.<index>": path-safe, unique on the node
+  // One run of the task: task_id(), then "<jobId>.<index>.r<restarts>" once it has restarted, so a
+  // restart placed on the node where an earlier run ended is a new task there, not the old one.
+  std::string run_id() const;
 };
 
 // Errors name the field ("assignments[3].gpus[0].share: ...").

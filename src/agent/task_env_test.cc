@@ -343,3 +343,20 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
 
 }  // namespace
 }  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+TEST(AssignmentRunId, ARestartIsANewRunOnTheNode) {
+  Assignment a;
+  a.job_id = "j-000000000042";
+  a.index = 3;
+  EXPECT_EQ(a.task_id(), "j-000000000042.3");
+  EXPECT_EQ(a.run_id(), "j-000000000042.3");
+  a.restarts = 2;
+  EXPECT_EQ(a.task_id(), "j-000000000042.3");
+  EXPECT_EQ(a.run_id(), "j-000000000042.3.r2");
+}
+
+}  // namespace
+}  // namespace gpupool

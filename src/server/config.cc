@@ -243,11 +243,13 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         if (!v.ok()) return fail(v.status());
         c.heartbeat_timeout_seconds = static_cast<int>(*v);
       }
-      if (c.heartbeat_timeout_seconds < 2 * c.heartbeat_interval_seconds + 1)
+      // Agents fence their tasks 2 s before the timeout (docs/agent.md#lease-fencing), so the lease
+      // must outlast two heartbeat intervals even then: one late heartbeat stops nothing.
+      if (c.heartbeat_timeout_seconds < 2 * c.heartbeat_interval_seconds + 2)
         return fail(Status::InvalidArgument(fmt::format(
-            "heartbeat.timeoutSeconds: must be at least twice intervalSeconds plus one ({}), got {}: one "
-            "late heartbeat must not make a node lost",
-            2 * c.heartbeat_interval_seconds + 1, c.heartbeat_timeout_seconds)));
+            "heartbeat.timeoutSeconds: must be at least twice intervalSeconds plus two ({}), got {}: agents "
+            "stop their tasks 2 s before the timeout, and one late heartbeat must not do that",
+            2 * c.heartbeat_interval_seconds + 2, c.heartbeat_timeout_seconds)));
     }
     if (j.contains("hotspot")) {
       const auto& h = j["hotspot"];

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 #include <optional>
 
 #include "api/node_codec.h"
@@ -429,6 +430,18 @@ void PoolService::StopTask(JobState& j, int index, TaskPhase outcome, const std:
   PutTaskOp(j, index, batch);
 }
 
+void PoolService::FailJob(JobState& j, const std::string& reason, WriteBatch& batch) {
+  j.phase = JobPhase::kFailed;
+  j.rec.reason = reason;
+  for (size_t i = 0; i < j.tasks.size(); ++i)
+    StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job failed", batch);
+  pending_.erase(j.rec.seq);
+  partial_.erase(j.rec.seq);
+  ++metrics_.finished["failed"];
+  Event(j.rec.id, "Failed", j.rec.reason, batch);
+  PutJobOps(j, batch);
+}
+
 // A task of `j` ended (finished, failed, or stopped). Decides what happens to the job.
 void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
   bool any_live = false, any_failed = false, any_preempted = false, any_pending = false;
@@ -452,18 +465,11 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     // One failed task fails the gang: stop the rest.
     const TaskState& f = j.tasks[static_cast<size_t>(failed_index)];
     const auto& g = j.job.groups[static_cast<size_t>(f.group)];
-    j.phase = JobPhase::kFailed;
-    j.rec.reason = fmt::format("task {}[{}] failed with exit code {}", g.name, f.replica, f.exit_code);
+    std::string reason = fmt::format("task {}[{}] failed with exit code {}", g.name, f.replica, f.exit_code);
     if (j.job.retry.on_failure)
-      j.rec.reason += fmt::format("; gave up after {} restart(s) (retry.maxRestarts {})", j.rec.faults,
-                                  j.job.retry.max_restarts);
-    for (size_t i = 0; i < j.tasks.size(); ++i)
-      StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job failed", batch);
-    pending_.erase(j.rec.seq);
-    partial_.erase(j.rec.seq);
-    ++metrics_.finished["failed"];
-    Event(j.rec.id, "Failed", j.rec.reason, batch);
-    PutJobOps(j, batch);
+      reason += fmt::format("; gave up after {} restart(s) (retry.maxRestarts {})", j.rec.faults,
+                            j.job.retry.max_restarts);
+    FailJob(j, reason, batch);
     return;
   }
   if (any_live) {
@@ -481,7 +487,8 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     j.pending_message = j.rec.reason;
     for (size_t i = 0; i < j.tasks.size(); ++i) {
       TaskState& ts = j.tasks[i];
-      if (ts.phase == TaskPhase::kPreempted) ++ts.restarts;
+      // Every task that was placed runs again as a new run (its agent tells runs apart by this).
+      if (ts.phase != TaskPhase::kPending) ++ts.restarts;
       ts.phase = TaskPhase::kPending;
       ts.updated_ms = now;
       PutTaskOp(j, static_cast<int>(i), batch);
@@ -546,16 +553,10 @@ void PoolService::FaultJob(JobState& j, const std::string& cause, const std::str
   const int64_t now = NowMs();
   ++metrics_.faults[cause];
   if (j.rec.faults >= j.job.retry.max_restarts) {
-    j.phase = JobPhase::kFailed;
-    j.rec.reason = fmt::format("{}; gave up after {} restart(s) (retry.maxRestarts {})", reason, j.rec.faults,
-                               j.job.retry.max_restarts);
-    for (size_t i = 0; i < j.tasks.size(); ++i)
-      StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job failed", batch);
-    pending_.erase(j.rec.seq);
-    partial_.erase(j.rec.seq);
-    ++metrics_.finished["failed"];
-    Event(j.rec.id, "Failed", j.rec.reason, batch);
-    PutJobOps(j, batch);
+    FailJob(j,
+            fmt::format("{}; gave up after {} restart(s) (retry.maxRestarts {})", reason, j.rec.faults,
+                        j.job.retry.max_restarts),
+            batch);
     return;
   }
   ++j.rec.faults;
@@ -1458,6 +1459,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   std::string state;
   int exit_code = 0;
   std::string message;
+  int run = -1;  // the run (restart count) the report is about; -1: not said
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& k = it.key();
     if (k == "state") {
@@ -1469,8 +1471,13 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     } else if (k == "message") {
       if (!it.value().is_string()) return Status::InvalidArgument("message: must be a string");
       message = it.value().get<std::string>().substr(0, 4096);
+    } else if (k == "restarts") {
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+          it.value().get<int64_t>() > std::numeric_limits<int>::max())
+        return Status::InvalidArgument("restarts: must be a non-negative integer");
+      run = it.value().get<int>();
     } else {
-      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message)");
+      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts)");
     }
   }
   if (state != "running" && state != "succeeded" && state != "failed" && state != "stopped")
@@ -1483,8 +1490,11 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   if (index < 0 || static_cast<size_t>(index) >= j->tasks.size())
     return Status::NotFound(fmt::format("job '{}' has no task {}", job_id, index));
   TaskState& ts = j->tasks[static_cast<size_t>(index)];
-  if (!ts.placed || ts.placement.node != *n) {
+  if (!ts.placed || ts.placement.node != *n || (run >= 0 && run != ts.restarts)) {
     // A late report for a task that has moved on (released, requeued): harmless, say so.
+    if (run >= 0 && run != ts.restarts && ts.placed && ts.placement.node == *n)
+      return Status::FailedPrecondition(fmt::format("task {}[{}]: the report is about run {}, the task is at run {}",
+                                                    job_id, index, run, ts.restarts));
     return Status::FailedPrecondition(fmt::format("task {}[{}] is not assigned to node '{}' (it is {})",
                                                   job_id, index, node, TaskPhaseName(ts.phase)));
   }

@@ -194,6 +194,8 @@ class PoolService {
   void ReleaseTask(JobState& j, int index);
   void StopTask(JobState& j, int index, TaskPhase outcome, const std::string& reason, WriteBatch& batch);
   void AfterTaskEnded(JobState& j, WriteBatch& batch);
+  // Ends the job failed with `reason` and stops whatever of it still runs.
+  void FailJob(JobState& j, const std::string& reason, WriteBatch& batch);
   Result<nlohmann::json> GetQueueLocked(const std::string& name);
   bool ComputeMask(const JobState& j, NodeMask& mask) const;
   // Running jobs that could be preemption victims, built at most once per cycle (and again after

@@ -535,6 +535,12 @@ tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}, command: [x]}]
   EXPECT_FALSE(job.contains("notBefore"));
   service_->RunCycle();
   EXPECT_EQ(State(id), "running");
+  // The restart runs on the same node as run 1; a late report about run 0 must not end it.
+  auto late = service_->ReportTask("n1", id, 0, {{"state", "failed"}, {"exitCode", 3}, {"restarts", 0}});
+  EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(late.status().message().find("run 0"), std::string::npos) << late.status().message();
+  EXPECT_EQ(State(id), "running");
+  ASSERT_TRUE(service_->ReportTask("n1", id, 0, {{"state", "running"}, {"restarts", 1}}).ok());
   Report(id, 0, "failed", 3);
   // Second: after the backoff; the job waits and says until when.
   job = Get(id);
