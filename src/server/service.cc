@@ -465,7 +465,10 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     // One failed task fails the gang: stop the rest.
     const TaskState& f = j.tasks[static_cast<size_t>(failed_index)];
     const auto& g = j.job.groups[static_cast<size_t>(f.group)];
-    std::string reason = fmt::format("task {}[{}] failed with exit code {}", g.name, f.replica, f.exit_code);
+    std::string reason = fmt::format("task {}[{}] failed", g.name, f.replica);
+    const std::string plain = fmt::format("exit code {}", f.exit_code);
+    if (f.exit_code != 0 || f.end_message.empty()) reason += " with " + plain;
+    if (!f.end_message.empty() && f.end_message != plain) reason += ": " + f.end_message;
     if (j.job.retry.on_failure)
       reason += fmt::format("; gave up after {} restart(s) (retry.maxRestarts {})", j.rec.faults,
                             j.job.retry.max_restarts);
@@ -1529,6 +1532,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     ReleaseTask(*j, index);
     ts.phase = end;
     ts.exit_code = exit_code;
+    ts.end_message = message;
     ts.updated_ms = now;
     Event(job_id, "TaskFinished",
           fmt::format("task {} on {}: {} (exit code {}){}{}", task_name, node, TaskPhaseName(end), exit_code,

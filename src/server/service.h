@@ -149,6 +149,7 @@ class PoolService {
     int64_t stop_deadline_ms = 0;
     std::string last_node;  // where the task last ran (kept after release: its logs are there)
     std::string stop_reason;
+    std::string end_message;  // what the agent said when the task ended ("killed by SIGKILL")
     TaskPhase stop_outcome = TaskPhase::kCancelled;  // what "stopped" turns into
   };
   struct JobState {

@@ -598,6 +598,12 @@ tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}, command: [x]}]
   service_->RunCycle();
   Report(ok, 0, "succeeded");
   EXPECT_EQ(Get(ok)["reason"], "every task exited 0");
+  // A task killed by a signal: the reason says so rather than "exit code 0".
+  const std::string killed = Submit(kAdmin, "name: k\ntasks: [{name: w, resources: {cpu: 1}, command: [x]}]\n");
+  service_->RunCycle();
+  const std::string node = Get(killed)["tasks"][0]["node"];
+  ASSERT_TRUE(service_->ReportTask(node, killed, 0, {{"state", "failed"}, {"message", "killed by SIGKILL"}}).ok());
+  EXPECT_EQ(Get(killed)["reason"], "task w[0] failed: killed by SIGKILL");
 }
 
 constexpr char kOneGpu[] = R"(
