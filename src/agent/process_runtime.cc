@@ -61,22 +61,19 @@ class ProcessRuntime final : public SupervisedRuntime {
       ASSIGN_OR_RETURN(req.cgroup_dirs, CreateTaskCgroups(cgroups_, spec.id, spec.cpu_milli, spec.memory_bytes));
     }
 
+    // The record is written before the task may exec (see SpawnRequest::before_exec).
+    req.before_exec = [&](const SpawnResult& spawned) {
+      TaskRecord rec = RecordFor(spec.id, spec.argv, spawned);
+      rec.cgroup_dirs = req.cgroup_dirs;
+      return Register(std::move(rec));
+    };
     auto spawned = SpawnSupervised(req);
     if (!spawned.ok()) {
+      Unregister(spec.id);
       (void)RemoveCgroupDirs(req.cgroup_dirs);
       return spawned.status().WithContext(fmt::format("starting task {}", spec.id));
     }
-    TaskRecord rec;
-    rec.id = spec.id;
-    rec.argv = spec.argv;
-    rec.pid = spawned->task;
-    rec.pgid = spawned->task;
-    if (auto ps = ReadProcStat(rec.pid)) rec.start_time = ps->start_time;
-    rec.supervisor_pid = spawned->supervisor;
-    if (auto ps = ReadProcStat(rec.supervisor_pid)) rec.supervisor_start_time = ps->start_time;
-    rec.started_unix = static_cast<int64_t>(::time(nullptr));
-    rec.cgroup_dirs = req.cgroup_dirs;
-    return Register(std::move(rec));
+    return Status::Ok();
   }
 
  protected:

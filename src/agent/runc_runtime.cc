@@ -195,21 +195,19 @@ class RuncRuntime final : public SupervisedRuntime {
     req.lease_path = spec.lease_path;
     // Killing the group of `runc run` alone may leave the container running: fence through runc.
     if (!spec.lease_path.empty()) req.fence_kill_argv = {runc_, "--root", runc_root_, "kill", "--all", spec.id, "KILL"};
+    // The record is written before `runc run` may exec (see SpawnRequest::before_exec).
+    req.before_exec = [&](const SpawnResult& spawned) {
+      TaskRecord rec = RecordFor(spec.id, spec.argv, spawned);
+      rec.runc = true;
+      rec.bundle_dir = generated;
+      return Register(std::move(rec));
+    };
     auto spawned = SpawnSupervised(req);
-    if (!spawned.ok()) return spawned.status().WithContext(fmt::format("starting container {}", spec.id));
-
-    TaskRecord rec;
-    rec.id = spec.id;
-    rec.argv = spec.argv;
-    rec.runc = true;
-    rec.pid = spawned->task;
-    rec.pgid = spawned->task;
-    if (auto ps = ReadProcStat(rec.pid)) rec.start_time = ps->start_time;
-    rec.supervisor_pid = spawned->supervisor;
-    if (auto ps = ReadProcStat(rec.supervisor_pid)) rec.supervisor_start_time = ps->start_time;
-    rec.started_unix = static_cast<int64_t>(::time(nullptr));
-    rec.bundle_dir = generated;
-    return Register(std::move(rec));
+    if (!spawned.ok()) {
+      Unregister(spec.id);
+      return spawned.status().WithContext(fmt::format("starting container {}", spec.id));
+    }
+    return Status::Ok();
   }
 
  protected:

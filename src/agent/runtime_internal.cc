@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -116,6 +117,7 @@ struct ChildPlan {
   const char* exit_tmp_path;
   int devnull, out, err, pipe_w;
   int max_fd;
+  int go_r;                         // the task execs only after reading a byte here (EOF: exit)
   const char* lease_path;           // null: no fencing
   const char* fence_exe;            // null: no fence command
   char* const* fence_argv;
@@ -229,8 +231,17 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
 }
 
 [[noreturn]] void RunTask(const ChildPlan& p) {
-  // fd 3 is the status pipe (CLOEXEC); 0..2 are the logs.
+  // fd 3 is the status pipe (CLOEXEC), fd 4 the go pipe; 0..2 are the logs.
   ::setpgid(0, 0);
+  // Wait until the agent has recorded the task: an agent that dies before that closes the pipe,
+  // and the task must not run (a restarted agent, knowing nothing of it, starts it again).
+  char go = 0;
+  ssize_t n;
+  do {
+    n = ::read(4, &go, 1);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) ::_exit(125);
+  ::close(4);
   for (const char* const* cg = p.cgroup_procs; *cg != nullptr; ++cg) {
     int fd = ::open(*cg, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || ::write(fd, "0", 1) != 1) {
@@ -263,9 +274,14 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
     ::_exit(126);
   }
   ::fcntl(3, F_SETFD, FD_CLOEXEC);
-  // Drop every other descriptor of the agent (listening sockets, databases): the supervisor
-  // outlives the agent and must not hold them.
-  CloseFrom(4, p.max_fd);
+  if (::dup2(p.go_r, 4) < 0) {
+    SafeSend(3, kMsgStdio, errno);
+    ::_exit(126);
+  }
+  ::fcntl(4, F_SETFD, FD_CLOEXEC);
+  // Drop every other descriptor of the agent (listening sockets, databases, the go pipe's write
+  // end): the supervisor outlives the agent and must not hold them.
+  CloseFrom(5, p.max_fd);
   // The agent may ignore SIGPIPE or SIGCHLD; the supervisor wants the defaults for waitpid.
   ResetSignals();
 
@@ -275,6 +291,7 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
     ::_exit(126);
   }
   if (task == 0) RunTask(p);
+  ::close(4);
   ::setpgid(task, task);  // also done by the task: whichever runs first wins the race
   SafeSend(3, kMsgTaskPid, static_cast<int32_t>(task));
   ::close(3);
@@ -698,6 +715,16 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   FdCloser pipe_r(DupHigh(pipefd[0]));
   FdCloser pipe_w(DupHigh(pipefd[1]));
   if (pipe_r.get() < 0 || pipe_w.get() < 0) return Status::IoError("cannot place the status pipe");
+  // The go channel, above the descriptors the supervisor rearranges (0..4). A socket pair rather
+  // than a pipe: send() with MSG_NOSIGNAL, so a task that died early costs no SIGPIPE here.
+  int gofd[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, gofd) != 0)
+    return Status::IoError(fmt::format("cannot create a socket pair: {}", ErrnoText(errno)));
+  FdCloser go_r(::fcntl(gofd[0], F_DUPFD_CLOEXEC, 10));
+  FdCloser go_w(::fcntl(gofd[1], F_DUPFD_CLOEXEC, 10));
+  ::close(gofd[0]);
+  ::close(gofd[1]);
+  if (go_r.get() < 0 || go_w.get() < 0) return Status::IoError("cannot place the go pipe");
 
   struct rlimit rl;
   int max_fd = 1024;
@@ -712,7 +739,7 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
 
   ChildPlan plan{req.executable.c_str(), argv.data(), envp.data(), req.workdir.c_str(), procs.data(),
                  req.exit_path.c_str(), exit_tmp.c_str(), devnull.get(), out.get(), err.get(),
-                 pipe_w.get(), max_fd,
+                 pipe_w.get(), max_fd, go_r.get(),
                  req.lease_path.empty() ? nullptr : req.lease_path.c_str(),
                  req.fence_kill_argv.empty() ? nullptr : req.fence_kill_argv[0].c_str(),
                  fence_argv.data(), fence_envp};
@@ -722,10 +749,12 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   if (sup < 0) return Status::Internal(fmt::format("cannot fork the supervisor: {}", ErrnoText(errno)));
   if (sup == 0) RunSupervisor(plan);
   pipe_w.reset();
+  go_r.reset();
 
   SpawnResult result;
   result.supervisor = sup;
   int32_t fail_kind = 0, fail_errno = 0;
+  Status recorded = Status::Ok();
   while (true) {
     int32_t msg[2];
     ssize_t n = ::read(pipe_r.get(), msg, sizeof(msg));
@@ -733,12 +762,22 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
     if (n != static_cast<ssize_t>(sizeof(msg))) break;  // EOF: the task exec'd or everyone exited
     if (msg[0] == kMsgTaskPid) {
       result.task = msg[1];
+      // The task waits for this byte; without it (a failed record, or this process dying first)
+      // it exits without running.
+      if (req.before_exec) recorded = req.before_exec(result);
+      if (recorded.ok()) {
+        ssize_t w;
+        do {
+          w = ::send(go_w.get(), "g", 1, MSG_NOSIGNAL);
+        } while (w < 0 && errno == EINTR);
+      }
+      go_w.reset();
     } else if (fail_kind == 0) {
       fail_kind = msg[0];
       fail_errno = msg[1];
     }
   }
-  if (fail_kind == 0 && result.task > 0) return result;
+  if (fail_kind == 0 && result.task > 0 && recorded.ok()) return result;
 
   // Failed: the task (if any) exits at once, so the supervisor follows; reap it.
   int status;
@@ -750,6 +789,7 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   if (fail_kind == kMsgChdir)
     return Status::FailedPrecondition(
         fmt::format("cannot change to the working directory '{}': {}", req.workdir, ErrnoText(fail_errno)));
+  if (!recorded.ok()) return recorded;
   if (fail_kind == 0) return Status::Internal("the supervisor exited before starting the task");
   return Status::FailedPrecondition(
       fmt::format("{} '{}': {}", StageText(fail_kind), req.executable, ErrnoText(fail_errno)));
@@ -850,6 +890,19 @@ int64_t BootTimeMs() { return SafeBootMs(); }
 
 // ---- task records ------------------------------------------------------------------------------
 
+TaskRecord RecordFor(const std::string& id, const std::vector<std::string>& argv, const SpawnResult& spawned) {
+  TaskRecord rec;
+  rec.id = id;
+  rec.argv = argv;
+  rec.pid = spawned.task;
+  rec.pgid = spawned.task;
+  if (auto ps = ReadProcStat(rec.pid)) rec.start_time = ps->start_time;
+  rec.supervisor_pid = spawned.supervisor;
+  if (auto ps = ReadProcStat(rec.supervisor_pid)) rec.supervisor_start_time = ps->start_time;
+  rec.started_unix = static_cast<int64_t>(::time(nullptr));
+  return rec;
+}
+
 std::string TaskRecordToJson(const TaskRecord& rec) {
   nlohmann::json j;
   j["id"] = rec.id;
@@ -946,6 +999,11 @@ Status SupervisedRuntime::Register(TaskRecord rec) {
   std::string id = rec.id;
   tasks_[id] = std::move(rec);
   return st.WithContext(fmt::format("task {} runs, but its state could not be saved", id));
+}
+
+void SupervisedRuntime::Unregister(const std::string& id) {
+  tasks_.erase(id);
+  ::unlink(RecordPath(id).c_str());
 }
 
 bool SupervisedRuntime::SupervisorAlive(TaskRecord& rec) {

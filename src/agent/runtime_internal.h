@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -99,6 +100,7 @@ Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, c
 Status RemoveCgroupDirs(const std::vector<std::string>& dirs);
 
 // ---- the supervisor ------------------------------------------------------------------------------
+struct SpawnResult;
 struct SpawnRequest {
   std::string executable;          // resolved path (or a relative path with '/', against workdir)
   std::vector<std::string> argv;
@@ -112,6 +114,10 @@ struct SpawnRequest {
   // Run by S (fork + execve, no PATH search: argv[0] is a path) at the KILL deadline, before it
   // kills T's group; empty: none.
   std::vector<std::string> fence_kill_argv;
+  // Called with the pids once the supervisor has forked the task, which execs only after it
+  // returns Ok (the runtimes write the task's record here, so an agent killed mid-start never
+  // leaves a task running that its successor does not know of). An error stops the task unrun.
+  std::function<Status(const SpawnResult&)> before_exec;
 };
 struct SpawnResult {
   pid_t supervisor = -1;
@@ -166,6 +172,9 @@ struct TaskRecord {
   bool exited_before_kill = false;
 };
 
+// The record of a task just spawned: its pids and their start times, the start time of day.
+TaskRecord RecordFor(const std::string& id, const std::vector<std::string>& argv, const SpawnResult& spawned);
+
 std::string TaskRecordToJson(const TaskRecord& rec);
 Result<TaskRecord> TaskRecordFromJson(const std::string& text);
 
@@ -192,6 +201,8 @@ class SupervisedRuntime : public Runtime {
   Status PrepareTaskDir(const std::string& id);
   // Writes task.json and registers the record.
   Status Register(TaskRecord rec);
+  // Forgets a record Register wrote for a task that then failed to start.
+  void Unregister(const std::string& id);
   // Signals the task (process group / runc kill). A task already gone is Ok.
   virtual Status Signal(TaskRecord& rec, int sig) = 0;
   // Frees runtime-specific leftovers (cgroups, runc state, bundle).

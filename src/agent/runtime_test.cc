@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -705,6 +706,46 @@ TEST_F(RuncTest, AnExpiredLeaseKillsTheContainer) {
   ASSERT_TRUE(rc.ok());
   EXPECT_EQ(out, "0\n");
   ASSERT_TRUE(rt_->Remove(id).ok());
+}
+
+// The task execs only once the starter has recorded it: a starter that fails to (or dies first)
+// leaves nothing running that a restarted agent would not know of, so nothing runs twice.
+TEST(Spawn, TheTaskRunsOnlyAfterItsRecordIsWritten) {
+  TempDir dir;
+  const std::string marker = dir.path() + "/ran";
+  agent_internal::SpawnRequest req;
+  req.executable = "/bin/sh";
+  req.argv = {"sh", "-c", "touch " + marker};
+  req.envp = {"PATH=/usr/bin:/bin"};
+  req.workdir = dir.path();
+  req.stdout_path = dir.path() + "/out";
+  req.stderr_path = dir.path() + "/err";
+  req.exit_path = dir.path() + "/exit.json";
+  pid_t seen_task = -1;
+  req.before_exec = [&](const agent_internal::SpawnResult& s) {
+    seen_task = s.task;
+    return Status::IoError("the record could not be written");
+  };
+  auto r = agent_internal::SpawnSupervised(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "the record could not be written");
+  EXPECT_GT(seen_task, 0);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_NE(::access(marker.c_str(), F_OK), 0) << "the task ran although its record was never written";
+
+  // Recorded: it runs, and the record callback saw the pids before the exec.
+  req.before_exec = [&](const agent_internal::SpawnResult& s) {
+    seen_task = s.task;
+    return Status::Ok();
+  };
+  auto ok = agent_internal::SpawnSupervised(req);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(seen_task, ok->task);
+  const auto deadline = Clock::now() + 5s;
+  while (::access(marker.c_str(), F_OK) != 0 && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(::access(marker.c_str(), F_OK), 0);
+  int status = 0;
+  ::waitpid(ok->supervisor, &status, 0);
 }
 
 }  // namespace
