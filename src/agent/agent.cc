@@ -449,11 +449,18 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
       LocalTask t;
       t.assignment = a;
       if (a.desired == "stop") {
-        // Asked to stop something this agent never ran (or has forgotten): it is stopped.
-        t.exited = true;
-        t.final_state = "stopped";
-        t.final_message = "not running on this node";
-        tasks_.emplace(id, std::move(t));
+        // Asked to stop something this agent does not know: a task an earlier agent started (adopt
+        // it and stop it), or one that never ran here (it is stopped).
+        auto inserted = tasks_.emplace(id, std::move(t)).first;
+        LocalTask& lt = inserted->second;
+        if (Adopt(lt)) {
+          lt.stop_requested = true;
+          (void)lt.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+        } else {
+          lt.exited = true;
+          lt.final_state = "stopped";
+          lt.final_message = "not running on this node";
+        }
         continue;
       }
       // An expired lease: the server may have given up on this node; start nothing new (the task
@@ -535,20 +542,8 @@ void Agent::StartTask(LocalTask& t) {
   };
   auto rt = RuntimeFor(a);
   if (!rt.ok()) return fail(rt.status());
+  if (Adopt(t)) return;
   t.runtime = *rt;
-  // Adopt a task that is still running from before an agent restart.
-  for (const std::string& known : t.runtime->List()) {
-    if (known != id) continue;
-    auto st = t.runtime->Poll(id);
-    if (st.ok() && st->state == RunState::kRunning) {
-      t.started = true;
-      // Count it among its daemon's users again (restarting a daemon that died meanwhile).
-      if (Status ms = EnsureMps(t); !ms.ok())
-        std::cerr << fmt::format("gpupool agent {}: adopted task {}: {}\n", options_.node, id, ms.ToString());
-      return;
-    }
-    (void)t.runtime->Remove(id);
-  }
   TaskEnvOptions eo;
   eo.node = options_.node;
   eo.mps_pipe_root = options_.state_dir + "/mps";
@@ -587,6 +582,26 @@ void Agent::StartTask(LocalTask& t) {
   if (Status st = t.runtime->Start(spec); !st.ok()) return fail(st);
   ++starts_;
   t.started = true;
+}
+
+// REQUIRES: mu_ held.
+bool Agent::Adopt(LocalTask& t) {
+  const std::string id = t.assignment.run_id();
+  auto rt = RuntimeFor(t.assignment);
+  if (!rt.ok()) return false;
+  const auto known = (*rt)->List();
+  if (std::find(known.begin(), known.end(), id) == known.end()) return false;
+  // This very run was started by an earlier agent (run ids differ between restarts of a task):
+  // running, it is adopted; ended while no agent watched, its outcome is reported, never rerun.
+  t.runtime = *rt;
+  t.started = true;
+  auto st = t.runtime->Poll(id);
+  if (st.ok() && st->state == RunState::kRunning) {
+    // Count it among its daemon's users again (restarting a daemon that died meanwhile).
+    if (Status ms = EnsureMps(t); !ms.ok())
+      std::cerr << fmt::format("gpupool agent {}: adopted task {}: {}\n", options_.node, id, ms.ToString());
+  }
+  return true;
 }
 
 // Polls every started task and sends the reports that are due. Takes mu_.

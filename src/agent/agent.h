@@ -119,6 +119,9 @@ class Agent {
   void Reconcile(const std::vector<Assignment>& assignments);
   void ApplyAssignments(const std::string& body);  // parse, reconcile, poll
   void StartTask(LocalTask& t);
+  // Takes over the run of `t` if a runtime already knows it (an earlier agent started it); false
+  // when none does. REQUIRES: mu_ held.
+  bool Adopt(LocalTask& t);
   void PollTasks();
   void Report(LocalTask& t);
   Result<Runtime*> RuntimeFor(const Assignment& a);
