@@ -228,6 +228,51 @@ TEST_F(AgentLeaseTest, ServerThatStopsAnsweringGetsTheTasksFencedAndNoNewTaskSta
   EXPECT_TRUE(WaitFor([&] { return fs::exists(root_ + "/ran"); }, 10s));
 }
 
+// Restarts of the agent never run a task twice: a run an earlier agent started is adopted even when
+// the server now wants it stopped, and a run that ended while no agent watched is reported as it
+// ended, not started again.
+TEST_F(AgentLeaseTest, ARestartedAgentAdoptsARunTheServerWantsStopped) {
+  const std::string starts = root_ + "/starts", term = root_ + "/term";
+  json task = Task("j-000000000004", fmt::format("echo x >> {}; trap 'echo term > {}; exit 0' TERM; "
+                                                 "while true; do sleep 0.1; done",
+                                                 starts, term));
+  LeaseServer server(json::array({task}), 30);
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000004", "running").is_null(); }, 10s));
+  agent_->Stop(false);  // the agent goes; its task runs on
+  agent_.reset();
+  task["desired"] = "stop";
+  task["state"] = "stopping";
+  task["gracePeriodSeconds"] = 5;
+  task["reason"] = "preempted";
+  server.SetAssignments(json::array({task}));
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000004", "stopped").is_null(); }, 10s));
+  EXPECT_EQ(server.Status("j-000000000004", "stopped").value("message", ""), "exit code 0");
+  EXPECT_EQ(Slurp(term), "term\n") << "the adopted run got its SIGTERM";
+  EXPECT_EQ(Slurp(starts), "x\n") << "started once";
+}
+
+TEST_F(AgentLeaseTest, ARunThatEndedWhileNoAgentWatchedIsReportedNotRerun) {
+  const std::string starts = root_ + "/starts";
+  LeaseServer server(json::array({Task("j-000000000005", fmt::format("echo x >> {}; sleep 0.5; exit 7", starts))}),
+                     30);
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000005", "running").is_null(); }, 10s));
+  agent_->Stop(false);
+  agent_.reset();
+  std::this_thread::sleep_for(1s);  // the run ends with no agent
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000005", "failed").is_null(); }, 10s));
+  EXPECT_EQ(server.Status("j-000000000005", "failed").value("exitCode", -1), 7);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(Slurp(starts), "x\n") << "started once";
+}
+
 TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {
   auto server = std::make_unique<LeaseServer>(json::array({Task("j-000000000003", "sleep 30")}), 3);
   Agent* agent = Create(Opts(server->url()));
