@@ -53,10 +53,18 @@ if [ -d "$T/fgd-arrival-orders" ]; then
     --actual build/sim-sweep/analysis_allo_discrete.csv --at 100,130
   ./build/gpupool sim report --alloc build/sim-sweep/analysis_allo_discrete.csv \
     --frag build/sim-sweep/analysis_frag_discrete.csv --out build/sim-report.html
+  # The default policy and the LP bound beside FGD's published figures.
+  ./build/gpupool sim sweep --traces "$T/alibaba-gpu-v2023" --policies balanced,bound --seeds 42,43 \
+    --trace-list default --arrival-order "$T/fgd-arrival-orders" --out build/sim-sweep-balanced --jobs "$jobs"
+  ./build/gpupool sim compare --expected "$T/fgd-published-results/analysis_allo_discrete.csv" \
+    --actual build/sim-sweep-balanced/analysis_allo_discrete.csv --at 130 --table
 fi
+# With no --policy: the default (balanced) on gpupool's own arrival order.
+./build/gpupool sim run --nodes data/alibaba/openb_node_list_gpu_node.csv \
+  --pods data/alibaba/openb_pod_list_default.csv --seed 42
 
 echo "== benchmark smoke (figures live in docs/performance.md)"
-./build/place_bench --benchmark_filter='BM_Place/fgd/openb/90' --benchmark_min_time=0.05
+./build/place_bench --benchmark_filter='BM_Place/(fgd|balanced)/openb/90' --benchmark_min_time=0.05
 ./build/store_bench --benchmark_min_time=0.05
 
 echo "test.sh: all passed"

@@ -65,7 +65,7 @@ Result<std::vector<int>> ParseColumns(const std::string& text) {
 struct RunArgs {
   std::string nodes_csv;
   std::string pods_csv;
-  std::string policy = "fgd";
+  std::string policy = "balanced";
   uint64_t seed = 42;
   double inflate = 1.3;
   std::string arrival_order_dir;
@@ -93,6 +93,8 @@ struct CompareArgs {
   std::string at = "100,130";
   double tolerance = 0;
   std::string baseline = "05-BestFit";
+  bool table = false;
+  std::string reference = "06-FGD";
 };
 
 struct ReportArgs {
@@ -205,6 +207,16 @@ int CompareCommand(const CompareArgs& a) {
   options.columns = *columns;
   options.tolerance = a.tolerance;
   options.baseline = a.baseline;
+  if (a.table) {
+    auto expected = ReadDiscreteCsv(a.expected_csv);
+    if (!expected.ok()) return Fail(expected.status());
+    auto actual = ReadDiscreteCsv(a.actual_csv);
+    if (!actual.ok()) return Fail(actual.status());
+    auto table = MakePolicyTable(*expected, *actual, options.columns.back(), a.reference);
+    if (!table.ok()) return Fail(table.status());
+    fmt::print("{}", FormatPolicyTable(*table));
+    return 0;
+  }
   auto result = CompareFiles(options);
   if (!result.ok()) return Fail(result.status());
   fmt::print("{}", FormatCompare(*result));
@@ -233,7 +245,7 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->run->add_option("--nodes", r.nodes_csv, "Node list (openb_node_list_*.csv)")->required();
   state->run->add_option("--pods", r.pods_csv, "Pod list (openb_pod_list_*.csv)")->required();
   state->run->add_option("--policy", r.policy, "Placement policy")
-      ->check(CLI::IsMember(PolicyNames()))
+      ->check(CLI::IsMember(SweepPolicyNames()))
       ->capture_default_str();
   state->run->add_option("--seed", r.seed, "Seed of the arrival order and tie-breaks")->capture_default_str();
   state->run->add_option("--inflate", r.inflate, "GPU demand to reach, x GPU capacity")
@@ -274,6 +286,11 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->compare->add_option("--tolerance", c.tolerance, "Largest difference that still counts as equal")
       ->capture_default_str();
   state->compare->add_option("--baseline", c.baseline, "sc_policy of the baseline for the reduction")
+      ->capture_default_str();
+  state->compare->add_flag("--table", c.table,
+                           "Every policy of --actual side by side per trace at the last --at column, with "
+                           "the --reference policy of --expected and each new policy's margin over it");
+  state->compare->add_option("--reference", c.reference, "sc_policy of --expected that --table compares to")
       ->capture_default_str();
 
   ReportArgs& p = state->report_args;

@@ -101,6 +101,12 @@ class ScorePlugin {
   virtual ~ScorePlugin() = default;
   virtual std::string_view name() const = 0;
   virtual uint32_t fields_read() const = 0;
+  // Sees every task that arrives, placed or not, once (Scheduler::Observe): a plugin that learns
+  // the workload online does it here. Default: nothing.
+  virtual void Observe(const PreparedTask& /*task*/) {}
+  // Changes whenever the plugin's scores may change for an unchanged node (it learned something);
+  // the pipeline then drops the scores it cached for this plugin.
+  virtual uint64_t epoch() const { return 0; }
   // Called once per decision with the feasible nodes, before any Score call.
   virtual void PreScore(const ClusterView& /*view*/, const PreparedTask& /*task*/,
                         std::span<const NodeIndex> /*feasible*/) {}
@@ -118,6 +124,8 @@ class GpuSelector {
  public:
   virtual ~GpuSelector() = default;
   virtual std::string_view name() const = 0;
+  // As ScorePlugin::Observe (called only when the selector is not also a score plugin).
+  virtual void Observe(const PreparedTask& /*task*/) {}
   // The grants for `task` on `node`, which passed every filter. Fails only if the node cannot
   // hold the task after all (a filter and the selector disagree: a bug, reported as Internal).
   virtual Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& task,

@@ -10,8 +10,8 @@ std::vector<std::string> DefaultFilterNames() {
 }
 
 std::vector<std::string> PolicyNames() {
-  return {"random", "dotprod", "gpuclustering", "gpupacking", "bestfit",
-          "fgd",    "binpack", "spread",        "topology"};
+  return {"random", "dotprod",  "gpuclustering", "gpupacking", "bestfit",
+          "fgd",    "balanced", "binpack",       "spread",     "topology"};
 }
 
 Result<Profile> ProfileForPolicy(const std::string& policy) {
@@ -25,6 +25,11 @@ Result<Profile> ProfileForPolicy(const std::string& policy) {
   } else if (policy == "fgd") {
     p.scores.push_back({"fgd", 1, {}});
     p.gpu_selector = {"fgd", 1, {}};
+  } else if (policy == "balanced") {
+    // FGD's fragmentation learned online from the arriving tasks, plus CPU balance
+    // (sched/plugins/balanced.cc); it chooses GPUs too.
+    p.scores.push_back({"balanced", 1, {}});
+    p.gpu_selector = {"balanced", 1, {}};
   } else if (policy == "dotprod" || policy == "gpuclustering" || policy == "gpupacking" ||
              policy == "bestfit" || policy == "binpack" || policy == "spread") {
     p.scores.push_back({policy, 1, {}});

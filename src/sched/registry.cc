@@ -102,6 +102,7 @@ PluginRegistry DefaultRegistry() {
   RegisterSimpleScorePlugins(r);
   RegisterFgdPlugins(r);
   RegisterTopologyPlugins(r);
+  RegisterBalancedPlugins(r);
   RegisterSelectorPlugins(r);
   (void)r.RegisterPermit("gang",
                          [](const Value&, const PluginInit&) -> Result<std::unique_ptr<PermitPlugin>> {

@@ -71,6 +71,7 @@ void RegisterFilterPlugins(PluginRegistry& r);
 void RegisterSimpleScorePlugins(PluginRegistry& r);
 void RegisterFgdPlugins(PluginRegistry& r);
 void RegisterTopologyPlugins(PluginRegistry& r);
+void RegisterBalancedPlugins(PluginRegistry& r);
 void RegisterSelectorPlugins(PluginRegistry& r);
 
 }  // namespace gpupool

@@ -171,6 +171,11 @@ void Scheduler::ScoreWith(size_t plugin, const PreparedTask& task, std::vector<i
     for (size_t i = 0; i < feasible_.size(); ++i) out[i] = slot.plugin->Score(view_, task, feasible_[i]);
     return;
   }
+  if (slot.epoch != slot.plugin->epoch()) {  // the plugin learned: its old scores are stale
+    slot.shapes.clear();
+    slot.cache.clear();
+    slot.epoch = slot.plugin->epoch();
+  }
   auto string_id = [this](const std::string& s) -> int32_t {
     auto [it, inserted] = string_ids_.emplace(s, static_cast<int32_t>(string_ids_.size()));
     return it->second;
@@ -227,6 +232,15 @@ Result<std::vector<GpuGrant>> Scheduler::SelectGpus(const PreparedTask& task, No
     return std::vector<GpuGrant>{*grant};
   }
   return selector_->Select(view_, task, node);
+}
+
+void Scheduler::Observe(const TaskRequest& task) {
+  if (!ValidateTaskRequest(task).ok()) return;
+  PreparedTask prepared;
+  PrepareTask(ledger_, task, prepared);
+  for (ScoreSlot& slot : scores_) slot.plugin->Observe(prepared);
+  // A selector that is also a score plugin has just seen it.
+  if (owned_selector_ != nullptr) owned_selector_->Observe(prepared);
 }
 
 Decision Scheduler::Decide(const TaskRequest& task) {

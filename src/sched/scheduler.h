@@ -66,6 +66,9 @@ class Scheduler {
   // Draws a fresh random permutation of ranks from the scheduler's Rng.
   void ShuffleTieBreakRanks();
 
+  // A task arrived (call once per task, before deciding it, whether it will fit or not): plugins
+  // that learn the workload online see it. Invalid tasks are ignored.
+  void Observe(const TaskRequest& task);
   // Filter, score and select only; changes nothing.
   Decision Decide(const TaskRequest& task);
   // Decide, then commit to the ledger (reserve). Unschedulable with the diagnosis when it does
@@ -123,6 +126,7 @@ class Scheduler {
     std::unique_ptr<ScorePlugin> plugin;
     int64_t weight = 1;
     uint32_t fields = 0;
+    uint64_t epoch = 0;  // the plugin's epoch() the cache was filled under
     std::unordered_map<ShapeKey, uint32_t, ShapeKeyHash> shapes;
     std::vector<std::vector<CacheEntry>> cache;  // [shape][node]
   };

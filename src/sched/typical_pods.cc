@@ -1,5 +1,7 @@
 #include "sched/typical_pods.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -19,36 +21,56 @@ std::string JoinModels(const std::vector<std::string>& models) {
 
 std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, double coverage) {
   using Key = std::tuple<int64_t, int64_t, int, std::string>;  // cpu, share, count, models
-  std::map<Key, int64_t> counts;
-  std::map<Key, const TaskRequest*> example;
+  std::map<Key, std::pair<TypicalPod, int64_t>> counts;
   for (const TaskRequest& t : tasks) {
     Key k{t.cpu.units(), t.wants_gpu() ? t.gpu_share.units() : 0, t.gpu_count,
           t.wants_gpu() ? JoinModels(t.gpu_models) : std::string()};
-    if (++counts[k] == 1) example[k] = &t;
+    auto [it, inserted] = counts.try_emplace(std::move(k));
+    if (inserted) {
+      TypicalPod& p = it->second.first;
+      p.cpu = std::get<0>(it->first);
+      p.share = std::get<1>(it->first);
+      p.gpu_count = std::get<2>(it->first);
+      if (p.gpu_count > 0) p.models = t.gpu_models;
+    }
+    ++it->second.second;
   }
-  std::vector<std::pair<Key, int64_t>> sorted(counts.begin(), counts.end());
+  std::vector<std::pair<TypicalPod, int64_t>> shapes;
+  shapes.reserve(counts.size());
+  for (auto& [key, entry] : counts) shapes.push_back(std::move(entry));
+  return TypicalPodsFromCounts(std::move(shapes), coverage);
+}
+
+std::vector<TypicalPod> TypicalPodsFromCounts(std::vector<std::pair<TypicalPod, int64_t>> shapes,
+                                              double coverage) {
+  using Key = std::tuple<int64_t, int64_t, int, std::string>;
+  auto key = [](const TypicalPod& p) { return Key{p.cpu, p.share, p.gpu_count, JoinModels(p.models)}; };
+  std::vector<std::pair<Key, size_t>> order;
+  order.reserve(shapes.size());
+  int64_t n_total = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    order.emplace_back(key(shapes[i].first), i);
+    n_total += shapes[i].second;
+  }
   // Count descending; ties by key descending (cpu, share, count, models bytewise).
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
-    if (a.second != b.second) return a.second > b.second;
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    const int64_t ca = shapes[a.second].second, cb = shapes[b.second].second;
+    if (ca != cb) return ca > cb;
     return a.first > b.first;
   });
-  const auto n = static_cast<double>(tasks.size());
+  const auto n = static_cast<double>(n_total);
   int64_t cum = 0;
   size_t keep = 0;
-  while (keep < sorted.size()) {
-    cum += sorted[keep].second;
+  while (keep < order.size()) {
+    cum += shapes[order[keep].second].second;
     ++keep;
     if (static_cast<double>(cum) >= coverage * n) break;
   }
   std::vector<TypicalPod> out;
   out.reserve(keep);
   for (size_t i = 0; i < keep; ++i) {
-    const auto& [key, count] = sorted[i];
-    TypicalPod p;
-    p.cpu = std::get<0>(key);
-    p.share = std::get<1>(key);
-    p.gpu_count = std::get<2>(key);
-    if (p.gpu_count > 0) p.models = example[key]->gpu_models;
+    auto& [pod, count] = shapes[order[i].second];
+    TypicalPod p = std::move(pod);
     p.weight = (static_cast<double>(count) / n) / (static_cast<double>(cum) / n);
     out.push_back(std::move(p));
   }
@@ -133,6 +155,50 @@ double FragmentationModel::ClusterFragment(const Ledger& ledger) const {
   double total = 0;
   for (NodeIndex n = 0; n < ledger.node_count(); ++n) total += NodeFragment(ledger, n);
   return total;
+}
+
+Result<std::vector<TypicalPod>> ParseTypicalPods(const Value& list) {
+  const Value::List* items = list.AsList();
+  if (items == nullptr) return Status::InvalidArgument("typicalPods must be a list");
+  std::vector<TypicalPod> out;
+  for (size_t i = 0; i < items->size(); ++i) {
+    const Value& v = (*items)[i];
+    const std::string where = fmt::format("typicalPods[{}]", i);
+    if (!v.is_map()) return Status::InvalidArgument(where + " must be a map");
+    TypicalPod p;
+    for (const auto& [key, field] : *v.AsMap()) {
+      const std::string what = where + "." + key;
+      if (key == "cpu") {
+        ASSIGN_OR_RETURN(p.cpu, field.AsInt(what));
+      } else if (key == "gpuShare") {
+        ASSIGN_OR_RETURN(p.share, field.AsInt(what));
+      } else if (key == "gpuCount") {
+        ASSIGN_OR_RETURN(int64_t c, field.AsInt(what));
+        p.gpu_count = static_cast<int>(c);
+      } else if (key == "weight") {
+        ASSIGN_OR_RETURN(p.weight, field.AsDouble(what));
+      } else if (key == "models") {
+        const Value::List* models = field.AsList();
+        if (models == nullptr) return Status::InvalidArgument(what + " must be a list of model names");
+        for (const Value& m : *models) {
+          ASSIGN_OR_RETURN(std::string name, m.AsString(what));
+          p.models.push_back(std::move(name));
+        }
+      } else {
+        return Status::InvalidArgument(
+            fmt::format("{}: unknown field '{}' (cpu, gpuShare, gpuCount, models, weight)", where, key));
+      }
+    }
+    if (p.cpu < 0 || p.share < 0 || p.share > 1000 || p.gpu_count < 0 || !(p.weight > 0) ||
+        (p.gpu_count == 0) != (p.share == 0)) {
+      return Status::InvalidArgument(where +
+                                     ": needs cpu >= 0 (mCPU), gpuShare 0..1000 with gpuCount >= 1 "
+                                     "(or both 0), and weight > 0");
+    }
+    out.push_back(std::move(p));
+  }
+  if (out.empty()) return Status::InvalidArgument("typicalPods is empty");
+  return out;
 }
 
 }  // namespace gpupool

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+#include "common/value.h"
 #include "model/ledger.h"
 #include "model/workload.h"
 
@@ -27,6 +29,14 @@ struct TypicalPod {
 // sort by count descending then key descending, keep keys until the running count reaches
 // `coverage` of all tasks, weight = (count/N)/(cum/N). Memory is not part of the key.
 std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, double coverage = 0.95);
+
+// The same from shapes already counted: each (shape, count) once, the shape's weight ignored.
+std::vector<TypicalPod> TypicalPodsFromCounts(std::vector<std::pair<TypicalPod, int64_t>> shapes,
+                                              double coverage = 0.95);
+
+// A typical workload written out by hand (profile arguments): a list of maps with cpu (mCPU),
+// gpuShare (0..1000 per GPU), gpuCount, models (optional list) and weight (> 0).
+Result<std::vector<TypicalPod>> ParseTypicalPods(const Value& list);
 
 // A typical workload resolved against a ledger's interned models, ready for fast evaluation.
 class FragmentationModel {

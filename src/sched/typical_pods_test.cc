@@ -192,3 +192,35 @@ TEST(TypicalPods, EmptyAlibabaClusterFragment) {
 
 }  // namespace
 }  // namespace gpupool
+
+namespace gpupool {
+namespace {
+using testutil::Typical;
+
+// Counting shapes first (what a plugin learning online keeps) gives the very same typical
+// workload as counting tasks: the tasks of KeyOrderOnTies plus repeats, in any shape order.
+TEST(TypicalPods, FromCountsMatchesFromTasks) {
+  std::vector<TaskRequest> tasks = Repeat(Task().Cpu(1000).Gpus(1, 500), 7);
+  Append(tasks, Repeat(Task().Cpu(2000), 3));
+  Append(tasks, Repeat(Task().Cpu(1000).Gpus(1, 500).Models({"T4"}), 3));
+  Append(tasks, Repeat(Task().Cpu(1000).Gpus(2, 1000), 1));
+  const std::vector<TypicalPod> from_tasks = ComputeTypicalPods(tasks, 0.9);
+  std::vector<std::pair<TypicalPod, int64_t>> shapes = {
+      {Typical(1000, 1000, 2, 0), 1},
+      {Typical(2000, 0, 0, 0), 3},
+      {Typical(1000, 500, 1, 0, {"T4"}), 3},
+      {Typical(1000, 500, 1, 0), 7},
+  };
+  const std::vector<TypicalPod> from_counts = TypicalPodsFromCounts(shapes, 0.9);
+  ASSERT_EQ(from_counts.size(), from_tasks.size());
+  for (size_t i = 0; i < from_tasks.size(); ++i) {
+    EXPECT_EQ(from_counts[i].cpu, from_tasks[i].cpu) << i;
+    EXPECT_EQ(from_counts[i].share, from_tasks[i].share) << i;
+    EXPECT_EQ(from_counts[i].gpu_count, from_tasks[i].gpu_count) << i;
+    EXPECT_EQ(from_counts[i].models, from_tasks[i].models) << i;
+    EXPECT_EQ(from_counts[i].weight, from_tasks[i].weight) << i;
+  }
+  EXPECT_TRUE(TypicalPodsFromCounts({}).empty());
+}
+}  // namespace
+}  // namespace gpupool

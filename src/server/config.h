@@ -31,7 +31,7 @@ struct ServerConfig {
   // afterwards the API owns them).
   QueueOrderOptions ordering;
   // Placement: a policy name (fgd, bestfit, ...) or a profile YAML file.
-  std::string profile = "fgd";
+  std::string profile = "balanced";
 
   bool preemption = true;
   int grace_period_seconds = 30;

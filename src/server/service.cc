@@ -236,7 +236,7 @@ Status PoolService::Recover() {
     state->submit_mono = MonoSeconds();
     for (const auto& g : state->job.groups) {
       for (int rep = 0; rep < g.replicas && recent_tasks_.size() < kRecentTasks; ++rep) {
-        if (g.request.wants_gpu()) recent_tasks_.push_back(g.request);
+        recent_tasks_.push_back(g.request);
       }
     }
     max_seq = std::max(max_seq, r.seq);
@@ -316,14 +316,22 @@ Status PoolService::RebuildScheduler() {
     profile_ = std::move(profile).value();
   }
   // FGD measures fragmentation against the typical workload: learned from the GPU tasks submitted
-  // so far (a single whole-GPU task until there are any).
-  typical_pods_ = recent_tasks_.empty() ? std::vector<TypicalPod>{{0, 1000, 1, {}, 1.0}}
-                                        : ComputeTypicalPods(recent_tasks_);
+  // recently (a single whole-GPU task until there are any).
+  std::vector<TaskRequest> gpu_tasks;
+  for (const TaskRequest& t : recent_tasks_) {
+    if (t.wants_gpu()) gpu_tasks.push_back(t);
+  }
+  typical_pods_ =
+      gpu_tasks.empty() ? std::vector<TypicalPod>{{0, 1000, 1, {}, 1.0}} : ComputeTypicalPods(gpu_tasks);
   PluginInit init;
   init.typical_pods = &typical_pods_;
   auto s = Scheduler::Create(profile_, DefaultRegistry(), ledger_, rng_, init);
   if (!s.ok()) return s.status().WithContext("profile " + profile_.name);
   scheduler_ = std::move(s).value();
+  // Policies that learn online (balanced) see the recent window again, oldest first.
+  const size_t n = recent_tasks_.size();
+  const size_t first = n < kRecentTasks ? 0 : recent_next_;
+  for (size_t i = 0; i < n; ++i) scheduler_->Observe(recent_tasks_[(first + i) % n]);
   tasks_since_learn_ = 0;
   return Status::Ok();
 }
@@ -585,8 +593,8 @@ void PoolService::CheckNodes(WriteBatch& batch) {
     ++metrics_.nodes_lost;
     const std::string reason =
         fmt::format("node {} lost (no heartbeat for {:.1f} s)", name, mono - info.heartbeat_mono);
-    batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, ledger_.state(n).cordoned, info.draining, info.state,
-                                     info.last_heartbeat_ms)});
+    batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, ledger_.state(n).cordoned, info.draining,
+                                     info.state, info.last_heartbeat_ms)});
     Event("", "NodeLost", reason, batch);
     // The node's agent fenced its tasks before this timeout (it could not renew its lease), so they
     // are released at once and their jobs restart elsewhere.
@@ -680,7 +688,8 @@ void PoolService::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& rep
     if (hs.utilization > 0 && r.utilization >= hs.utilization)
       over.push_back(fmt::format("utilization {:.2f} >= {:.2f}", r.utilization, hs.utilization));
     if (hs.memory_used_fraction > 0 && r.memory_used_fraction >= hs.memory_used_fraction)
-      over.push_back(fmt::format("memory used {:.2f} >= {:.2f}", r.memory_used_fraction, hs.memory_used_fraction));
+      over.push_back(
+          fmt::format("memory used {:.2f} >= {:.2f}", r.memory_used_fraction, hs.memory_used_fraction));
     if (!over.empty()) {
       c.under_since_ms = 0;
       if (c.over_since_ms == 0) c.over_since_ms = now;
@@ -699,7 +708,8 @@ void PoolService::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& rep
             ++metrics_.hotspot_migrations;
             for (size_t i = 0; i < j->tasks.size(); ++i)
               StopTask(*j, static_cast<int>(i), TaskPhase::kPreempted, reason, batch);
-            Event(j->rec.id, "Migrating", reason + ": the job stops, checkpoints and restarts elsewhere", batch);
+            Event(j->rec.id, "Migrating", reason + ": the job stops, checkpoints and restarts elsewhere",
+                  batch);
           }
         }
       }
@@ -905,8 +915,8 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   std::lock_guard<std::mutex> lock(mu_);
   JobState* raw = state.get();
   for (const auto& g : raw->job.groups) {
-    if (!g.request.wants_gpu()) continue;
     for (int rep = 0; rep < g.replicas; ++rep) {
+      if (scheduler_ != nullptr) scheduler_->Observe(g.request);  // policies that learn online
       if (recent_tasks_.size() < kRecentTasks) {
         recent_tasks_.push_back(g.request);
       } else {
@@ -944,12 +954,13 @@ Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, 
   if (!n) return Status::FailedPrecondition(fmt::format("node '{}' is no longer registered", ts.last_node));
   const NodeInfo& info = nodes_[*n];
   if (info.agent_endpoint.empty()) {
-    return Status::FailedPrecondition(fmt::format(
-        "node '{}' has not told the server where its agent serves logs (an agent started with "
-        "--metrics-listen does)",
-        ts.last_node));
+    return Status::FailedPrecondition(
+        fmt::format("node '{}' has not told the server where its agent serves logs (an agent started with "
+                    "--metrics-listen does)",
+                    ts.last_node));
   }
-  return LogSource{ts.last_node, info.agent_endpoint, info.agent_log_token, fmt::format("{}.{}", job_id, index)};
+  return LogSource{ts.last_node, info.agent_endpoint, info.agent_log_token,
+                   fmt::format("{}.{}", job_id, index)};
 }
 
 Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
@@ -1077,7 +1088,6 @@ Result<json> PoolService::GetNode(const std::string& name) {
   if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
   return NodeJson(*n);
 }
-
 
 Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -1242,8 +1252,10 @@ Result<AgentInfo> ParseAgentInfo(const json& v) {
   AgentInfo info;
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (it.key() != "endpoint" && it.key() != "logToken")
-      return Status::InvalidArgument(fmt::format("agent.{}: unknown field (known: endpoint, logToken)", it.key()));
-    if (!it.value().is_string()) return Status::InvalidArgument(fmt::format("agent.{}: must be a string", it.key()));
+      return Status::InvalidArgument(
+          fmt::format("agent.{}: unknown field (known: endpoint, logToken)", it.key()));
+    if (!it.value().is_string())
+      return Status::InvalidArgument(fmt::format("agent.{}: must be a string", it.key()));
   }
   info.endpoint = v.value("endpoint", "");
   info.log_token = v.value("logToken", "");
@@ -1351,13 +1363,14 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
             const double hi = k == "temperatureC" ? 1000 : 1;
             if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= hi))
               return Status::InvalidArgument(fmt::format("{}.{}: must be a number in [0, {}]", where, k, hi));
-            (k == "temperatureC" ? r.temperature_c : k == "utilization" ? r.utilization : r.memory_used_fraction) =
-                v.get<double>();
+            (k == "temperatureC"  ? r.temperature_c
+             : k == "utilization" ? r.utilization
+                                  : r.memory_used_fraction) = v.get<double>();
           } else {
-            return Status::InvalidArgument(fmt::format(
-                "{}.{}: unknown field (known: index, healthy, reason, temperatureC, utilization, "
-                "memoryUsedFraction)",
-                where, k));
+            return Status::InvalidArgument(
+                fmt::format("{}.{}: unknown field (known: index, healthy, reason, temperatureC, utilization, "
+                            "memoryUsedFraction)",
+                            where, k));
           }
         }
         gpu_reports.push_back(std::move(r));
@@ -1496,8 +1509,8 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   if (!ts.placed || ts.placement.node != *n || (run >= 0 && run != ts.restarts)) {
     // A late report for a task that has moved on (released, requeued): harmless, say so.
     if (run >= 0 && run != ts.restarts && ts.placed && ts.placement.node == *n)
-      return Status::FailedPrecondition(fmt::format("task {}[{}]: the report is about run {}, the task is at run {}",
-                                                    job_id, index, run, ts.restarts));
+      return Status::FailedPrecondition(fmt::format(
+          "task {}[{}]: the report is about run {}, the task is at run {}", job_id, index, run, ts.restarts));
     return Status::FailedPrecondition(fmt::format("task {}[{}] is not assigned to node '{}' (it is {})",
                                                   job_id, index, node, TaskPhaseName(ts.phase)));
   }
@@ -1541,10 +1554,10 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     if (end == TaskPhase::kFailed && (j->job.retry.on_failure || unasked_stop) &&
         j->phase == JobPhase::kRunning && j->rec.faults < j->job.retry.max_restarts) {
       // A fault like a lost node: the gang restarts from its checkpoint.
-      const std::string reason =
-          unasked_stop ? fmt::format("task {} stopped on {}: {}", task_name, node, message)
-                       : fmt::format("task {} failed on {} with exit code {}{}{}", task_name, node, exit_code,
-                                     message.empty() ? "" : ": ", message);
+      const std::string reason = unasked_stop
+                                     ? fmt::format("task {} stopped on {}: {}", task_name, node, message)
+                                     : fmt::format("task {} failed on {} with exit code {}{}{}", task_name,
+                                                   node, exit_code, message.empty() ? "" : ": ", message);
       ts.phase = TaskPhase::kPreempted;
       ts.stop_reason = reason;
       FaultJob(*j, unasked_stop ? "task_stopped" : "task_failed", reason, batch);
@@ -2137,7 +2150,8 @@ std::string PoolService::MetricsText() {
                "Faults that stopped a job (each restarts it or, over its retry budget, fails it), by cause.",
                out);
   for (const char* c : {"node_lost", "gpu_fault", "task_failed", "task_stopped"})
-    RenderSample("gpupool_fault_restarts_total", {{"cause", c}}, static_cast<double>(metrics_.faults[c]), out);
+    RenderSample("gpupool_fault_restarts_total", {{"cause", c}}, static_cast<double>(metrics_.faults[c]),
+                 out);
   RenderHeader("gpupool_nodes_lost_total", "counter", "Nodes declared lost (no heartbeat for the timeout).",
                out);
   RenderSample("gpupool_nodes_lost_total", {}, static_cast<double>(metrics_.nodes_lost), out);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace gpupool {
@@ -106,14 +107,21 @@ Result<CompareResult> CompareTables(const DiscreteTable& expected, const Discret
     for (int c : options.columns) {
       CompareColumn col;
       col.column = c;
-      double es = 0;
-      double as = 0;
-      for (const auto& [e, a] : pairs) {
-        es += e->values[static_cast<size_t>(c)];
-        as += a->values[static_cast<size_t>(c)];
-      }
-      col.expected_mean = es / static_cast<double>(pairs.size());
-      col.actual_mean = as / static_cast<double>(pairs.size());
+      // NaN cells (columns the bound leaves empty, frag of the bound) are left out of the means; a
+      // mean with no number at all is NaN.
+      auto mean = [&](bool expected_side) {
+        double sum = 0;
+        int n = 0;
+        for (const auto& [e, a] : pairs) {
+          const double v = (expected_side ? e : a)->values[static_cast<size_t>(c)];
+          if (std::isnan(v)) continue;
+          sum += v;
+          ++n;
+        }
+        return n > 0 ? sum / static_cast<double>(n) : std::nan("");
+      };
+      col.expected_mean = mean(true);
+      col.actual_mean = mean(false);
       col.diff = col.actual_mean - col.expected_mean;
       row.columns.push_back(col);
     }
@@ -132,7 +140,7 @@ Result<CompareResult> CompareTables(const DiscreteTable& expected, const Discret
     for (size_t i = 0; i < row.columns.size(); ++i) {
       const double b = base->columns[i].actual_mean;
       const double p = row.columns[i].actual_mean;
-      if (100.0 - b > 0)
+      if (100.0 - b > 0 && !std::isnan(p))
         row.columns[i].reduction_vs_baseline = ((100.0 - b) - (100.0 - p)) / (100.0 - b) * 100.0;
     }
   }
@@ -186,6 +194,125 @@ std::string FormatCompare(const CompareResult& result) {
   out += fmt::format("{} run(s) in common; {} of {} cells differ by more than {} (max |diff| {:.6g}): {}\n",
                      result.common_runs, result.differing_cells, result.common_runs * kDemandBins,
                      result.tolerance, result.max_abs_diff, result.exceeds_tolerance ? "MISMATCH" : "MATCH");
+  return out;
+}
+
+Result<PolicyTable> MakePolicyTable(const DiscreteTable& expected, const DiscreteTable& actual, int column,
+                                    const std::string& reference) {
+  if (column < 0 || column >= kDemandBins) {
+    return Status::InvalidArgument(fmt::format("column {} is out of range 0..{}", column, kDemandBins - 1));
+  }
+  if (actual.rows.empty()) return Status::InvalidArgument("the actual file has no rows");
+  PolicyTable t;
+  t.column = column;
+  t.reference = reference;
+  std::map<std::pair<std::string, std::string>, std::pair<double, int>> sums;  // (trace, policy)
+  std::map<std::string, std::pair<double, int>> ref_sums;
+  std::map<std::string, bool> in_expected;
+  // The reference over the seeds the actual file ran, so both sides average the same runs.
+  std::set<std::pair<std::string, uint64_t>> actual_runs;
+  for (const DiscreteRow& r : actual.rows) actual_runs.emplace(r.workload, r.seed);
+  for (const DiscreteRow& r : expected.rows) {
+    in_expected[r.sc_policy] = true;
+    const double v = r.values[static_cast<size_t>(column)];
+    if (r.sc_policy != reference || std::isnan(v) || !actual_runs.contains({r.workload, r.seed})) continue;
+    auto& [sum, n] = ref_sums[r.workload];
+    sum += v;
+    ++n;
+  }
+  for (const DiscreteRow& r : actual.rows) {
+    auto& [sum, n] = sums[{r.workload, r.sc_policy}];
+    const double v = r.values[static_cast<size_t>(column)];
+    if (std::isnan(v)) continue;
+    sum += v;
+    ++n;
+    if (std::find(t.traces.begin(), t.traces.end(), r.workload) == t.traces.end())
+      t.traces.push_back(r.workload);
+    if (std::find(t.policies.begin(), t.policies.end(), r.sc_policy) == t.policies.end())
+      t.policies.push_back(r.sc_policy);
+  }
+  std::sort(t.traces.begin(), t.traces.end());
+  std::sort(t.policies.begin(), t.policies.end());
+  for (const std::string& p : t.policies) {
+    if (!in_expected.contains(p)) t.challengers.push_back(p);
+  }
+  for (const std::string& trace : t.traces) {
+    std::vector<double> row;
+    int seeds = -1;
+    for (const std::string& p : t.policies) {
+      auto it = sums.find({trace, p});
+      const bool has = it != sums.end() && it->second.second > 0;
+      row.push_back(has ? it->second.first / it->second.second : std::nan(""));
+      if (has && seeds < 0) seeds = it->second.second;
+    }
+    t.means.push_back(std::move(row));
+    t.seeds.push_back(std::max(seeds, 0));
+    auto ref = ref_sums.find(trace);
+    t.reference_means.push_back(ref == ref_sums.end() ? std::nan("")
+                                                      : ref->second.first / ref->second.second);
+  }
+  return t;
+}
+
+std::string FormatPolicyTable(const PolicyTable& t) {
+  std::string out = fmt::format("GPU allocation (%) at {} % arrived demand, mean over seeds\n", t.column);
+  auto cell = [](double v) {
+    return std::isnan(v) ? fmt::format(" {:>12}", "-") : fmt::format(" {:>12.2f}", v);
+  };
+  out += fmt::format("{:<12} {:>5}", "trace", "seeds");
+  for (const std::string& p : t.policies) out += fmt::format(" {:>12}", p.substr(0, 12));
+  out += fmt::format(" {:>12}", ("ref:" + t.reference).substr(0, 12));
+  for (const std::string& c : t.challengers) out += fmt::format(" {:>12}", (c.substr(0, 8) + " +/-"));
+  out += "\n";
+  std::vector<double> col_sum(t.policies.size(), 0), margin_sum(t.challengers.size(), 0);
+  std::vector<int> col_n(t.policies.size(), 0), wins(t.challengers.size(), 0),
+      compared(t.challengers.size(), 0), clear_wins(t.challengers.size(), 0);
+  double ref_sum = 0;
+  int ref_n = 0;
+  for (size_t i = 0; i < t.traces.size(); ++i) {
+    out += fmt::format("{:<12} {:>5}", ShortTrace(t.traces[i]), t.seeds[i]);
+    for (size_t j = 0; j < t.policies.size(); ++j) {
+      out += cell(t.means[i][j]);
+      if (!std::isnan(t.means[i][j])) {
+        col_sum[j] += t.means[i][j];
+        ++col_n[j];
+      }
+    }
+    const double ref = t.reference_means[i];
+    out += cell(ref);
+    if (!std::isnan(ref)) {
+      ref_sum += ref;
+      ++ref_n;
+    }
+    for (size_t k = 0; k < t.challengers.size(); ++k) {
+      const size_t j = static_cast<size_t>(std::find(t.policies.begin(), t.policies.end(), t.challengers[k]) -
+                                           t.policies.begin());
+      const double v = t.means[i][j];
+      if (std::isnan(v) || std::isnan(ref)) {
+        out += fmt::format(" {:>12}", "-");
+        continue;
+      }
+      out += fmt::format(" {:>+12.2f}", v - ref);
+      margin_sum[k] += v - ref;
+      ++compared[k];
+      if (v > ref) ++wins[k];
+      if (v > ref + 0.05) ++clear_wins[k];
+    }
+    out += "\n";
+  }
+  out += fmt::format("{:<12} {:>5}", "mean", "");
+  for (size_t j = 0; j < t.policies.size(); ++j)
+    out += cell(col_n[j] > 0 ? col_sum[j] / col_n[j] : std::nan(""));
+  out += cell(ref_n > 0 ? ref_sum / ref_n : std::nan(""));
+  for (size_t k = 0; k < t.challengers.size(); ++k) {
+    out += compared[k] > 0 ? fmt::format(" {:>+12.2f}", margin_sum[k] / compared[k])
+                           : fmt::format(" {:>12}", "-");
+  }
+  out += "\n";
+  for (size_t k = 0; k < t.challengers.size(); ++k) {
+    out += fmt::format("{} is above {} of the expected file on {} of {} traces (by more than 0.05 on {})\n",
+                       t.challengers[k], t.reference, wins[k], compared[k], clear_wins[k]);
+  }
   return out;
 }
 

@@ -23,7 +23,7 @@ struct CompareOptions {
 
 struct CompareColumn {
   int column = 0;
-  double expected_mean = 0;  // over the seeds common to both files
+  double expected_mean = 0;  // over the seeds common to both files, NaN cells left out (all NaN: NaN)
   double actual_mean = 0;
   double diff = 0;  // actual - expected
   // ((100 - baseline) - (100 - policy)) / (100 - baseline) in %, on the actual seed-means;
@@ -34,9 +34,11 @@ struct CompareColumn {
 struct CompareRow {
   std::string workload;
   std::string sc_policy;
-  int seeds = 0;            // seeds present in both files
-  int cells = 0;            // seeds x 131
-  int differing_cells = 0;  // cells with |diff| > tolerance, over all 131 columns and common seeds
+  int seeds = 0;  // seeds present in both files
+  int cells = 0;  // seeds x 131
+  // Cells with |diff| > tolerance, over all 131 columns and common seeds. Two NaN cells are equal (the
+  // same empty column, or the bound's frag columns on both sides); NaN against a number always differs.
+  int differing_cells = 0;
   double max_abs_diff = 0;
   std::vector<CompareColumn> columns;
 };
@@ -67,5 +69,25 @@ Result<CompareResult> CompareFiles(const CompareOptions& options);
 
 // The terminal table.
 std::string FormatCompare(const CompareResult& result);
+
+// Every policy side by side: one row per trace of `actual`, one column per sc_policy of `actual`
+// (its seed-mean at `column`), then the reference policy's mean in `expected` over the same
+// (trace, seed) runs (e.g. FGD's published figures), and for each policy of `actual` that `expected` does not
+// have, its margin over that reference. A bottom row gives the means over the traces, and a line per such
+// policy says on how many traces it beats the reference.
+struct PolicyTable {
+  int column = 130;
+  std::string reference;                 // sc_policy in `expected`
+  std::vector<std::string> traces;       // workloads, sorted
+  std::vector<std::string> policies;     // sc_policies of `actual`, sorted
+  std::vector<std::string> challengers;  // policies of `actual` absent from `expected`
+  // means[trace][policy]: NaN where the trace has no run of the policy.
+  std::vector<std::vector<double>> means;
+  std::vector<double> reference_means;  // per trace; NaN where `expected` lacks it
+  std::vector<int> seeds;               // per trace: seeds of the first policy
+};
+Result<PolicyTable> MakePolicyTable(const DiscreteTable& expected, const DiscreteTable& actual, int column,
+                                    const std::string& reference);
+std::string FormatPolicyTable(const PolicyTable& table);
 
 }  // namespace gpupool

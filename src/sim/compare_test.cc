@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 namespace gpupool {
@@ -130,6 +131,32 @@ TEST_F(CompareTest, ColumnsBaselineAndErrors) {
   EXPECT_EQ(CompareTables(expected_, actual_, o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// NaN cells (the bound's frag columns, empty columns): equal to NaN, different from any number, and
+// left out of the seed-means.
+TEST_F(CompareTest, NanCells) {
+  expected_.rows[2].values[130] = std::nan("");  // FGD seed 42
+  actual_.rows[2].values[130] = std::nan("");
+  auto r = CompareTables(expected_, actual_, CompareOptions{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->differing_cells, 0);
+  EXPECT_FALSE(r->exceeds_tolerance);
+  const CompareRow* fgd = Find(*r, "06-FGD");
+  EXPECT_DOUBLE_EQ(fgd->columns[1].expected_mean, 96);  // seed 43 only
+  EXPECT_DOUBLE_EQ(fgd->columns[1].actual_mean, 96);
+  ASSERT_TRUE(fgd->columns[1].reduction_vs_baseline.has_value());
+
+  actual_.rows[3].values[130] = std::nan("");  // both FGD seeds NaN on the actual side
+  expected_.rows[3].values[130] = 96;
+  r = CompareTables(expected_, actual_, CompareOptions{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->differing_cells, 1);
+  EXPECT_TRUE(r->exceeds_tolerance);
+  fgd = Find(*r, "06-FGD");
+  EXPECT_TRUE(std::isnan(fgd->columns[1].actual_mean));
+  EXPECT_FALSE(fgd->columns[1].reduction_vs_baseline.has_value());
+  EXPECT_NE(FormatCompare(*r).find("nan"), std::string::npos);
+}
+
 TEST_F(CompareTest, FilesRoundTrip) {
   const auto dir = std::filesystem::temp_directory_path() / "gpupool_compare_test";
   std::filesystem::create_directories(dir);
@@ -147,6 +174,46 @@ TEST_F(CompareTest, FilesRoundTrip) {
   o.actual_csv = (dir / "none.csv").string();
   EXPECT_FALSE(CompareFiles(o).ok());
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+// The policy table: every policy of the actual file per trace, the reference's published mean,
+// and the new policies' margins; NaN cells (the bound's empty columns) are left out of means.
+TEST(PolicyTableTest, PoliciesSideBySideWithTheirMarginOverTheReference) {
+  DiscreteTable expected, actual;
+  expected.rows = {Row("default", "06-FGD", 42, 95), Row("default", "06-FGD", 43, 96),
+                   Row("cpu250", "06-FGD", 42, 93), Row("default", "05-BestFit", 42, 90),
+                   Row("cpu250", "06-FGD", 44, 50)};  // a seed the actual file lacks: left out
+  actual.rows = {Row("default", "06-FGD", 42, 95),   Row("default", "06-FGD", 43, 96),
+                 Row("default", "balanced", 42, 96), Row("default", "balanced", 43, 97),
+                 Row("cpu250", "balanced", 42, 92),  Row("cpu250", "06-FGD", 42, 93),
+                 Row("default", "bound", 42, 100),   Row("default", "bound", 43, std::nan(""))};
+  auto t = MakePolicyTable(expected, actual, 130, "06-FGD");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->traces, (std::vector<std::string>{"openb_pod_list_cpu250", "openb_pod_list_default"}));
+  EXPECT_EQ(t->policies, (std::vector<std::string>{"06-FGD", "balanced", "bound"}));
+  EXPECT_EQ(t->challengers, (std::vector<std::string>{"balanced", "bound"}));
+  ASSERT_EQ(t->means.size(), 2u);
+  EXPECT_DOUBLE_EQ(t->means[1][0], 95.5);   // default FGD
+  EXPECT_DOUBLE_EQ(t->means[1][1], 96.5);   // default balanced
+  EXPECT_DOUBLE_EQ(t->means[1][2], 100);    // the NaN seed is left out
+  EXPECT_TRUE(std::isnan(t->means[0][2]));  // no bound run on cpu250
+  EXPECT_DOUBLE_EQ(t->reference_means[0], 93);
+  const std::string text = FormatPolicyTable(*t);
+  EXPECT_NE(
+      text.find("balanced is above 06-FGD of the expected file on 1 of 2 traces (by more than 0.05 on 1)"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("+1.00"), std::string::npos) << text;
+  EXPECT_NE(text.find("-1.00"), std::string::npos) << text;
+
+  EXPECT_FALSE(MakePolicyTable(expected, actual, 131, "06-FGD").ok());
+  EXPECT_FALSE(MakePolicyTable(expected, DiscreteTable{}, 130, "06-FGD").ok());
 }
 
 }  // namespace

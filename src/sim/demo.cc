@@ -13,7 +13,8 @@ Result<std::vector<DemoPolicyResult>> RunDemo(const DemoOptions& options) {
   }
   ASSIGN_OR_RETURN(const ExperimentInputs inputs, LoadExperimentInputs(options.nodes_csv, options.pods_csv));
   std::vector<std::string> policies = options.policies;
-  if (policies.empty()) policies = {"random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd"};
+  if (policies.empty())
+    policies = {"random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "balanced"};
   std::vector<DemoPolicyResult> results;
   for (const std::string& policy : policies) {
     ExperimentOptions o;

@@ -16,6 +16,7 @@
 #include "sched/registry.h"
 #include "sched/scheduler.h"
 #include "sched/typical_pods.h"
+#include "sim/bound.h"
 
 namespace gpupool {
 
@@ -239,6 +240,19 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     ranks = workload_rng.Permutation(static_cast<uint32_t>(ledger.node_count()));
   }
 
+  if (options.policy == kBoundPolicy) {
+    // No scheduling: the LP bound of the same arrival sequence (sim/bound.h).
+    std::vector<int64_t> demand;
+    demand.reserve(arrivals.size());
+    for (const TaskRequest* task : arrivals) demand.push_back(asked.at(task));
+    ExperimentResult r;
+    r.policy = options.policy;
+    r.trace = options.trace;
+    r.seed = options.seed;
+    RETURN_IF_ERROR(FillBoundResult(inputs.nodes, arrivals, demand, r));
+    return r;
+  }
+
   ASSIGN_OR_RETURN(Profile profile, ProfileForPolicy(options.policy));
   SeededRng rng(options.seed ^ 0x5eed5eedULL);
   PluginInit init;
@@ -264,6 +278,7 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     const int64_t demand = asked.at(task);
     arrived += demand;
     ++r.pods_arrived;
+    scheduler->Observe(*task);
     Decision d;
     auto placed = scheduler->Place(*task, &d);
     if (placed.ok()) {

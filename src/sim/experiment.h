@@ -21,7 +21,7 @@ inline constexpr int kDemandBins = 131;  // columns 0..130 (% of GPU capacity)
 
 struct ExperimentOptions {
   std::string trace;           // trace name, e.g. "default" (for the output and arrival files)
-  std::string policy = "fgd";  // a name from PolicyNames()
+  std::string policy = "fgd";  // a name from PolicyNames(), or "bound" (sim/bound.h: no scheduling)
   uint64_t seed = 42;
   double inflate = 1.3;  // GPU demand to reach, x capacity (gpupool's own generator)
   // When set: the published arrival order and node tie-break ranks, read from
@@ -55,7 +55,7 @@ struct ExperimentResult {
   int64_t used_gpu_milli = 0;     // GPU share allocated at the end (exclusive: whole GPUs)
   double final_frag_milli = 0;    // cluster fragmentation F after the last pod
   std::string first_failure;      // "<pod> (<request>): <why no node fits>"; empty when none failed
-  double seconds = 0;             // wall time of the scheduling loop
+  double seconds = 0;             // wall time of the scheduling loop (policy "bound": of the LPs)
   std::vector<MetricsRow> rows;   // kept only when asked (ExperimentInputs::keep_rows)
 };
 
@@ -68,6 +68,9 @@ struct ExperimentInputs {
 
 Result<ExperimentInputs> LoadExperimentInputs(const std::string& nodes_csv, const std::string& pods_csv);
 
+// Policy "bound" schedules nothing: it fills alloc with the LP upper bound of the same arrival
+// sequence (FillBoundResult in sim/bound.h; frag and frag_ratio NaN, the pod counts beyond
+// pods_arrived 0).
 Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const ExperimentOptions& options);
 
 // Bins per-pod rows into the 131 published columns (README §7): a = round-half-even(arrived /

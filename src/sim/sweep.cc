@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "sched/profile.h"
+#include "sim/bound.h"
 
 namespace gpupool {
 
@@ -94,6 +95,12 @@ std::vector<std::string> PublishedTraces() {
           "gpuspec33",  "multigpu20", "multigpu30",  "multigpu40", "multigpu50"};
 }
 
+std::vector<std::string> SweepPolicyNames() {
+  std::vector<std::string> names = PolicyNames();
+  names.emplace_back(kBoundPolicy);
+  return names;
+}
+
 std::vector<std::string> PublishedPolicies() {
   return {"random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd"};
 }
@@ -145,7 +152,7 @@ Result<std::vector<std::string>> ParseNameList(const std::string& text, const ch
 Result<std::vector<std::string>> ParsePolicies(const std::string& text) {
   if (Trim(text) == "all") return PublishedPolicies();
   ASSIGN_OR_RETURN(auto names, ParseNameList(text, "policy"));
-  const auto known = PolicyNames();
+  const auto known = SweepPolicyNames();
   for (const auto& n : names) {
     if (std::find(known.begin(), known.end(), n) == known.end()) {
       return Status::InvalidArgument(
@@ -292,7 +299,7 @@ Result<SweepResult> RunSweep(const SweepOptions& options,
   RETURN_IF_ERROR(CheckUnique(options.traces, "trace"));
   RETURN_IF_ERROR(CheckUnique(options.policies, "policy"));
   RETURN_IF_ERROR(CheckUnique(options.seeds, "seed"));
-  const auto known = PolicyNames();
+  const auto known = SweepPolicyNames();
   for (const auto& p : options.policies) {
     if (std::find(known.begin(), known.end(), p) == known.end()) {
       return Status::InvalidArgument(

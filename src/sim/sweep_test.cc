@@ -82,6 +82,31 @@ TEST(ParsePoliciesTest, AllAndLists) {
   EXPECT_NE(bad.status().message().find("nosuch"), std::string::npos);
   EXPECT_FALSE(ParsePolicies("fgd,fgd").ok());
   EXPECT_EQ(PublishedTraces().size(), 17u);
+  // The allocation bound is a pseudo-policy of the sweep, published under its own name.
+  EXPECT_EQ(*ParsePolicies("bound,fgd"), (std::vector<std::string>{"bound", "fgd"}));
+  EXPECT_EQ(PublishedPolicyName("bound"), "bound");
+}
+
+// The bound's empty columns are NaN: written as Python writes them, and read back.
+TEST(DiscreteCsvTest, NanCellsRoundTrip) {
+  const std::string dir = TempDir("nan");
+  DiscreteTable t;
+  t.has_total_gpus = false;
+  t.rows = {MakeRow("default", "bound", 42, 1)};
+  t.rows[0].values.fill(std::nan(""));
+  t.rows[0].values[130] = 99.5;
+  const std::string path = dir + "/nan.csv";
+  ASSERT_TRUE(WriteDiscreteCsv(t, path).ok());
+  const std::string text = ReadAll(path);
+  EXPECT_NE(text.find("openb_pod_list_default,bound,1.3,42,nan,nan,"), std::string::npos) << text;
+  EXPECT_NE(text.find(",nan,99.5\n"), std::string::npos) << text;
+  auto back = ReadDiscreteCsv(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->rows.size(), 1u);
+  for (int c = 0; c < 130; ++c) EXPECT_TRUE(std::isnan(back->rows[0].values[static_cast<size_t>(c)])) << c;
+  EXPECT_EQ(back->rows[0].values[130], 99.5);
+  EXPECT_EQ(FormatDiscreteCsv(*back), text);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(DiscreteCsvTest, RoundTripIsExact) {

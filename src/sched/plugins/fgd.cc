@@ -161,50 +161,6 @@ class FgdPlugin final : public ScorePlugin, public GpuSelector {
   std::vector<std::pair<int32_t, int64_t>> tried_;
 };
 
-Result<std::vector<TypicalPod>> ParseTypicalPods(const Value& list) {
-  const Value::List* items = list.AsList();
-  if (items == nullptr) return Status::InvalidArgument("typicalPods must be a list");
-  std::vector<TypicalPod> out;
-  for (size_t i = 0; i < items->size(); ++i) {
-    const Value& v = (*items)[i];
-    const std::string where = fmt::format("typicalPods[{}]", i);
-    if (!v.is_map()) return Status::InvalidArgument(where + " must be a map");
-    TypicalPod p;
-    for (const auto& [key, field] : *v.AsMap()) {
-      const std::string what = where + "." + key;
-      if (key == "cpu") {
-        ASSIGN_OR_RETURN(p.cpu, field.AsInt(what));
-      } else if (key == "gpuShare") {
-        ASSIGN_OR_RETURN(p.share, field.AsInt(what));
-      } else if (key == "gpuCount") {
-        ASSIGN_OR_RETURN(int64_t c, field.AsInt(what));
-        p.gpu_count = static_cast<int>(c);
-      } else if (key == "weight") {
-        ASSIGN_OR_RETURN(p.weight, field.AsDouble(what));
-      } else if (key == "models") {
-        const Value::List* models = field.AsList();
-        if (models == nullptr) return Status::InvalidArgument(what + " must be a list of model names");
-        for (const Value& m : *models) {
-          ASSIGN_OR_RETURN(std::string name, m.AsString(what));
-          p.models.push_back(std::move(name));
-        }
-      } else {
-        return Status::InvalidArgument(
-            fmt::format("{}: unknown field '{}' (cpu, gpuShare, gpuCount, models, weight)", where, key));
-      }
-    }
-    if (p.cpu < 0 || p.share < 0 || p.share > 1000 || p.gpu_count < 0 || !(p.weight > 0) ||
-        (p.gpu_count == 0) != (p.share == 0)) {
-      return Status::InvalidArgument(where +
-                                     ": needs cpu >= 0 (mCPU), gpuShare 0..1000 with gpuCount >= 1 "
-                                     "(or both 0), and weight > 0");
-    }
-    out.push_back(std::move(p));
-  }
-  if (out.empty()) return Status::InvalidArgument("typicalPods is empty");
-  return out;
-}
-
 Result<std::unique_ptr<FgdPlugin>> MakeFgd(const Value& args, const PluginInit& init) {
   std::vector<TypicalPod> pods;
   if (const Value* v = args.Find("typicalPods")) {

@@ -1,0 +1,321 @@
+// Balanced — gpupool's default placement policy: FGD's fragmentation, learned online, plus the
+// balance of CPU to GPU left on each node.
+//
+// Assumptions:
+//  1. Future tasks look like the tasks seen so far. The plugin counts every arriving task
+//     (Observe) and derives a typical workload from the counts (FGD's definition: the most frequent
+//     shapes covering 95 % of tasks, sched/typical_pods.h), relearned at 1, 2, 4, ... 1,024 tasks
+//     and then every 1,024. It never sees the tasks still to come; FGD as published is given the
+//     typical workload of the whole trace in advance.
+//  2. A GPU is only as usable as the CPU left beside it. The workload needs rho mCPU per milli-GPU
+//     (the typical GPU tasks' CPU over their GPU share, weighted). A node's surplus after a
+//     placement is free CPU - rho * free GPU share: negative means its free GPUs will starve for
+//     CPU, positive means CPU that GPU tasks will not need.
+//
+// Why it works (measured on the 17 Alibaba trace variants; docs/performance.md): FGD's score,
+// S = trunc(100 * sigmoid(dF / 1000)), is coarse on purpose — ranking nodes by the exact
+// fragmentation change does worse than FGD (94.45 % vs 95.39 % allocated on the default trace),
+// because F counts only what the typical tasks could not use *now*. Within FGD's coarse classes
+// the tie-break decides, and FGD leaves it to chance. Balanced spends it on CPU:
+//  - a whole-GPU task goes, among nodes within a few FGD points, to the node whose surplus stays
+//    closest to zero: tasks with much CPU go where CPU is plentiful, light ones where it is short,
+//    so fewer GPUs end up stranded beside exhausted CPU (and less CPU beside no GPU);
+//  - a CPU-only task avoids, almost absolutely, nodes whose surplus it would make negative: the
+//    CPU a node's free GPUs need is not handed to tasks that bring no GPU demand;
+//  - a GPU-sharing task keeps FGD's choice: its best node is decided by how the remaining share
+//    fits the typical tasks, and CPU balance made it worse there.
+// Score (int64): 10,000 per FGD point, minus |surplus| in mCPU for whole-GPU tasks (one point is
+// worth 10 cores of imbalance), plus 100 x min(surplus, 0) for CPU-only tasks. The scores are
+// not in [0, 100]: use it alone, or give other plugins weights to match.
+//
+// GPU choice: a share task takes the GPU FGD's score picked (lowest index among equal scores);
+// whole GPUs go to the topology's best set (the k lowest-index free GPUs on flat boards).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "sched/framework.h"
+#include "sched/registry.h"
+#include "sched/typical_pods.h"
+
+namespace gpupool {
+namespace {
+
+constexpr int64_t kPointValue = 10'000;     // score units per FGD point
+constexpr int64_t kCpuDeficitWeight = 100;  // score units per mCPU a CPU-only task digs below
+constexpr uint64_t kRelearnEvery = 1024;    // after the doubling phase
+
+int64_t FgdPoints(double delta) {
+  return static_cast<int64_t>(100.0 * (1.0 / (1.0 + std::exp(-delta / 1000.0))));
+}
+
+// CPU per milli-GPU of the typical GPU tasks, weighted; 0 when there are none.
+double CpuPerShare(const std::vector<TypicalPod>& pods) {
+  double cpu = 0, share = 0;
+  for (const TypicalPod& p : pods) {
+    if (p.gpu_count == 0) continue;
+    cpu += p.weight * static_cast<double>(p.cpu);
+    share += p.weight * static_cast<double>(p.share * p.gpu_count);
+  }
+  return share > 0 ? cpu / share : 0.0;
+}
+
+class BalancedPlugin final : public ScorePlugin, public GpuSelector {
+ public:
+  BalancedPlugin(std::vector<TypicalPod> prior, bool learn, double coverage)
+      : learn_(learn), coverage_(coverage) {
+    SetWorkload(std::move(prior));
+  }
+
+  std::string_view name() const override { return "balanced"; }
+  uint32_t fields_read() const override {
+    return kFieldCpu | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
+  }
+  uint64_t epoch() const override { return epoch_; }
+  // Scores are points x 10,000 plus the balance terms: keep them as they are.
+  void Normalize(std::span<int64_t> /*scores*/) const override {}
+
+  void Observe(const PreparedTask& t) override {
+    if (!learn_) return;
+    const TaskRequest& r = *t.request;
+    // A MIG task's GPU slice is not a share of a whole GPU: count it by its CPU only.
+    const bool gpu = t.wants_gpu() && !t.mig;
+    Key key{t.cpu, gpu ? t.share : 0, gpu ? t.gpu_count : 0, std::string()};
+    if (gpu) {
+      for (size_t i = 0; i < r.gpu_models.size(); ++i) {
+        if (i > 0) std::get<3>(key) += '|';
+        std::get<3>(key) += r.gpu_models[i];
+      }
+    }
+    auto [it, inserted] = counts_.try_emplace(std::move(key));
+    if (inserted) {
+      TypicalPod& p = it->second.first;
+      p.cpu = t.cpu;
+      p.share = std::get<1>(it->first);
+      p.gpu_count = std::get<2>(it->first);
+      if (gpu) p.models = r.gpu_models;
+    }
+    ++it->second.second;
+    ++observed_;
+    if (observed_ == next_learn_) {
+      Relearn();
+      next_learn_ = next_learn_ < kRelearnEvery ? next_learn_ * 2 : next_learn_ + kRelearnEvery;
+    }
+  }
+
+  int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
+    const Ledger& ledger = *view.ledger;
+    const NodeState& s = ledger.state(node);
+    const double before = CurrentFragment(ledger, node);
+    LoadFree(s);
+    if (!t.wants_gpu() || t.mig) {
+      const int64_t points =
+          FgdPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+      const double surplus = Surplus(s.free_cpu - t.cpu, s.free_gpu_share);
+      return points * kPointValue + kCpuDeficitWeight * static_cast<int64_t>(std::min(surplus, 0.0));
+    }
+    if (t.share_task) {
+      int64_t best = -1;
+      BestShareGpu(ledger, s, t, before, &best);
+      return best * kPointValue;
+    }
+    TakeAscending(t);
+    const int64_t points =
+        FgdPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+    const double surplus =
+        Surplus(s.free_cpu - t.cpu, s.free_gpu_share - static_cast<int64_t>(t.gpu_count) * t.share);
+    return points * kPointValue - static_cast<int64_t>(std::abs(surplus));
+  }
+
+  Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& t,
+                                       NodeIndex node) override {
+    const Ledger& ledger = *view.ledger;
+    const NodeState& s = ledger.state(node);
+    std::vector<int> gpus;
+    if (t.share_task) {
+      LoadFree(s);
+      int64_t best = -1;
+      const int g = BestShareGpu(ledger, s, t, CurrentFragment(ledger, node), &best);
+      if (g >= 0) gpus.push_back(g);
+    } else if (t.share == kWholeGpu.units() || t.nvlink) {
+      gpus = TopologyBestSet(ledger.spec(node), s, t);
+    } else {
+      // Multi-GPU partial shares: the GPUs the score assumed (ascending free share).
+      std::vector<int> fit;
+      FittingGpus(s, t, fit);
+      std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
+        return s.gpus[static_cast<size_t>(a)].free_share < s.gpus[static_cast<size_t>(b)].free_share;
+      });
+      if (fit.size() >= static_cast<size_t>(t.gpu_count)) gpus.assign(fit.begin(), fit.begin() + t.gpu_count);
+    }
+    if (gpus.empty()) {
+      return Status::Internal(
+          fmt::format("balanced: node '{}' passed the filters but no GPU fits", ledger.spec(node).name));
+    }
+    std::vector<GpuGrant> out;
+    for (int g : gpus) out.push_back(GpuGrant{g, MilliGpu(t.share), MiB(t.gpu_memory), std::nullopt});
+    return out;
+  }
+
+  const std::vector<TypicalPod>& workload() const { return model_.pods(); }
+
+ private:
+  using Key = std::tuple<int64_t, int64_t, int, std::string>;  // cpu, share, count, models
+
+  double Surplus(int64_t free_cpu, int64_t free_share) const {
+    return static_cast<double>(free_cpu) - rho_ * static_cast<double>(free_share);
+  }
+
+  void SetWorkload(std::vector<TypicalPod> pods) {
+    rho_ = CpuPerShare(pods);
+    model_ = FragmentationModel(std::move(pods));
+    cache_.clear();
+    ++epoch_;
+  }
+
+  void Relearn() {
+    std::vector<std::pair<TypicalPod, int64_t>> shapes;
+    shapes.reserve(counts_.size());
+    for (const auto& [key, entry] : counts_) shapes.push_back(entry);
+    SetWorkload(TypicalPodsFromCounts(std::move(shapes), coverage_));
+  }
+
+  void LoadFree(const NodeState& s) {
+    free_.clear();
+    index_.clear();
+    for (size_t i = 0; i < s.gpus.size(); ++i) {
+      const GpuState& g = s.gpus[i];
+      if (!g.healthy || g.mig_enabled) continue;
+      free_.push_back(g.free_share);
+      index_.push_back(static_cast<int>(i));
+    }
+  }
+
+  double CurrentFragment(const Ledger& ledger, NodeIndex node) {
+    if (cache_.size() < ledger.node_count()) cache_.resize(ledger.node_count());
+    const NodeState& s = ledger.state(node);
+    auto& [generation, value] = cache_[node];
+    if (generation != s.generation + 1) {
+      LoadFree(s);
+      value = model_.NodeFragment(ledger, s.model, s.free_cpu, free_);
+      generation = s.generation + 1;
+    }
+    return value;
+  }
+
+  int BestShareGpu(const Ledger& ledger, const NodeState& s, const PreparedTask& t, double before,
+                   int64_t* best) {
+    int chosen = -1;
+    tried_.clear();
+    for (size_t j = 0; j < free_.size(); ++j) {
+      const int32_t g = free_[j];
+      const GpuState& gs = s.gpus[static_cast<size_t>(index_[j])];
+      if (g < t.share || gs.free_memory < t.gpu_memory) continue;
+      int64_t score = -1;
+      for (const auto& [value, sc] : tried_) {
+        if (value == g) score = sc;
+      }
+      if (score < 0) {
+        free_[j] = static_cast<int32_t>(g - t.share);
+        score = FgdPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+        free_[j] = g;
+        tried_.emplace_back(g, score);
+      }
+      if (score > *best) {
+        *best = score;
+        chosen = index_[j];
+      }
+    }
+    return chosen;
+  }
+
+  void TakeAscending(const PreparedTask& t) {
+    order_.resize(free_.size());
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+    std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return free_[a] < free_[b]; });
+    int taken = 0;
+    for (size_t i : order_) {
+      if (taken == t.gpu_count) break;
+      if (free_[i] >= t.share) {
+        free_[i] = static_cast<int32_t>(free_[i] - t.share);
+        ++taken;
+      }
+    }
+  }
+
+  const bool learn_;
+  const double coverage_;
+  FragmentationModel model_;
+  double rho_ = 0;
+  uint64_t epoch_ = 0;
+  std::map<Key, std::pair<TypicalPod, int64_t>> counts_;  // shape -> (shape, tasks seen)
+  uint64_t observed_ = 0;
+  uint64_t next_learn_ = 1;
+  std::vector<std::pair<uint64_t, double>> cache_;  // per node: (generation + 1, F(N))
+  std::vector<int32_t> free_;
+  std::vector<int> index_;
+  std::vector<size_t> order_;
+  std::vector<std::pair<int32_t, int64_t>> tried_;
+};
+
+Result<std::unique_ptr<BalancedPlugin>> MakeBalanced(const Value& args, const PluginInit& init) {
+  std::vector<TypicalPod> prior;
+  std::string workload = "observed";
+  double coverage = 0.95;
+  if (const Value::Map* m = args.AsMap()) {
+    for (const auto& [key, v] : *m) {
+      if (key == "typicalPods") {
+        ASSIGN_OR_RETURN(prior, ParseTypicalPods(v));
+      } else if (key == "workload") {
+        ASSIGN_OR_RETURN(workload, v.AsString("workload"));
+      } else if (key == "coverage") {
+        ASSIGN_OR_RETURN(coverage, v.AsDouble("coverage"));
+      } else {
+        return Status::InvalidArgument(
+            fmt::format("unknown argument '{}' (typicalPods, workload, coverage)", key));
+      }
+    }
+  } else if (!args.is_null()) {
+    return Status::InvalidArgument("arguments must be a map");
+  }
+  if (!(coverage > 0 && coverage <= 1)) {
+    return Status::InvalidArgument(fmt::format("coverage must be in (0, 1], got {}", coverage));
+  }
+  bool learn = true;
+  if (workload == "given") {
+    learn = false;
+    if (prior.empty() && init.typical_pods != nullptr) prior = *init.typical_pods;
+    if (prior.empty()) {
+      return Status::InvalidArgument(
+          "workload 'given' needs a typical workload: 'typicalPods' in the arguments, or an embedder "
+          "that supplies one");
+    }
+  } else if (workload != "observed") {
+    return Status::InvalidArgument(fmt::format(
+        "workload must be 'observed' (learn from arriving tasks) or 'given', got '{}'", workload));
+  }
+  // Until the first task is seen: one whole GPU with no CPU (the prior is replaced on the first
+  // observation when learning).
+  if (prior.empty()) prior.push_back(TypicalPod{0, 1000, 1, {}, 1.0});
+  return std::make_unique<BalancedPlugin>(std::move(prior), learn, coverage);
+}
+
+}  // namespace
+
+void RegisterBalancedPlugins(PluginRegistry& r) {
+  (void)r.RegisterScore(
+      "balanced", [](const Value& args, const PluginInit& init) -> Result<std::unique_ptr<ScorePlugin>> {
+        ASSIGN_OR_RETURN(auto p, MakeBalanced(args, init));
+        return std::unique_ptr<ScorePlugin>(std::move(p));
+      });
+  (void)r.RegisterSelector(
+      "balanced", [](const Value& args, const PluginInit& init) -> Result<std::unique_ptr<GpuSelector>> {
+        ASSIGN_OR_RETURN(auto p, MakeBalanced(args, init));
+        return std::unique_ptr<GpuSelector>(std::move(p));
+      });
+}
+
+}  // namespace gpupool

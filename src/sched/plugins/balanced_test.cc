@@ -1,0 +1,159 @@
+// Balanced (sched/plugins/balanced.cc): FGD's points x 10,000, then CPU balance. Surplus after a
+// placement = free CPU - rho x free GPU share, rho = the typical GPU tasks' CPU per milli-GPU.
+//   whole-GPU task: score = points x 10,000 - |surplus|
+//   CPU-only task:  score = points x 10,000 + 100 x min(surplus, 0)
+//   share task:     score = points x 10,000 (FGD's own choice)
+// Cases computed by hand; where FGD would choose differently the test says so.
+#include <gtest/gtest.h>
+
+#include "sched/test_util.h"
+
+namespace gpupool {
+namespace {
+
+using testutil::ExpectPlaced;
+using testutil::RawScores;
+using testutil::Task;
+using testutil::TestCluster;
+using testutil::Typical;
+
+const Value kGiven(Value::Map{{"workload", "given"}});
+
+Profile BalancedGiven() {
+  Profile p = ProfileForPolicy("balanced").value();
+  p.scores[0].args = kGiven;
+  return p;
+}
+
+// Typical pod (8000, 1000, 1): rho = 8 mCPU per milli-GPU. Whole-GPU task (8000 mCPU).
+//   A (index 0): 64000 mCPU, 4 GPUs. FGD: the pod fits before and after -> dF 0 -> 50 points.
+//      surplus after = 56000 - 8 x 3000 = 32000 -> 500000 - 32000 = 468000
+//   B (index 1): 40000 mCPU, 4 GPUs. 50 points; surplus 32000 - 24000 = 8000 -> 492000
+//   -> B, where CPU and GPU run out together. FGD ties at 50 and takes A (lower rank).
+TEST(Balanced, WholeGpuTaskKeepsTheNodeBalanced) {
+  TestCluster c;
+  c.SetTypicalPods({Typical(8000, 1000, 1, 1.0)});
+  const NodeIndex a = c.AddNode("a", 64000, 64000, 4);
+  const NodeIndex b = c.AddNode("b", 40000, 64000, 4);
+  const TaskRequest task = Task().Cpu(8000).Gpus(1, 1000);
+  EXPECT_EQ(RawScores(c, "balanced", task, {a, b}, kGiven), (std::vector<int64_t>{468000, 492000}));
+  EXPECT_EQ(RawScores(c, "fgd", task, {a, b}), (std::vector<int64_t>{50, 50}));
+  ExpectPlaced(c.BuildProfile(BalancedGiven(), DefaultRegistry()), task, b, {0});
+  ExpectPlaced(c.Build("fgd"), task, a, {0});
+}
+
+// FGD points come first: one point is worth 10 cores of imbalance. Typical pods (8000, 1000, 1)
+// w 0.5 and (8000, 1000, 2) w 0.5: rho = 8000 / 1500 = 16/3. Whole-GPU task, 8000 mCPU.
+//   A: 2 GPUs, 40000 mCPU. Before F = 0. After [0, 1000]: the 2-GPU pod no longer fits: q2
+//      0.5 x 1000 = 500 -> dF = -500 -> trunc(37.75) = 37 points; surplus 32000 - 16000/3 =
+//      26666.7 (truncated to 26666) -> 370000 - 26666 = 343334
+//   B: 4 GPUs, 96000 mCPU: both still fit -> 50 points; surplus 88000 - 16000 = 72000
+//      -> 500000 - 72000 = 428000
+//   -> B, though its balance is worse.
+TEST(Balanced, FgdPointsComeBeforeBalance) {
+  TestCluster c;
+  c.SetTypicalPods({Typical(8000, 1000, 1, 0.5), Typical(8000, 1000, 2, 0.5)});
+  const NodeIndex a = c.AddNode("a", 40000, 64000, 2);
+  const NodeIndex b = c.AddNode("b", 96000, 64000, 4);
+  const TaskRequest task = Task().Cpu(8000).Gpus(1, 1000);
+  EXPECT_EQ(RawScores(c, "balanced", task, {a, b}, kGiven), (std::vector<int64_t>{343334, 428000}));
+  ExpectPlaced(c.BuildProfile(BalancedGiven(), DefaultRegistry()), task, b, {0});
+}
+
+// Typical pods (8000, 1000, 1) w 0.9 and the CPU pod (4000) w 0.1: rho = 8. CPU-only task, 4000.
+//   B (index 0): 34000 mCPU, 4 free GPUs. FGD: the GPU pod still fits (30000 >= 8000), the CPU
+//      pod counts all idle GPUs either way -> 50 points. Surplus 30000 - 32000 = -2000
+//      -> 500000 + 100 x -2000 = 300000
+//   A (index 1): 36000 mCPU: 50 points; surplus 32000 - 32000 = 0 -> 500000
+//   -> A: on B the task would take CPU that B's four free GPUs need. FGD takes B (lower rank).
+TEST(Balanced, CpuOnlyTaskLeavesTheCpuFreeGpusNeed) {
+  TestCluster c;
+  c.SetTypicalPods({Typical(8000, 1000, 1, 0.9), Typical(4000, 0, 0, 0.1)});
+  const NodeIndex b = c.AddNode("b", 34000, 64000, 4);
+  const NodeIndex a = c.AddNode("a", 36000, 64000, 4);
+  const TaskRequest task = Task().Cpu(4000);
+  EXPECT_EQ(RawScores(c, "balanced", task, {b, a}, kGiven), (std::vector<int64_t>{300000, 500000}));
+  ExpectPlaced(c.BuildProfile(BalancedGiven(), DefaultRegistry()), task, a, {});
+  ExpectPlaced(c.Build("fgd"), task, b, {});
+}
+
+// A share task is placed as FGD places it (the scenario of Fgd.ShareTaskFillsThePartlyUsedGpu's
+// kind: a partly used GPU that the task completes beats an empty node).
+TEST(Balanced, ShareTaskIsPlacedAsFgdPlacesIt) {
+  TestCluster c;
+  c.SetTypicalPods({Typical(1000, 500, 1, 0.5), Typical(1000, 1000, 1, 0.5)});
+  const NodeIndex a = c.AddNode("a", 16000, 64000, 2);
+  const NodeIndex b = c.AddNode("b", 16000, 64000, 2);
+  c.Commit(b, 1000, {{1, 500}});
+  const TaskRequest task = Task().Cpu(1000).Gpus(1, 500);
+  const auto fgd = RawScores(c, "fgd", task, {a, b});
+  const auto balanced = RawScores(c, "balanced", task, {a, b}, kGiven);
+  ASSERT_EQ(balanced.size(), 2u);
+  EXPECT_EQ(balanced[0], fgd[0] * 10000);
+  EXPECT_EQ(balanced[1], fgd[1] * 10000);
+  ExpectPlaced(c.BuildProfile(BalancedGiven(), DefaultRegistry()), task, b, {1});
+  ExpectPlaced(c.Build("fgd"), task, b, {1});
+}
+
+// Learning online: with nothing observed the workload is one whole GPU with no CPU (rho 0), so a
+// whole-GPU task goes where the least CPU is left: the nodes of WholeGpuTaskKeepsTheNodeBalanced,
+// task (16000, 1 x 1000): A surplus 48000, B 24000 -> B. After observing tasks of 16000 mCPU per
+// GPU (rho 16): A 48000 - 48000 = 0, B 24000 - 48000 = -24000 -> A. The scheduler's cached scores
+// from the first decision must not survive what the plugin learned.
+TEST(Balanced, LearnsTheWorkloadFromArrivingTasks) {
+  TestCluster c;
+  const NodeIndex a = c.AddNode("a", 64000, 64000, 4);
+  const NodeIndex b = c.AddNode("b", 40000, 64000, 4);
+  Scheduler& s = c.Build("balanced");
+  const TaskRequest task = Task().Cpu(16000).Gpus(1, 1000);
+  Decision before = s.Decide(task);
+  ASSERT_TRUE(before.placed);
+  EXPECT_EQ(before.placement.node, b);
+  for (int i = 0; i < 4; ++i) s.Observe(task);
+  s.Observe(Task().Cpu(2000));
+  Decision after = s.Decide(task);
+  ASSERT_TRUE(after.placed);
+  EXPECT_EQ(after.placement.node, a);
+}
+
+// Observing never changes the cluster, and invalid tasks are ignored.
+TEST(Balanced, ObservingChangesNothingInTheLedger) {
+  TestCluster c;
+  c.AddNode("a", 64000, 64000, 4);
+  Scheduler& s = c.Build("balanced");
+  const uint64_t generation = c.ledger().state(0).generation;
+  s.Observe(Task().Cpu(4000).Gpus(1, 500));
+  s.Observe(Task().Cpu(-5).Gpus(1, 5000));  // invalid: ignored
+  EXPECT_EQ(c.ledger().state(0).generation, generation);
+  EXPECT_EQ(c.ledger().used_gpu_share(), 0);
+}
+
+TEST(Balanced, BadArgumentsAreNamed) {
+  TestCluster c;
+  c.AddNode("a", 64000, 64000, 4);
+  auto make = [&](Value args) {
+    Profile p = ProfileForPolicy("balanced").value();
+    p.scores[0].args = std::move(args);
+    Rng& rng = c.rng();
+    return Scheduler::Create(p, DefaultRegistry(), c.ledger(), rng);
+  };
+  auto bad_workload = make(Value(Value::Map{{"workload", "later"}}));
+  ASSERT_FALSE(bad_workload.ok());
+  EXPECT_NE(bad_workload.status().message().find("workload must be"), std::string::npos);
+  auto bad_key = make(Value(Value::Map{{"weights", 1}}));
+  ASSERT_FALSE(bad_key.ok());
+  EXPECT_NE(bad_key.status().message().find("unknown argument 'weights'"), std::string::npos);
+  auto bad_coverage = make(Value(Value::Map{{"coverage", 0}}));
+  ASSERT_FALSE(bad_coverage.ok());
+  EXPECT_NE(bad_coverage.status().message().find("coverage"), std::string::npos);
+  // 'given' with no typical workload anywhere.
+  auto given = make(kGiven);
+  ASSERT_FALSE(given.ok());
+  EXPECT_NE(given.status().message().find("typical workload"), std::string::npos);
+  // 'given' with typical pods in the arguments works.
+  auto pod = Value(Value::Map{{"cpu", 8000}, {"gpuShare", 1000}, {"gpuCount", 1}, {"weight", 1.0}});
+  EXPECT_TRUE(make(Value(Value::Map{{"workload", "given"}, {"typicalPods", Value(Value::List{pod})}})).ok());
+}
+
+}  // namespace
+}  // namespace gpupool
