@@ -1,7 +1,9 @@
 // Balanced (sched/plugins/balanced.cc): FGD's points x 10,000, then CPU balance. Surplus after a
-// placement = free CPU - rho x free GPU share, rho = the typical GPU tasks' CPU per milli-GPU.
-//   whole-GPU task: score = points x 10,000 - |surplus|
-//   CPU-only task:  score = points x 10,000 + 100 x min(surplus, 0)
+// placement = free CPU - rho x free GPU share, rho = the typical GPU tasks' CPU per milli-GPU;
+// memory deficit = min(0, (free memory / mu - free share) x rho), mu = MiB per milli-GPU seen (0
+// when no task with memory was observed: no memory term; the tests with a given workload have none).
+//   whole-GPU task: score = points x 10,000 - |surplus| + memory deficit
+//   CPU-only task:  score = points x 10,000 + 100 x (min(surplus, 0) + memory deficit)
 //   share task:     score = points x 10,000 (FGD's own choice)
 // Cases computed by hand; where FGD would choose differently the test says so.
 #include <gtest/gtest.h>
@@ -114,6 +116,24 @@ TEST(Balanced, LearnsTheWorkloadFromArrivingTasks) {
   Decision after = s.Decide(task);
   ASSERT_TRUE(after.placed);
   EXPECT_EQ(after.placement.node, a);
+}
+
+// Memory: tasks of 8000 mCPU, 16000 MiB and one GPU observed -> rho 8 mCPU and mu 16 MiB per
+// milli-GPU. The same task on two 4-GPU nodes of 64000 mCPU: FGD ties (50 points), the CPU
+// surplus ties (56000 - 24000 = 32000). A has 40000 MiB: 24000 left, the 3 free GPUs need 48000
+// -> deficit (24000 / 16 - 3000) x 8 = -12000 -> 500000 - 32000 - 12000 = 456000. B has 200000 MiB:
+// no deficit -> 468000. -> B; without the memory term the tie goes to A (lower rank).
+TEST(Balanced, WholeGpuTaskLeavesTheMemoryFreeGpusNeed) {
+  TestCluster c;
+  const NodeIndex a = c.AddNode("a", 64000, 40000, 4);
+  const NodeIndex b = c.AddNode("b", 64000, 200000, 4);
+  Scheduler& s = c.Build("balanced");
+  const TaskRequest task = Task().Cpu(8000).Mem(16000).Gpus(1, 1000);
+  for (int i = 0; i < 3; ++i) s.Observe(task);
+  Decision d = s.Decide(task);
+  ASSERT_TRUE(d.placed);
+  EXPECT_EQ(d.placement.node, b);
+  (void)a;
 }
 
 // Observing never changes the cluster, and invalid tasks are ignored.
