@@ -424,7 +424,8 @@ class AgentMpsTest : public MpsTest {
 TEST_F(AgentMpsTest, MpsTaskOnRealGpusRunsWithItsGpusDaemonWhichStopsAfterIt) {
   // The task records its MPS directories and runs until told to finish.
   const std::string script = fmt::format(
-      "echo \"$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY\" > {0}/task-env; "
+      "echo \"$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY\" > {0}/task-env.tmp; "
+      "mv {0}/task-env.tmp {0}/task-env; "  // appears whole: the test reads it as soon as it exists
       "n=0; while [ ! -e {0}/finish ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done",
       root_);
   FakeServer server(MpsAssignment(script));
