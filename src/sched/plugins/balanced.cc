@@ -18,19 +18,22 @@
 // S = trunc(100 * sigmoid(dF / 1000)), is coarse on purpose — ranking nodes by the exact
 // fragmentation change does worse than FGD (94.45 % vs 95.39 % allocated on the default trace),
 // because F counts only what the typical tasks could not use *now*. Within FGD's coarse classes
-// the tie-break decides, and FGD leaves it to chance. Balanced spends it on CPU:
+// the tie-break decides, and FGD leaves it to chance. Balanced spends it on CPU and memory:
 //  - a whole-GPU task goes, among nodes within a few FGD points, to the node whose CPU surplus
 //    stays closest to zero and whose memory does not run short: tasks with much CPU go where CPU
 //    is plentiful, light ones where it is short, so fewer GPUs end up stranded beside exhausted
 //    CPU or memory (and less CPU beside no GPU);
 //  - a CPU-only task avoids, almost absolutely, nodes whose CPU surplus or memory it would drive
 //    below what the node's free GPUs need: it brings no GPU demand to pay for them;
-//  - a GPU-sharing task keeps FGD's choice: its best node is decided by how the remaining share
-//    fits the typical tasks, and CPU balance made it worse there.
-// Score (int64): 10,000 per FGD point, minus |CPU surplus| and the memory deficit, in mCPU, for
-// whole-GPU tasks (one point is worth 10 cores of imbalance), plus 100 x (min(CPU surplus, 0) +
-// memory deficit) for CPU-only tasks. Without memory, the free GPUs of the multigpu40 trace's
-// nodes ended beside 1.5-4.7 GiB of memory (0.15 points below FGD; with it, 0.04 above). The
+//  - a GPU-sharing task keeps FGD's choice, except that among equal FGD points it avoids nodes
+//    whose memory it would drive below what their free GPUs need: its best node is decided by how
+//    the remaining share fits the typical tasks, and CPU balance made that worse (cpu250 and
+//    multigpu30 fell below FGD), while the memory deficit alone lifted every trace.
+// Score (int64): 10,000 per FGD point; then, in mCPU, minus |CPU surplus| plus the memory deficit
+// (<= 0) for whole-GPU tasks (one point is worth 10 cores of imbalance); plus the memory deficit
+// for share tasks; plus 100 x (min(CPU surplus, 0) + memory deficit) for CPU-only tasks. Without
+// memory, the free GPUs of the multigpu40 trace's nodes ended beside 1.5-4.7 GiB of memory (0.15
+// points below FGD; with it for whole-GPU tasks 0.04 above, and for share tasks too 0.06). The
 // scores are not in [0, 100]: use it alone, or give other plugins weights to match.
 //
 // GPU choice: a share task takes the GPU FGD's score picked (lowest index among equal scores);
@@ -131,7 +134,8 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
     if (t.share_task) {
       int64_t best = -1;
       BestShareGpu(ledger, s, t, before, &best);
-      return best * kPointValue;
+      const double mem = MemorySurplus(s.free_memory - t.memory, s.free_gpu_share - t.share);
+      return best * kPointValue + static_cast<int64_t>(std::min(mem, 0.0));
     }
     TakeAscending(t);
     const int64_t points =

@@ -4,7 +4,7 @@
 // when no task with memory was observed: no memory term; the tests with a given workload have none).
 //   whole-GPU task: score = points x 10,000 - |surplus| + memory deficit
 //   CPU-only task:  score = points x 10,000 + 100 x (min(surplus, 0) + memory deficit)
-//   share task:     score = points x 10,000 (FGD's own choice)
+//   share task:     score = points x 10,000 + memory deficit (FGD's own choice when memory is ample)
 // Cases computed by hand; where FGD would choose differently the test says so.
 #include <gtest/gtest.h>
 
@@ -129,6 +129,22 @@ TEST(Balanced, WholeGpuTaskLeavesTheMemoryFreeGpusNeed) {
   const NodeIndex b = c.AddNode("b", 64000, 200000, 4);
   Scheduler& s = c.Build("balanced");
   const TaskRequest task = Task().Cpu(8000).Mem(16000).Gpus(1, 1000);
+  for (int i = 0; i < 3; ++i) s.Observe(task);
+  Decision d = s.Decide(task);
+  ASSERT_TRUE(d.placed);
+  EXPECT_EQ(d.placement.node, b);
+  (void)a;
+}
+
+// The same for a share task (8000 mCPU, 16000 MiB, 0.5 GPU) after observing it: mu = 16000 / 500
+// = 32 MiB, rho = 8000 / 500 = 16 mCPU per milli-GPU. FGD ties at 50 on both empty nodes. A keeps
+// 24000 MiB for 3500 milli-GPU free: (24000 / 32 - 3500) x 16 = -44000 -> 456000; B none -> 500000.
+TEST(Balanced, ShareTaskLeavesTheMemoryFreeGpusNeed) {
+  TestCluster c;
+  const NodeIndex a = c.AddNode("a", 64000, 40000, 4);
+  const NodeIndex b = c.AddNode("b", 64000, 200000, 4);
+  Scheduler& s = c.Build("balanced");
+  const TaskRequest task = Task().Cpu(8000).Mem(16000).Gpus(1, 500);
   for (int i = 0; i < 3; ++i) s.Observe(task);
   Decision d = s.Decide(task);
   ASSERT_TRUE(d.placed);
