@@ -46,6 +46,7 @@
 #include <tuple>
 
 #include "sched/framework.h"
+#include "sched/plugins/fgd_core.h"
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
 
@@ -55,10 +56,6 @@ namespace {
 constexpr int64_t kPointValue = 10'000;     // score units per FGD point
 constexpr int64_t kCpuDeficitWeight = 100;  // score units per mCPU a CPU-only task digs below
 constexpr uint64_t kRelearnEvery = 1024;    // after the doubling phase
-
-int64_t FgdPoints(double delta) {
-  return static_cast<int64_t>(100.0 * (1.0 / (1.0 + std::exp(-delta / 1000.0))));
-}
 
 // CPU per milli-GPU of the typical GPU tasks, weighted; 0 when there are none.
 double CpuPerShare(const std::vector<TypicalPod>& pods) {
@@ -119,27 +116,18 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   }
 
   int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
-    const Ledger& ledger = *view.ledger;
-    const NodeState& s = ledger.state(node);
-    const double before = CurrentFragment(ledger, node);
-    LoadFree(s);
+    const NodeState& s = view.ledger->state(node);
+    const int64_t points = core_.Points(*view.ledger, t, node);
     if (!t.wants_gpu() || t.mig) {
-      const int64_t points =
-          FgdPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
       const double surplus = Surplus(s.free_cpu - t.cpu, s.free_gpu_share);
       const double mem = MemorySurplus(s.free_memory - t.memory, s.free_gpu_share);
       return points * kPointValue +
              kCpuDeficitWeight * static_cast<int64_t>(std::min(surplus, 0.0) + std::min(mem, 0.0));
     }
     if (t.share_task) {
-      int64_t best = -1;
-      BestShareGpu(ledger, s, t, before, &best);
       const double mem = MemorySurplus(s.free_memory - t.memory, s.free_gpu_share - t.share);
-      return best * kPointValue + static_cast<int64_t>(std::min(mem, 0.0));
+      return points * kPointValue + static_cast<int64_t>(std::min(mem, 0.0));
     }
-    TakeAscending(t);
-    const int64_t points =
-        FgdPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
     const int64_t share_after = s.free_gpu_share - static_cast<int64_t>(t.gpu_count) * t.share;
     const double surplus = Surplus(s.free_cpu - t.cpu, share_after);
     const double mem = MemorySurplus(s.free_memory - t.memory, share_after);
@@ -148,35 +136,8 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
 
   Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& t,
                                        NodeIndex node) override {
-    const Ledger& ledger = *view.ledger;
-    const NodeState& s = ledger.state(node);
-    std::vector<int> gpus;
-    if (t.share_task) {
-      LoadFree(s);
-      int64_t best = -1;
-      const int g = BestShareGpu(ledger, s, t, CurrentFragment(ledger, node), &best);
-      if (g >= 0) gpus.push_back(g);
-    } else if (t.share == kWholeGpu.units() || t.nvlink) {
-      gpus = TopologyBestSet(ledger.spec(node), s, t);
-    } else {
-      // Multi-GPU partial shares: the GPUs the score assumed (ascending free share).
-      std::vector<int> fit;
-      FittingGpus(s, t, fit);
-      std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
-        return s.gpus[static_cast<size_t>(a)].free_share < s.gpus[static_cast<size_t>(b)].free_share;
-      });
-      if (fit.size() >= static_cast<size_t>(t.gpu_count)) gpus.assign(fit.begin(), fit.begin() + t.gpu_count);
-    }
-    if (gpus.empty()) {
-      return Status::Internal(
-          fmt::format("balanced: node '{}' passed the filters but no GPU fits", ledger.spec(node).name));
-    }
-    std::vector<GpuGrant> out;
-    for (int g : gpus) out.push_back(GpuGrant{g, MilliGpu(t.share), MiB(t.gpu_memory), std::nullopt});
-    return out;
+    return core_.Select(*view.ledger, t, node, "balanced");
   }
-
-  const std::vector<TypicalPod>& workload() const { return model_.pods(); }
 
  private:
   using Key = std::tuple<int64_t, int64_t, int, std::string>;  // cpu, share, count, models
@@ -195,8 +156,7 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   void SetWorkload(std::vector<TypicalPod> pods) {
     rho_ = CpuPerShare(pods);
     mu_ = share_seen_ > 0 ? mem_seen_ / share_seen_ : 0.0;
-    model_ = FragmentationModel(std::move(pods));
-    cache_.clear();
+    core_.SetWorkload(std::move(pods));
     ++epoch_;
   }
 
@@ -207,72 +167,9 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
     SetWorkload(TypicalPodsFromCounts(std::move(shapes), coverage_));
   }
 
-  void LoadFree(const NodeState& s) {
-    free_.clear();
-    index_.clear();
-    for (size_t i = 0; i < s.gpus.size(); ++i) {
-      const GpuState& g = s.gpus[i];
-      if (!g.healthy || g.mig_enabled) continue;
-      free_.push_back(g.free_share);
-      index_.push_back(static_cast<int>(i));
-    }
-  }
-
-  double CurrentFragment(const Ledger& ledger, NodeIndex node) {
-    if (cache_.size() < ledger.node_count()) cache_.resize(ledger.node_count());
-    const NodeState& s = ledger.state(node);
-    auto& [generation, value] = cache_[node];
-    if (generation != s.generation + 1) {
-      LoadFree(s);
-      value = model_.NodeFragment(ledger, s.model, s.free_cpu, free_);
-      generation = s.generation + 1;
-    }
-    return value;
-  }
-
-  int BestShareGpu(const Ledger& ledger, const NodeState& s, const PreparedTask& t, double before,
-                   int64_t* best) {
-    int chosen = -1;
-    tried_.clear();
-    for (size_t j = 0; j < free_.size(); ++j) {
-      const int32_t g = free_[j];
-      const GpuState& gs = s.gpus[static_cast<size_t>(index_[j])];
-      if (g < t.share || gs.free_memory < t.gpu_memory) continue;
-      int64_t score = -1;
-      for (const auto& [value, sc] : tried_) {
-        if (value == g) score = sc;
-      }
-      if (score < 0) {
-        free_[j] = static_cast<int32_t>(g - t.share);
-        score = FgdPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
-        free_[j] = g;
-        tried_.emplace_back(g, score);
-      }
-      if (score > *best) {
-        *best = score;
-        chosen = index_[j];
-      }
-    }
-    return chosen;
-  }
-
-  void TakeAscending(const PreparedTask& t) {
-    order_.resize(free_.size());
-    for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
-    std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return free_[a] < free_[b]; });
-    int taken = 0;
-    for (size_t i : order_) {
-      if (taken == t.gpu_count) break;
-      if (free_[i] >= t.share) {
-        free_[i] = static_cast<int32_t>(free_[i] - t.share);
-        ++taken;
-      }
-    }
-  }
-
   const bool learn_;
   const double coverage_;
-  FragmentationModel model_;
+  FgdCore core_{{}};
   double rho_ = 0;
   double mu_ = 0;  // MiB of memory per milli-GPU of the GPU tasks seen
   double mem_seen_ = 0, share_seen_ = 0;
@@ -280,11 +177,6 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   std::map<Key, std::pair<TypicalPod, int64_t>> counts_;  // shape -> (shape, tasks seen)
   uint64_t observed_ = 0;
   uint64_t next_learn_ = 1;
-  std::vector<std::pair<uint64_t, double>> cache_;  // per node: (generation + 1, F(N))
-  std::vector<int32_t> free_;
-  std::vector<int> index_;
-  std::vector<size_t> order_;
-  std::vector<std::pair<int32_t, int64_t>> tried_;
 };
 
 Result<std::unique_ptr<BalancedPlugin>> MakeBalanced(const Value& args, const PluginInit& init) {

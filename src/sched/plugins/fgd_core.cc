@@ -1,0 +1,135 @@
+#include "sched/plugins/fgd_core.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace gpupool {
+
+namespace {
+int64_t SigmoidPoints(double delta) {
+  return static_cast<int64_t>(100.0 * (1.0 / (1.0 + std::exp(-delta / 1000.0))));
+}
+}  // namespace
+
+void FgdCore::SetWorkload(std::vector<TypicalPod> pods) {
+  model_ = FragmentationModel(std::move(pods));
+  cache_.clear();
+}
+
+int64_t FgdCore::Points(const Ledger& ledger, const PreparedTask& t, NodeIndex node) {
+  const NodeState& s = ledger.state(node);
+  const double before = CurrentFragment(ledger, node);
+  LoadFree(s);
+  if (!t.wants_gpu() || t.mig) {
+    return SigmoidPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+  }
+  if (t.share_task) {
+    int64_t best = -1;
+    BestShareGpu(ledger, s, t, before, &best);
+    return best;
+  }
+  TakeAscending(t);
+  return SigmoidPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+}
+
+Result<std::vector<GpuGrant>> FgdCore::Select(const Ledger& ledger, const PreparedTask& t, NodeIndex node,
+                                              std::string_view who) {
+  const NodeState& s = ledger.state(node);
+  std::vector<int> gpus;
+  if (t.share_task) {
+    LoadFree(s);
+    int64_t best = -1;
+    const int g = BestShareGpu(ledger, s, t, CurrentFragment(ledger, node), &best);
+    if (g >= 0) gpus.push_back(g);
+  } else if (t.share == kWholeGpu.units() || t.nvlink) {
+    // All candidates are fully free, so every choice leaves the same free multiset: let the
+    // topology pick (on a flat topology: the k lowest-index free GPUs). An NVLink requirement
+    // also goes to the topology, which alone knows which sets qualify.
+    gpus = TopologyBestSet(ledger.spec(node), s, t);
+  } else {
+    // Multi-GPU partial shares: exactly the GPUs the score assumed.
+    std::vector<int> fit;
+    FittingGpus(s, t, fit);
+    std::stable_sort(fit.begin(), fit.end(), [&](int a, int b) {
+      return s.gpus[static_cast<size_t>(a)].free_share < s.gpus[static_cast<size_t>(b)].free_share;
+    });
+    if (fit.size() >= static_cast<size_t>(t.gpu_count)) gpus.assign(fit.begin(), fit.begin() + t.gpu_count);
+  }
+  if (gpus.empty()) {
+    return Status::Internal(
+        fmt::format("{}: node '{}' passed the filters but no GPU fits", who, ledger.spec(node).name));
+  }
+  std::vector<GpuGrant> out;
+  for (int g : gpus) out.push_back(GpuGrant{g, MilliGpu(t.share), MiB(t.gpu_memory), std::nullopt});
+  return out;
+}
+
+void FgdCore::LoadFree(const NodeState& s) {
+  free_.clear();
+  index_.clear();
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    const GpuState& g = s.gpus[i];
+    if (!g.healthy || g.mig_enabled) continue;
+    free_.push_back(g.free_share);
+    index_.push_back(static_cast<int>(i));
+  }
+}
+
+double FgdCore::CurrentFragment(const Ledger& ledger, NodeIndex node) {
+  if (cache_.size() < ledger.node_count()) cache_.resize(ledger.node_count());
+  const NodeState& s = ledger.state(node);
+  auto& [generation, value] = cache_[node];
+  if (generation != s.generation + 1) {  // +1: a fresh entry (generation 0) never matches
+    LoadFree(s);
+    value = model_.NodeFragment(ledger, s.model, s.free_cpu, free_);
+    generation = s.generation + 1;
+  }
+  return value;
+}
+
+// Tries the share task on every fitting GPU (free_ must be loaded); returns the lowest GPU index
+// reaching the highest points, and those points in *best.
+int FgdCore::BestShareGpu(const Ledger& ledger, const NodeState& s, const PreparedTask& t, double before,
+                          int64_t* best) {
+  int chosen = -1;
+  tried_.clear();
+  for (size_t j = 0; j < free_.size(); ++j) {
+    const int32_t g = free_[j];
+    const GpuState& gs = s.gpus[static_cast<size_t>(index_[j])];
+    if (g < t.share || gs.free_memory < t.gpu_memory) continue;
+    int64_t points = -1;
+    for (const auto& [value, p] : tried_) {
+      if (value == g) points = p;
+    }
+    if (points < 0) {
+      free_[j] = static_cast<int32_t>(g - t.share);
+      points = SigmoidPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+      free_[j] = g;
+      tried_.emplace_back(g, points);
+    }
+    if (points > *best) {
+      *best = points;
+      chosen = index_[j];
+    }
+  }
+  return chosen;
+}
+
+// Subtracts the share from k GPUs with g >= m, taken by ascending g (stable), in free_.
+void FgdCore::TakeAscending(const PreparedTask& t) {
+  order_.resize(free_.size());
+  for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+  std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return free_[a] < free_[b]; });
+  int taken = 0;
+  for (size_t i : order_) {
+    if (taken == t.gpu_count) break;
+    if (free_[i] >= t.share) {
+      free_[i] = static_cast<int32_t>(free_[i] - t.share);
+      ++taken;
+    }
+  }
+}
+
+}  // namespace gpupool
