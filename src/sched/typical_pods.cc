@@ -19,26 +19,33 @@ std::string JoinModels(const std::vector<std::string>& models) {
 }
 }  // namespace
 
-std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, double coverage) {
-  using Key = std::tuple<int64_t, int64_t, int, std::string>;  // cpu, share, count, models
-  std::map<Key, std::pair<TypicalPod, int64_t>> counts;
-  for (const TaskRequest& t : tasks) {
-    Key k{t.cpu.units(), t.wants_gpu() ? t.gpu_share.units() : 0, t.gpu_count,
-          t.wants_gpu() ? JoinModels(t.gpu_models) : std::string()};
-    auto [it, inserted] = counts.try_emplace(std::move(k));
-    if (inserted) {
-      TypicalPod& p = it->second.first;
-      p.cpu = std::get<0>(it->first);
-      p.share = std::get<1>(it->first);
-      p.gpu_count = std::get<2>(it->first);
-      if (p.gpu_count > 0) p.models = t.gpu_models;
-    }
-    ++it->second.second;
+void TaskShapeCounter::Add(int64_t cpu, int64_t share, int gpu_count,
+                           const std::vector<std::string>& models) {
+  auto [it, inserted] =
+      counts_.try_emplace({cpu, share, gpu_count, gpu_count > 0 ? JoinModels(models) : std::string()});
+  if (inserted) {
+    TypicalPod& p = it->second.first;
+    p.cpu = cpu;
+    p.share = share;
+    p.gpu_count = gpu_count;
+    if (gpu_count > 0) p.models = models;
   }
+  ++it->second.second;
+}
+
+std::vector<TypicalPod> TaskShapeCounter::Typical(double coverage) const {
   std::vector<std::pair<TypicalPod, int64_t>> shapes;
-  shapes.reserve(counts.size());
-  for (auto& [key, entry] : counts) shapes.push_back(std::move(entry));
+  shapes.reserve(counts_.size());
+  for (const auto& [key, entry] : counts_) shapes.push_back(entry);
   return TypicalPodsFromCounts(std::move(shapes), coverage);
+}
+
+std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, double coverage) {
+  TaskShapeCounter counter;
+  for (const TaskRequest& t : tasks) {
+    counter.Add(t.cpu.units(), t.wants_gpu() ? t.gpu_share.units() : 0, t.gpu_count, t.gpu_models);
+  }
+  return counter.Typical(coverage);
 }
 
 std::vector<TypicalPod> TypicalPodsFromCounts(std::vector<std::pair<TypicalPod, int64_t>> shapes,

@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -29,6 +32,19 @@ struct TypicalPod {
 // sort by count descending then key descending, keep keys until the running count reaches
 // `coverage` of all tasks, weight = (count/N)/(cum/N). Memory is not part of the key.
 std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, double coverage = 0.95);
+
+// Counts task shapes (cpu, share, GPU count, model list) as tasks arrive: what ComputeTypicalPods
+// does in one pass, kept open for a plugin that learns the workload online.
+class TaskShapeCounter {
+ public:
+  // One task of this shape; `models` is kept only when gpu_count > 0.
+  void Add(int64_t cpu, int64_t share, int gpu_count, const std::vector<std::string>& models);
+  // The typical workload of the tasks added so far (TypicalPodsFromCounts).
+  std::vector<TypicalPod> Typical(double coverage = 0.95) const;
+
+ private:
+  std::map<std::tuple<int64_t, int64_t, int, std::string>, std::pair<TypicalPod, int64_t>> counts_;
+};
 
 // The same from shapes already counted: each (shape, count) once, the shape's weight ignored.
 std::vector<TypicalPod> TypicalPodsFromCounts(std::vector<std::pair<TypicalPod, int64_t>> shapes,

@@ -42,8 +42,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <tuple>
 
 #include "sched/framework.h"
 #include "sched/plugins/fgd_core.h"
@@ -85,25 +83,9 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
 
   void Observe(const PreparedTask& t) override {
     if (!learn_) return;
-    const TaskRequest& r = *t.request;
     // A MIG task's GPU slice is not a share of a whole GPU: count it by its CPU only.
     const bool gpu = t.wants_gpu() && !t.mig;
-    Key key{t.cpu, gpu ? t.share : 0, gpu ? t.gpu_count : 0, std::string()};
-    if (gpu) {
-      for (size_t i = 0; i < r.gpu_models.size(); ++i) {
-        if (i > 0) std::get<3>(key) += '|';
-        std::get<3>(key) += r.gpu_models[i];
-      }
-    }
-    auto [it, inserted] = counts_.try_emplace(std::move(key));
-    if (inserted) {
-      TypicalPod& p = it->second.first;
-      p.cpu = t.cpu;
-      p.share = std::get<1>(it->first);
-      p.gpu_count = std::get<2>(it->first);
-      if (gpu) p.models = r.gpu_models;
-    }
-    ++it->second.second;
+    shapes_.Add(t.cpu, gpu ? t.share : 0, gpu ? t.gpu_count : 0, t.request->gpu_models);
     if (gpu) {
       mem_seen_ += static_cast<double>(t.memory);
       share_seen_ += static_cast<double>(t.share) * t.gpu_count;
@@ -140,8 +122,6 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   }
 
  private:
-  using Key = std::tuple<int64_t, int64_t, int, std::string>;  // cpu, share, count, models
-
   double Surplus(int64_t free_cpu, int64_t free_share) const {
     return static_cast<double>(free_cpu) - rho_ * static_cast<double>(free_share);
   }
@@ -160,12 +140,7 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
     ++epoch_;
   }
 
-  void Relearn() {
-    std::vector<std::pair<TypicalPod, int64_t>> shapes;
-    shapes.reserve(counts_.size());
-    for (const auto& [key, entry] : counts_) shapes.push_back(entry);
-    SetWorkload(TypicalPodsFromCounts(std::move(shapes), coverage_));
-  }
+  void Relearn() { SetWorkload(shapes_.Typical(coverage_)); }
 
   const bool learn_;
   const double coverage_;
@@ -174,7 +149,7 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   double mu_ = 0;  // MiB of memory per milli-GPU of the GPU tasks seen
   double mem_seen_ = 0, share_seen_ = 0;
   uint64_t epoch_ = 0;
-  std::map<Key, std::pair<TypicalPod, int64_t>> counts_;  // shape -> (shape, tasks seen)
+  TaskShapeCounter shapes_;  // every task observed
   uint64_t observed_ = 0;
   uint64_t next_learn_ = 1;
 };
