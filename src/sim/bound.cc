@@ -23,6 +23,24 @@ int64_t DffValue(int64_t epsilon_milli, int64_t share_milli) {
   return 0;
 }
 
+double FsDffValue(int k, int64_t share_milli) {
+  const int64_t whole = kWholeGpu.units();
+  if (((k + 1) * share_milli) % whole == 0) return static_cast<double>(share_milli);
+  return static_cast<double>(((k + 1) * share_milli) / whole) * static_cast<double>(whole) / k;
+}
+
+double DffCutValue(size_t cut, int64_t share_milli) {
+  if (cut < std::size(kDffEpsilonsMilli)) {
+    return static_cast<double>(DffValue(kDffEpsilonsMilli[cut], share_milli));
+  }
+  return FsDffValue(static_cast<int>(cut - std::size(kDffEpsilonsMilli)) + 2, share_milli);
+}
+
+std::string DffCutName(size_t cut) {
+  if (cut < std::size(kDffEpsilonsMilli)) return fmt::format("u_e e={}", kDffEpsilonsMilli[cut]);
+  return fmt::format("u^({})", cut - std::size(kDffEpsilonsMilli) + 2);
+}
+
 namespace {
 
 // An LP value this close (milli-GPU) to the demand that could be placed means "everything fits": the
@@ -34,11 +52,12 @@ struct NodeType {
   int gpus = 0;
   int64_t cpu = 0;
   int64_t memory = 0;
+  int max_tasks = 0;  // 0: no limit
   int64_t count = 0;
 };
 
 Result<std::vector<NodeType>> GroupNodes(const std::vector<NodeSpec>& nodes) {
-  std::map<std::tuple<std::string, int, int64_t, int64_t>, size_t> index;
+  std::map<std::tuple<std::string, int, int64_t, int64_t, int>, size_t> index;
   std::vector<NodeType> types;
   for (const NodeSpec& n : nodes) {
     for (const GpuDevice& g : n.gpus) {
@@ -52,7 +71,9 @@ Result<std::vector<NodeType>> GroupNodes(const std::vector<NodeSpec>& nodes) {
     t.gpus = static_cast<int>(n.gpus.size());
     t.cpu = n.cpu.units();
     t.memory = n.memory.units();
-    auto [it, inserted] = index.emplace(std::make_tuple(t.model, t.gpus, t.cpu, t.memory), types.size());
+    t.max_tasks = n.max_tasks;
+    auto [it, inserted] =
+        index.emplace(std::make_tuple(t.model, t.gpus, t.cpu, t.memory, t.max_tasks), types.size());
     if (inserted) types.push_back(std::move(t));
     ++types[it->second].count;
   }
@@ -77,6 +98,9 @@ struct PodType {
   int gpus = 0;
   int64_t share = 0;
   std::vector<bool> fits;  // per node type: one pod fits an empty node of that type
+  // Whether fitting is only CPU, memory, GPU count, per-GPU share and model, so that the obligation to
+  // place it can be argued (per-GPU memory and NVLink requests are not modelled).
+  bool forceable = true;
 
   int64_t demand() const { return gpus * share; }
 };
@@ -87,20 +111,21 @@ class PodTypes {
  public:
   explicit PodTypes(const std::vector<NodeType>& nodes) : nodes_(nodes), catalog_(GpuCatalog::Builtin()) {}
 
-  // The type of `task`; nullopt when it takes no GPU share or fits no node type (it cannot add to the
-  // allocation).
-  Result<std::optional<size_t>> Add(const TaskRequest& task) {
+  // The type of `task`; nullopt when it fits no node type, or when it takes no GPU and `cpu_only` is
+  // false (then it cannot add to the allocation).
+  Result<std::optional<size_t>> Add(const TaskRequest& task, bool cpu_only) {
     RETURN_IF_ERROR(ValidateTaskRequest(task));
     if (task.wants_mig()) {
       return Status::InvalidArgument(
           fmt::format("the allocation bound does not model MIG requests ({})", DescribeTaskRequest(task)));
     }
-    if (!task.wants_gpu()) return std::optional<size_t>();
+    if (!task.wants_gpu() && !cpu_only) return std::optional<size_t>();
     PodType p;
     p.cpu = task.cpu.units();
     p.memory = task.memory.units();
     p.gpus = task.gpu_count;
-    p.share = task.gpu_share.units();
+    p.share = task.wants_gpu() ? task.gpu_share.units() : 0;
+    p.forceable = task.gpu_memory.units() == 0 && !task.nvlink;
     p.fits.resize(nodes_.size());
     bool any = false;
     for (size_t t = 0; t < nodes_.size(); ++t) {
@@ -111,7 +136,7 @@ class PodTypes {
     }
     if (!any) return std::optional<size_t>();
     auto [it, inserted] =
-        index_.emplace(std::make_tuple(p.cpu, p.memory, p.gpus, p.share, p.fits), types_.size());
+        index_.emplace(std::make_tuple(p.cpu, p.memory, p.gpus, p.share, p.forceable, p.fits), types_.size());
     if (inserted) types_.push_back(std::move(p));
     return std::optional<size_t>(it->second);
   }
@@ -121,7 +146,7 @@ class PodTypes {
  private:
   const std::vector<NodeType>& nodes_;
   GpuCatalog catalog_;
-  std::map<std::tuple<int64_t, int64_t, int, int64_t, std::vector<bool>>, size_t> index_;
+  std::map<std::tuple<int64_t, int64_t, int, int64_t, bool, std::vector<bool>>, size_t> index_;
   std::vector<PodType> types_;
 };
 
@@ -153,7 +178,8 @@ class BoundLp {
     struct NodeRows {
       int cpu = 0;
       int memory = 0;
-      int gpu[std::size(kDffEpsilonsMilli)] = {};
+      int tasks = 0;
+      int gpu[kDffCuts] = {};
     };
     std::vector<NodeRows> rows(nodes.size());
     auto add_row = [&](double count) {
@@ -165,6 +191,7 @@ class BoundLp {
       const auto count = static_cast<double>(nodes[t].count);
       if (nodes[t].cpu > 0) rows[t].cpu = add_row(count);
       if (nodes[t].memory > 0) rows[t].memory = add_row(count);
+      if (nodes[t].max_tasks > 0) rows[t].tasks = add_row(count);
       if (nodes[t].gpus > 0) {
         for (int& r : rows[t].gpu) r = add_row(count);
       }
@@ -190,10 +217,11 @@ class BoundLp {
         put(Row(p), 1.0);
         put(rows[t].cpu, static_cast<double>(pod.cpu) / static_cast<double>(node.cpu));
         put(rows[t].memory, static_cast<double>(pod.memory) / static_cast<double>(node.memory));
+        if (node.max_tasks > 0) put(rows[t].tasks, 1.0 / node.max_tasks);
         const double gpu_capacity = static_cast<double>(node.gpus) * static_cast<double>(kWholeGpu.units());
-        for (size_t e = 0; e < std::size(kDffEpsilonsMilli); ++e) {
-          const int64_t u = DffValue(kDffEpsilonsMilli[e], pod.share);
-          put(rows[t].gpu[e], static_cast<double>(pod.gpus * u) / gpu_capacity);
+        for (size_t e = 0; e < kDffCuts; ++e) {
+          const double u = DffCutValue(e, pod.share);
+          put(rows[t].gpu[e], pod.gpus * u / gpu_capacity);
         }
       }
     }
@@ -203,8 +231,17 @@ class BoundLp {
     glp_scale_prob(lp, GLP_SF_AUTO);
   }
 
-  void SetCount(size_t pod_type, int64_t count) {
-    glp_set_row_bnds(lp_.get(), Row(pod_type), GLP_UP, 0.0, static_cast<double>(count));
+  void SetCount(size_t pod_type, int64_t count) { SetCounts(pod_type, 0, count); }
+
+  // Between `at_least` and `at_most` pods of the type are placed.
+  void SetCounts(size_t pod_type, int64_t at_least, int64_t at_most) {
+    const auto lo = static_cast<double>(at_least);
+    const auto hi = static_cast<double>(at_most);
+    glp_set_row_bnds(lp_.get(), Row(pod_type),
+                     at_least == 0         ? GLP_UP
+                     : at_least == at_most ? GLP_FX
+                                           : GLP_DB,
+                     lo, hi);
   }
 
   // The optimum in milli-GPU.
@@ -216,8 +253,9 @@ class BoundLp {
     parm.meth = warm_ ? GLP_DUALP : GLP_PRIMAL;
     int ret = glp_simplex(lp_.get(), &parm);
     if (ret != 0 || glp_get_status(lp_.get()) != GLP_OPT) {
-      // A warm start that went wrong (e.g. a singular basis): once more from the slack basis. x = 0 is
-      // feasible and the pod rows bound every column, so an optimum always exists.
+      // A warm start that went wrong (e.g. a singular basis): once more from the slack basis. The pod
+      // rows bound every column, and a real run's placement satisfies every row (also the forced
+      // lower bounds), so an optimum exists; failing here is a bug in the argument or in GLPK.
       glp_std_basis(lp_.get());
       parm.meth = GLP_PRIMAL;
       ret = glp_simplex(lp_.get(), &parm);
@@ -243,6 +281,176 @@ class BoundLp {
   bool warm_ = false;
 };
 
+// Whether the pods that have arrived could leave every node without room for one more pod of type q
+// (the "blocking" LP; see bound.h). Built once per q; only the arrived counts change between solves.
+//
+// For each node type t where q fits: b[t][r] nodes of the type are blocked for reason r, and
+// z[p][t][r] pods of type p sit on them; the b are maximised. A node is blocked when
+//   r = gpu:    more than gpus_t - k_q of its GPUs hold more than 1000 - s_q;
+//   r = cpu:    more than cpu_t - cpu_q of its CPU is taken;
+//   r = memory: more than mem_t - mem_q of its memory is taken;
+//   r = tasks:  it holds its task limit (when it has one): sum_p z[p][t][tasks] >= limit_t b[t][tasks].
+// A GPU that holds more than 1000 - s_q holds pods whose weights min(1, s / (1001 - s_q)) sum to at
+// least 1 (the shares are whole milli-GPU), and a k-GPU pod puts its share on k GPUs; hence
+//   sum_p z[p][t][gpu] k_p min(1, s_p / (1001 - s_q)) >= (gpus_t - k_q + 1) b[t][gpu],
+//   sum_p z[p][t][cpu] cpu_p >= (cpu_t - cpu_q + 1) b[t][cpu],  the same for memory,
+//   sum_r b[t][r] <= N_t,   sum_{t,r} z[p][t][r] <= arrived_p.
+// Every real state in which no node has room for q gives a feasible point (each node counted under
+// one reason it is blocked for, each pod under its node's reason) whose objective is the number of
+// nodes q fits, so if the optimum is smaller, q fits somewhere whatever the policy did.
+class BlockingLp {
+ public:
+  BlockingLp(const std::vector<NodeType>& nodes, const std::vector<PodType>& pods, const PodType& q)
+      : lp_(glp_create_prob()) {
+    glp_prob* lp = lp_.get();
+    glp_set_obj_dir(lp, GLP_MAX);
+    glp_add_rows(lp, static_cast<int>(pods.size()));
+    for (size_t p = 0; p < pods.size(); ++p) glp_set_row_bnds(lp, static_cast<int>(p) + 1, GLP_UP, 0.0, 0.0);
+    std::vector<int> ia = {0};
+    std::vector<int> ja = {0};
+    std::vector<double> ar = {0};
+    auto put = [&](int row, int col, double value) {
+      ia.push_back(row);
+      ja.push_back(col);
+      ar.push_back(value);
+    };
+    for (size_t t = 0; t < nodes.size(); ++t) {
+      if (!q.fits[t]) continue;
+      const NodeType& node = nodes[t];
+      need_ += static_cast<double>(node.count);
+      const int cover = glp_add_rows(lp, 1);
+      glp_set_row_bnds(lp, cover, GLP_UP, 0.0, static_cast<double>(node.count));
+      enum Reason { kGpu, kCpu, kMemory, kTasks };
+      for (Reason reason : {kGpu, kCpu, kMemory, kTasks}) {
+        double cost = 0;  // of blocking one node this way
+        if (reason == kGpu) {
+          if (q.gpus == 0) continue;  // a CPU-only pod needs no GPU
+          cost = static_cast<double>(node.gpus - q.gpus + 1);
+        } else if (reason == kCpu) {
+          cost = static_cast<double>(node.cpu - q.cpu + 1);
+        } else if (reason == kMemory) {
+          cost = static_cast<double>(node.memory - q.memory + 1);
+        } else {
+          if (node.max_tasks == 0) continue;  // no limit
+          cost = static_cast<double>(node.max_tasks);
+        }
+        const int row = glp_add_rows(lp, 1);  // sum z w / cost - b >= 0
+        glp_set_row_bnds(lp, row, GLP_LO, 0.0, 0.0);
+        const int b = glp_add_cols(lp, 1);
+        glp_set_col_bnds(lp, b, GLP_LO, 0.0, 0.0);
+        glp_set_obj_coef(lp, b, 1.0);
+        put(cover, b, 1.0);
+        put(row, b, -1.0);
+        for (size_t p = 0; p < pods.size(); ++p) {
+          const PodType& pod = pods[p];
+          if (!pod.fits[t]) continue;
+          double weight = 0;
+          if (reason == kGpu) {
+            weight = pod.gpus * std::min(1.0, static_cast<double>(pod.share) /
+                                                  static_cast<double>(kWholeGpu.units() + 1 - q.share));
+          } else if (reason == kCpu) {
+            weight = static_cast<double>(pod.cpu);
+          } else if (reason == kMemory) {
+            weight = static_cast<double>(pod.memory);
+          } else {
+            weight = 1.0;
+          }
+          if (weight <= 0) continue;
+          const int z = glp_add_cols(lp, 1);
+          glp_set_col_bnds(lp, z, GLP_LO, 0.0, 0.0);
+          put(static_cast<int>(p) + 1, z, 1.0);
+          put(row, z, weight / cost);
+        }
+      }
+    }
+    glp_load_matrix(lp, static_cast<int>(ia.size()) - 1, ia.data(), ja.data(), ar.data());
+    glp_scale_prob(lp, GLP_SF_AUTO);
+  }
+
+  void SetCount(size_t pod_type, int64_t count) {
+    glp_set_row_bnds(lp_.get(), static_cast<int>(pod_type) + 1, GLP_UP, 0.0, static_cast<double>(count));
+  }
+
+  // Whether the arrived pods could block every node q fits (the LP reaches their number). Within GLPK's
+  // tolerance a tie counts as "could", which only makes fewer pods forced.
+  Result<bool> CanBlock() {
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.meth = warm_ ? GLP_DUALP : GLP_PRIMAL;
+    int ret = glp_simplex(lp_.get(), &parm);
+    if (ret != 0 || glp_get_status(lp_.get()) != GLP_OPT) {
+      glp_std_basis(lp_.get());  // zero is feasible, and every column is bounded through its rows
+      parm.meth = GLP_PRIMAL;
+      ret = glp_simplex(lp_.get(), &parm);
+      if (ret != 0 || glp_get_status(lp_.get()) != GLP_OPT) {
+        warm_ = false;
+        return Status::Internal(
+            fmt::format("allocation bound: GLPK simplex failed on a blocking LP (return "
+                        "code {}, status {})",
+                        ret, glp_get_status(lp_.get())));
+      }
+    }
+    warm_ = true;
+    return glp_get_obj_val(lp_.get()) >= need_ - 1e-6 * std::max(1.0, need_);
+  }
+
+ private:
+  struct Deleter {
+    void operator()(glp_prob* lp) const { glp_delete_prob(lp); }
+  };
+  std::unique_ptr<glp_prob, Deleter> lp_;
+  double need_ = 0;
+  bool warm_ = false;
+};
+
+// forced[i]: whether arrival i must have been placed by any policy. type_of[i] is its LP type
+// (nullopt: it fits nowhere). Pod i of type q is forced when the arrivals before it cannot block q;
+// that only gets easier as arrivals are added, so per type a binary search over q's own arrivals finds
+// the first that could have been blocked, and every earlier arrival of type q is forced.
+Result<std::vector<bool>> ForcedArrivals(const std::vector<NodeType>& nodes, const std::vector<PodType>& pods,
+                                         const std::vector<std::optional<size_t>>& type_of) {
+  std::vector<bool> forced(type_of.size(), false);
+  std::vector<std::vector<size_t>> arrivals_of(pods.size());
+  for (size_t i = 0; i < type_of.size(); ++i) {
+    if (type_of[i]) arrivals_of[*type_of[i]].push_back(i);
+  }
+  // Arrived counts per type before index `end`, kept for the last `end` asked.
+  std::vector<int64_t> counts(pods.size(), 0);
+  size_t counted = 0;
+  auto move_to = [&](BlockingLp& lp, size_t end) {
+    while (counted > end) {
+      --counted;
+      if (type_of[counted]) --counts[*type_of[counted]];
+    }
+    while (counted < end) {
+      if (type_of[counted]) ++counts[*type_of[counted]];
+      ++counted;
+    }
+    for (size_t p = 0; p < pods.size(); ++p) lp.SetCount(p, counts[p]);
+  };
+  for (size_t q = 0; q < pods.size(); ++q) {
+    if (!pods[q].forceable || arrivals_of[q].empty()) continue;
+    BlockingLp lp(nodes, pods, pods[q]);
+    // The first of q's own arrivals whose predecessors could block it; lo..hi brackets it (hi: none).
+    const std::vector<size_t>& mine = arrivals_of[q];
+    size_t lo = 0;
+    size_t hi = mine.size();
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      move_to(lp, mine[mid]);
+      ASSIGN_OR_RETURN(const bool can_block, lp.CanBlock());
+      if (can_block) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    for (size_t j = 0; j < lo; ++j) forced[mine[j]] = true;
+  }
+  return forced;
+}
+
 // The LP value, clamped to what could be placed at all (the LP cannot exceed it; this removes solver
 // noise) and snapped to it when within kFitSlackMilli.
 double Clamp(double lp_milli, int64_t placeable_milli) {
@@ -266,7 +474,7 @@ Result<double> GpuAllocationBound(const std::vector<NodeSpec>& nodes, std::span<
   std::vector<int64_t> counts;
   int64_t placeable = 0;
   for (const TaskRequest& pod : pods) {
-    ASSIGN_OR_RETURN(const std::optional<size_t> type, types.Add(pod));
+    ASSIGN_OR_RETURN(const std::optional<size_t> type, types.Add(pod, /*cpu_only=*/false));
     if (!type) continue;
     if (counts.size() <= *type) counts.resize(*type + 1, 0);
     ++counts[*type];
@@ -280,7 +488,7 @@ Result<double> GpuAllocationBound(const std::vector<NodeSpec>& nodes, std::span<
 }
 
 Status FillBoundResult(const std::vector<NodeSpec>& nodes, const std::vector<const TaskRequest*>& arrivals,
-                       const std::vector<int64_t>& asked, ExperimentResult& out) {
+                       const std::vector<int64_t>& asked, BoundKind kind, ExperimentResult& out) {
   const auto start = std::chrono::steady_clock::now();
   if (!asked.empty() && asked.size() != arrivals.size()) {
     return Status::InvalidArgument(
@@ -292,8 +500,11 @@ Status FillBoundResult(const std::vector<NodeSpec>& nodes, const std::vector<con
   if (total_gpus == 0) return Status::InvalidArgument("the cluster has no GPUs");
   const double tg = static_cast<double>(total_gpus);
 
+  const bool forcing = kind == BoundKind::kForcedPlacement;
+
   // Per pod: its LP type, the demand it could add (0 when it fits nowhere) and its bin, as BinMetrics
-  // computes it from the cumulative asked demand.
+  // computes it from the cumulative asked demand. With forcing, CPU-only pods are types too: a forced
+  // one takes CPU and memory.
   PodTypes types(node_types);
   std::vector<std::optional<size_t>> type_of(arrivals.size());
   std::vector<int64_t> placeable(arrivals.size());  // cumulative, through pod i
@@ -301,7 +512,7 @@ Status FillBoundResult(const std::vector<NodeSpec>& nodes, const std::vector<con
   int64_t arrived = 0;
   int64_t placeable_sum = 0;
   for (size_t i = 0; i < arrivals.size(); ++i) {
-    ASSIGN_OR_RETURN(type_of[i], types.Add(*arrivals[i]));
+    ASSIGN_OR_RETURN(type_of[i], types.Add(*arrivals[i], /*cpu_only=*/forcing));
     if (type_of[i]) placeable_sum += types.types()[*type_of[i]].demand();
     placeable[i] = placeable_sum;
     arrived += asked.empty() ? arrivals[i]->total_gpu_share().units() : asked[i];
@@ -321,10 +532,33 @@ Status FillBoundResult(const std::vector<NodeSpec>& nodes, const std::vector<con
     return last;
   };
 
+  // Which arrivals every policy had to place, up to the last row of the top column.
+  std::vector<bool> forced(arrivals.size(), false);
+  if (forcing) {
+    std::optional<size_t> top;
+    for (int c = 0; c < kDemandBins; ++c) {
+      if (const std::optional<size_t> end = last_row(c)) top = std::max(top.value_or(0), *end);
+    }
+    if (top) {
+      const std::vector<std::optional<size_t>> head(type_of.begin(),
+                                                    type_of.begin() + static_cast<ptrdiff_t>(*top) + 1);
+      ASSIGN_OR_RETURN(const std::vector<bool> f, ForcedArrivals(node_types, types.types(), head));
+      std::copy(f.begin(), f.end(), forced.begin());
+    }
+  }
+
   // From the top column down: the bound only shrinks with the prefix, and once a prefix fits completely
-  // (the LP places all it could), so does every shorter one, whose bound is then its placeable demand.
+  // (the LP places all it could), so does every shorter one, whose bound is then its placeable demand
+  // (placing everything also meets every forced count).
   BoundLp lp(node_types, types.types());
   std::vector<int64_t> counts(types.types().size(), 0);
+  std::vector<int64_t> forced_counts(types.types().size(), 0);
+  auto set = [&](size_t i, int64_t step) {
+    const size_t t = *type_of[i];
+    counts[t] += step;
+    if (forced[i]) forced_counts[t] += step;
+    lp.SetCounts(t, forced_counts[t], counts[t]);
+  };
   size_t counted = 0;  // counts cover pods [0, counted)
   std::optional<size_t> fits_through;
   std::map<size_t, double> solved;  // prefix end -> bound (columns may share a last row)
@@ -345,10 +579,10 @@ Status FillBoundResult(const std::vector<NodeSpec>& nodes, const std::vector<con
       // Move the counts to the prefix [0, *end].
       while (counted > *end + 1) {
         --counted;
-        if (type_of[counted]) lp.SetCount(*type_of[counted], --counts[*type_of[counted]]);
+        if (type_of[counted]) set(counted, -1);
       }
       while (counted < *end + 1) {
-        if (type_of[counted]) lp.SetCount(*type_of[counted], ++counts[*type_of[counted]]);
+        if (type_of[counted]) set(counted, +1);
         ++counted;
       }
       ASSIGN_OR_RETURN(const double lp_milli, lp.Solve());

@@ -240,7 +240,7 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     ranks = workload_rng.Permutation(static_cast<uint32_t>(ledger.node_count()));
   }
 
-  if (options.policy == kBoundPolicy) {
+  if (options.policy == kBoundPolicy || options.policy == kRelaxedBoundPolicy) {
     // No scheduling: the LP bound of the same arrival sequence (sim/bound.h).
     std::vector<int64_t> demand;
     demand.reserve(arrivals.size());
@@ -249,7 +249,9 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     r.policy = options.policy;
     r.trace = options.trace;
     r.seed = options.seed;
-    RETURN_IF_ERROR(FillBoundResult(inputs.nodes, arrivals, demand, r));
+    RETURN_IF_ERROR(FillBoundResult(
+        inputs.nodes, arrivals, demand,
+        options.policy == kBoundPolicy ? BoundKind::kForcedPlacement : BoundKind::kRelaxed, r));
     return r;
   }
 

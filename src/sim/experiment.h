@@ -68,9 +68,9 @@ struct ExperimentInputs {
 
 Result<ExperimentInputs> LoadExperimentInputs(const std::string& nodes_csv, const std::string& pods_csv);
 
-// Policy "bound" schedules nothing: it fills alloc with the LP upper bound of the same arrival
-// sequence (FillBoundResult in sim/bound.h; frag and frag_ratio NaN, the pod counts beyond
-// pods_arrived 0).
+// Policies "bound" and "bound-relaxed" schedule nothing: they fill alloc with an LP upper bound of the
+// same arrival sequence (FillBoundResult in sim/bound.h; frag and frag_ratio NaN, the pod counts
+// beyond pods_arrived 0).
 Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const ExperimentOptions& options);
 
 // Bins per-pod rows into the 131 published columns (README §7): a = round-half-even(arrived /

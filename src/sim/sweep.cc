@@ -98,6 +98,7 @@ std::vector<std::string> PublishedTraces() {
 std::vector<std::string> SweepPolicyNames() {
   std::vector<std::string> names = PolicyNames();
   names.emplace_back(kBoundPolicy);
+  names.emplace_back(kRelaxedBoundPolicy);
   return names;
 }
 
