@@ -95,6 +95,7 @@ struct CompareArgs {
   std::string baseline = "05-BestFit";
   bool table = false;
   std::string reference = "06-FGD";
+  std::string tuned_on;
 };
 
 struct ReportArgs {
@@ -212,7 +213,13 @@ int CompareCommand(const CompareArgs& a) {
     if (!expected.ok()) return Fail(expected.status());
     auto actual = ReadDiscreteCsv(a.actual_csv);
     if (!actual.ok()) return Fail(actual.status());
-    auto table = MakePolicyTable(*expected, *actual, options.columns.back(), a.reference);
+    std::vector<std::string> tuned_on;
+    if (!a.tuned_on.empty()) {
+      auto names = ParseNameList(a.tuned_on, "tuned-on trace");
+      if (!names.ok()) return Fail(names.status());
+      tuned_on = *names;
+    }
+    auto table = MakePolicyTable(*expected, *actual, options.columns.back(), a.reference, tuned_on);
     if (!table.ok()) return Fail(table.status());
     fmt::print("{}", FormatPolicyTable(*table));
     return 0;
@@ -290,6 +297,9 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->compare->add_flag("--table", c.table,
                            "Every policy of --actual side by side per trace at the last --at column, with "
                            "the --reference policy of --expected and each new policy's margin over it");
+  state->compare->add_option("--tuned-on", c.tuned_on,
+                             "With --table: comma-separated traces the new policies were tuned on; they and "
+                             "the held-out rest are reported as two groups");
   state->compare->add_option("--reference", c.reference, "sc_policy of --expected that --table compares to")
       ->capture_default_str();
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "sim/trace.h"
@@ -57,44 +58,41 @@ std::set<int64_t> TraceShares() {
   return shares;
 }
 
-// u_e is dual feasible on one GPU: every multiset of the trace's shares that fits in 1000 milli-GPU has
-// sum u_e <= 1000, for every e of the cuts. Brute force over all such multisets.
+// Every cut is dual feasible on one GPU: every multiset of the trace's shares that fits in 1000
+// milli-GPU has sum u <= 1000. Brute force over all such multisets.
 TEST(BoundDffTest, CutsAreValidOnEveryFittingMultisetOfTraceShares) {
   const std::set<int64_t> share_set = TraceShares();
   const std::vector<int64_t> shares(share_set.begin(), share_set.end());
   ASSERT_GE(shares.size(), 21u);
   int64_t multisets = 0;
-  int64_t tight = 0;  // multisets where some cut reaches exactly 1000 (the cuts are not slack)
+  std::vector<int64_t> tight(kDffCuts, 0);  // multisets where the cut reaches 1000 (it is not slack)
   int64_t violations = 0;
   std::string first_violation;
-  std::vector<int64_t> sum_u(std::size(kDffEpsilonsMilli), 0);
+  std::vector<double> sum_u(kDffCuts, 0);
   std::vector<int64_t> chosen;
   // Multisets as non-decreasing index sequences; `used` is their share sum.
   std::function<void(size_t, int64_t)> visit = [&](size_t from, int64_t used) {
     ++multisets;
-    bool any_tight = false;
-    for (size_t e = 0; e < sum_u.size(); ++e) {
-      if (sum_u[e] > 1000 && violations++ == 0) {
-        first_violation =
-            "e=" + std::to_string(kDffEpsilonsMilli[e]) + " on " + ::testing::PrintToString(chosen);
+    for (size_t e = 0; e < kDffCuts; ++e) {
+      if (sum_u[e] > 1000 + 1e-6 && violations++ == 0) {
+        first_violation = DffCutName(e) + " on " + ::testing::PrintToString(chosen);
       }
-      any_tight = any_tight || sum_u[e] == 1000;
+      if (sum_u[e] > 1000 - 1e-6) ++tight[e];
     }
-    if (any_tight) ++tight;
     for (size_t i = from; i < shares.size(); ++i) {
       if (used + shares[i] > 1000) break;  // shares are sorted
       chosen.push_back(shares[i]);
-      for (size_t e = 0; e < sum_u.size(); ++e) sum_u[e] += DffValue(kDffEpsilonsMilli[e], shares[i]);
+      for (size_t e = 0; e < kDffCuts; ++e) sum_u[e] += DffCutValue(e, shares[i]);
       visit(i, used + shares[i]);
-      for (size_t e = 0; e < sum_u.size(); ++e) sum_u[e] -= DffValue(kDffEpsilonsMilli[e], shares[i]);
+      for (size_t e = 0; e < kDffCuts; ++e) sum_u[e] -= DffCutValue(e, shares[i]);
       chosen.pop_back();
     }
   };
   visit(0, 0);
   EXPECT_EQ(violations, 0) << first_violation;
   EXPECT_GT(multisets, 1000);
-  EXPECT_GT(tight, 0);
-  // The function itself, at its thresholds.
+  for (size_t e = 0; e < kDffCuts; ++e) EXPECT_GT(tight[e], 0) << DffCutName(e);
+  // The functions themselves, at their thresholds.
   EXPECT_EQ(DffValue(0, 600), 600);
   EXPECT_EQ(DffValue(0, 1000), 1000);
   EXPECT_EQ(DffValue(400, 600), 600);   // 1000 - e is still "s"
@@ -102,6 +100,21 @@ TEST(BoundDffTest, CutsAreValidOnEveryFittingMultisetOfTraceShares) {
   EXPECT_EQ(DffValue(400, 400), 400);
   EXPECT_EQ(DffValue(400, 399), 0);  // below e: nothing
   EXPECT_EQ(DffValue(500, 500), 500);
+  EXPECT_EQ(FsDffValue(2, 340), 500);  // 3 x 0.34 > 1: two fill a GPU
+  EXPECT_EQ(FsDffValue(2, 320), 0);    // 3 x 0.32 < 1
+  EXPECT_EQ(FsDffValue(2, 1000), 1000);
+  EXPECT_EQ(FsDffValue(3, 250), 250);  // 4 x 0.25 = 1 exactly: the share itself
+  EXPECT_NEAR(FsDffValue(3, 260), 1000.0 / 3, 1e-9);
+  EXPECT_NEAR(FsDffValue(3, 810), 1000.0, 1e-9);
+  EXPECT_EQ(DffCutValue(0, 470), 470.0);
+  EXPECT_EQ(DffCutValue(std::size(kDffEpsilonsMilli), 340), 500.0);  // the first u^(k) is u^(2)
+}
+
+// One GPU, three 0.34-GPU pods: two fit (0.68 GPU). The u_e cuts allow a whole GPU (each counts 0.34);
+// u^(2) counts each as half a GPU.
+TEST(BoundTest, FeketeSchepersCutBoundsThreeThirdPlusPodsOnOneGpu) {
+  const std::vector<NodeSpec> nodes = {Node("n0", 32, 128, 1, "T4")};
+  EXPECT_NEAR(Bound(nodes, {Pod(1, 1, 1, 340), Pod(1, 1, 1, 340), Pod(1, 1, 1, 340)}), 680.0, 1e-6);
 }
 
 // One GPU, three 0.6-GPU pods: only one fits, and the e = 0.5 cut (each counts a whole GPU) says so;
@@ -188,7 +201,7 @@ TEST(BoundTest, FillsColumnsFromTheLastRowOfEachBin) {
   const TaskRequest pod = Pod(1, 1, 1, 130);
   const std::vector<const TaskRequest*> arrivals(10, &pod);
   ExperimentResult r;
-  ASSERT_TRUE(FillBoundResult(nodes, arrivals, {}, r).ok());
+  ASSERT_TRUE(FillBoundResult(nodes, arrivals, {}, BoundKind::kRelaxed, r).ok());
   EXPECT_EQ(r.total_gpus, 1);
   EXPECT_EQ(r.pods_arrived, 10);
   EXPECT_EQ(r.arrived_gpu_milli, 1300);
@@ -207,20 +220,22 @@ TEST(BoundTest, FillsColumnsFromTheLastRowOfEachBin) {
   // Columns follow the demand as asked (exclusive mode: the pods take whole GPUs but asked for 0.5).
   const TaskRequest whole = Pod(1, 1, 1, 1000);
   ExperimentResult ex;
-  ASSERT_TRUE(FillBoundResult(nodes, {&whole, &whole}, {500, 500}, ex).ok());
+  ASSERT_TRUE(FillBoundResult(nodes, {&whole, &whole}, {500, 500}, BoundKind::kRelaxed, ex).ok());
   EXPECT_EQ(ex.arrived_gpu_milli, 1000);
   EXPECT_EQ(ex.alloc[50], 100.0);
   EXPECT_EQ(ex.alloc[100], 100.0);
-  EXPECT_FALSE(FillBoundResult(nodes, {&whole, &whole}, {500}, ex).ok());  // one demand per pod
+  EXPECT_FALSE(
+      FillBoundResult(nodes, {&whole, &whole}, {500}, BoundKind::kRelaxed, ex).ok());  // one demand per pod
   // Nothing that takes GPU share (CPU-only pods, no pods): 0, not a GLPK abort.
   const TaskRequest cpu_only = Pod(1, 1, 0, 0);
   ExperimentResult none;
-  ASSERT_TRUE(FillBoundResult(nodes, {&cpu_only, &cpu_only}, {}, none).ok());
+  ASSERT_TRUE(FillBoundResult(nodes, {&cpu_only, &cpu_only}, {}, BoundKind::kRelaxed, none).ok());
   EXPECT_EQ(none.alloc[0], 0.0);
   EXPECT_TRUE(std::isnan(none.alloc[2]));
-  ASSERT_TRUE(FillBoundResult(nodes, {}, {}, none).ok());
+  ASSERT_TRUE(FillBoundResult(nodes, {}, {}, BoundKind::kRelaxed, none).ok());
   EXPECT_TRUE(std::isnan(none.alloc[0]));
-  EXPECT_FALSE(FillBoundResult({Node("cpu", 8, 8, 0, "")}, {&pod}, {}, none).ok());  // no GPUs
+  EXPECT_FALSE(
+      FillBoundResult({Node("cpu", 8, 8, 0, "")}, {&pod}, {}, BoundKind::kRelaxed, none).ok());  // no GPUs
 }
 
 // The published cluster, default trace, seed 42, published arrival order: the bound is at least what
@@ -236,27 +251,99 @@ TEST(BoundTest, BoundsFgdOnTheDefaultTrace) {
   o.trace = "default";
   o.seed = 42;
   o.arrival_order_dir = kTraces + "fgd-arrival-orders";
-  o.policy = "bound";
-  auto bound = RunExperiment(*inputs, o);
-  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
-  o.policy = "fgd";
-  auto fgd = RunExperiment(*inputs, o);
-  ASSERT_TRUE(fgd.ok()) << fgd.status().ToString();
-  EXPECT_EQ(bound->policy, "bound");
-  EXPECT_EQ(bound->total_gpus, 6212);
-  EXPECT_EQ(bound->pods_arrived, fgd->pods_arrived);
-  EXPECT_EQ(bound->arrived_gpu_milli, fgd->arrived_gpu_milli);
+  std::map<std::string, ExperimentResult> r;
+  for (const char* policy : {"bound", "bound-relaxed", "fgd", "balanced"}) {
+    o.policy = policy;
+    auto result = RunExperiment(*inputs, o);
+    ASSERT_TRUE(result.ok()) << policy << ": " << result.status().ToString();
+    r[policy] = *result;
+  }
+  const ExperimentResult& bound = r["bound"];
+  const ExperimentResult& relaxed = r["bound-relaxed"];
+  EXPECT_EQ(bound.policy, "bound");
+  EXPECT_EQ(bound.total_gpus, 6212);
+  for (const auto& [policy, result] : r) {
+    EXPECT_EQ(result.pods_arrived, bound.pods_arrived) << policy;
+    EXPECT_EQ(result.arrived_gpu_milli, bound.arrived_gpu_milli) << policy;
+  }
   for (int c = 0; c < kDemandBins; ++c) {
     const auto cell = static_cast<size_t>(c);
-    EXPECT_GE(bound->alloc[cell], fgd->alloc[cell]) << "column " << c;
-    EXPECT_LE(bound->alloc[cell], 100.0) << "column " << c;
-    EXPECT_LE(bound->alloc[cell], static_cast<double>(c) + 0.5) << "column " << c;  // the arrived demand
+    EXPECT_GE(bound.alloc[cell], r["fgd"].alloc[cell]) << "column " << c;
+    EXPECT_GE(bound.alloc[cell], r["balanced"].alloc[cell]) << "column " << c;
+    EXPECT_LE(bound.alloc[cell], relaxed.alloc[cell]) << "column " << c;  // forcing only removes options
+    EXPECT_LE(relaxed.alloc[cell], 100.0) << "column " << c;
+    EXPECT_LE(relaxed.alloc[cell], static_cast<double>(c) + 0.5) << "column " << c;  // the arrived demand
   }
-  EXPECT_GE(bound->alloc[130], fgd->alloc[130]);
-  RecordProperty("bound_130", std::to_string(bound->alloc[130]));
-  RecordProperty("fgd_130", std::to_string(fgd->alloc[130]));
-  std::printf("default/42: bound@130 %.2f (%.2f s), fgd@130 %.2f (%.2f s)\n", bound->alloc[130],
-              bound->seconds, fgd->alloc[130], fgd->seconds);
+  // Forcing binds on this trace: the 0.81-GPU pods that arrive while GPUs are free must be placed, and
+  // only pods under 0.2 GPU can use what they leave (the relaxed bound reaches 100 %).
+  EXPECT_EQ(relaxed.alloc[130], 100.0);
+  EXPECT_LT(bound.alloc[130], 99.0);
+  RecordProperty("bound_130", std::to_string(bound.alloc[130]));
+  RecordProperty("fgd_130", std::to_string(r["fgd"].alloc[130]));
+  std::printf(
+      "default/42: bound@130 %.2f (%.2f s), bound-relaxed@130 %.2f (%.2f s), fgd@130 %.2f, balanced@130 "
+      "%.2f\n",
+      bound.alloc[130], bound.seconds, relaxed.alloc[130], relaxed.seconds, r["fgd"].alloc[130],
+      r["balanced"].alloc[130]);
+}
+
+// Forced placement, worked out by hand on one GPU (32 cores): pod A (0.51 GPU) arrives first and B
+// (0.79) second, 130 % of the GPU in all. Both take more than half a GPU, so they cannot share it (the
+// e = 0.5 cut counts each as a whole GPU). Left free to choose, the LP keeps B (79 %); but A arrived on
+// an empty cluster, so every policy placed it, and then B could not fit: 51 %.
+TEST(BoundForcedTest, APodThatArrivedOnAnEmptyClusterIsPlaced) {
+  const std::vector<NodeSpec> nodes = {Node("n0", 32, 128, 1, "T4")};
+  const TaskRequest a = Pod(1, 1, 1, 510);
+  const TaskRequest b = Pod(1, 1, 1, 790);
+  ExperimentResult forced;
+  ExperimentResult relaxed;
+  ASSERT_TRUE(FillBoundResult(nodes, {&a, &b}, {}, BoundKind::kForcedPlacement, forced).ok());
+  ASSERT_TRUE(FillBoundResult(nodes, {&a, &b}, {}, BoundKind::kRelaxed, relaxed).ok());
+  EXPECT_EQ(forced.alloc[51], 51.0);
+  EXPECT_EQ(relaxed.alloc[51], 51.0);
+  EXPECT_EQ(relaxed.alloc[130], 79.0);
+  EXPECT_EQ(forced.alloc[130], 51.0);
+}
+
+// Two GPUs: A (0.51) and B (0.79) cannot both be kept off the node (A blocks one GPU, and B needs only
+// one), so both are forced; C, a whole GPU, arrives after them and finds no free GPU. Forced: A + B =
+// 65 % at 115 % arrived. Relaxed: C + B = 89.5 %.
+TEST(BoundForcedTest, PodsForcedUntilTheArrivalsCouldBlockEveryGpu) {
+  const std::vector<NodeSpec> nodes = {Node("n0", 32, 128, 2, "T4")};
+  const TaskRequest a = Pod(1, 1, 1, 510);
+  const TaskRequest b = Pod(1, 1, 1, 790);
+  const TaskRequest c = Pod(1, 1, 1, 1000);
+  ExperimentResult forced;
+  ExperimentResult relaxed;
+  ASSERT_TRUE(FillBoundResult(nodes, {&a, &b, &c}, {}, BoundKind::kForcedPlacement, forced).ok());
+  ASSERT_TRUE(FillBoundResult(nodes, {&a, &b, &c}, {}, BoundKind::kRelaxed, relaxed).ok());
+  EXPECT_EQ(forced.alloc[65], 65.0);
+  EXPECT_EQ(forced.alloc[115], 65.0);
+  EXPECT_EQ(relaxed.alloc[115], 89.5);
+}
+
+// CPU blocks too, and CPU-only pods count: X (CPU-only, all 4 cores of the node) arrives first and is
+// forced; the GPU pod after it could have been blocked by X (it needs a core), so it is not forced,
+// and with X placed it never fits: 0 %. Relaxed, X is left out and the GPU pod placed: 50 %.
+TEST(BoundForcedTest, ACpuOnlyPodThatTookTheNodesCpuBlocksTheGpuPodAfterIt) {
+  const std::vector<NodeSpec> nodes = {Node("n0", 4, 16, 1, "T4")};
+  const TaskRequest x = Pod(4, 1, 0, 0);
+  const TaskRequest y = Pod(1, 1, 1, 500);
+  ExperimentResult forced;
+  ExperimentResult relaxed;
+  ASSERT_TRUE(FillBoundResult(nodes, {&x, &y}, {}, BoundKind::kForcedPlacement, forced).ok());
+  ASSERT_TRUE(FillBoundResult(nodes, {&x, &y}, {}, BoundKind::kRelaxed, relaxed).ok());
+  EXPECT_EQ(forced.alloc[50], 0.0);
+  EXPECT_EQ(relaxed.alloc[50], 50.0);
+  // With a core to spare, X cannot block the GPU pod: both are forced, and the GPU pod is placed.
+  const TaskRequest x3 = Pod(3, 1, 0, 0);
+  ASSERT_TRUE(FillBoundResult(nodes, {&x3, &y}, {}, BoundKind::kForcedPlacement, forced).ok());
+  EXPECT_EQ(forced.alloc[50], 50.0);
+  // A task limit of one blocks the node as well as its CPU would.
+  std::vector<NodeSpec> limited = nodes;
+  limited[0].max_tasks = 1;
+  ASSERT_TRUE(FillBoundResult(limited, {&x3, &y}, {}, BoundKind::kForcedPlacement, forced).ok());
+  EXPECT_EQ(forced.alloc[50], 0.0);
 }
 
 }  // namespace

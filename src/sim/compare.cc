@@ -1,6 +1,7 @@
 #include "sim/compare.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -198,7 +199,7 @@ std::string FormatCompare(const CompareResult& result) {
 }
 
 Result<PolicyTable> MakePolicyTable(const DiscreteTable& expected, const DiscreteTable& actual, int column,
-                                    const std::string& reference) {
+                                    const std::string& reference, const std::vector<std::string>& tuned_on) {
   if (column < 0 || column >= kDemandBins) {
     return Status::InvalidArgument(fmt::format("column {} is out of range 0..{}", column, kDemandBins - 1));
   }
@@ -251,6 +252,19 @@ Result<PolicyTable> MakePolicyTable(const DiscreteTable& expected, const Discret
     t.reference_means.push_back(ref == ref_sums.end() ? std::nan("")
                                                       : ref->second.first / ref->second.second);
   }
+  t.tuned.assign(t.traces.size(), false);
+  t.grouped = !tuned_on.empty();
+  for (const std::string& name : tuned_on) {
+    auto it = std::find_if(t.traces.begin(), t.traces.end(),
+                           [&](const std::string& w) { return w == name || ShortTrace(w) == name; });
+    if (it == t.traces.end()) {
+      std::vector<std::string> known;
+      for (const std::string& w : t.traces) known.push_back(ShortTrace(w));
+      return Status::InvalidArgument(fmt::format(
+          "tuned-on trace '{}' has no rows in the actual file (it has: {})", name, fmt::join(known, ", ")));
+    }
+    t.tuned[static_cast<size_t>(it - t.traces.begin())] = true;
+  }
   return t;
 }
 
@@ -264,56 +278,80 @@ std::string FormatPolicyTable(const PolicyTable& t) {
   out += fmt::format(" {:>12}", ("ref:" + t.reference).substr(0, 12));
   for (const std::string& c : t.challengers) out += fmt::format(" {:>12}", (c.substr(0, 8) + " +/-"));
   out += "\n";
-  std::vector<double> col_sum(t.policies.size(), 0), margin_sum(t.challengers.size(), 0);
-  std::vector<int> col_n(t.policies.size(), 0), wins(t.challengers.size(), 0),
-      compared(t.challengers.size(), 0), clear_wins(t.challengers.size(), 0);
-  double ref_sum = 0;
-  int ref_n = 0;
-  for (size_t i = 0; i < t.traces.size(); ++i) {
-    out += fmt::format("{:<12} {:>5}", ShortTrace(t.traces[i]), t.seeds[i]);
-    for (size_t j = 0; j < t.policies.size(); ++j) {
-      out += cell(t.means[i][j]);
-      if (!std::isnan(t.means[i][j])) {
-        col_sum[j] += t.means[i][j];
-        ++col_n[j];
+  std::vector<size_t> challenger_column;
+  for (const std::string& c : t.challengers) {
+    challenger_column.push_back(
+        static_cast<size_t>(std::find(t.policies.begin(), t.policies.end(), c) - t.policies.begin()));
+  }
+  // The rows of `traces` (indices; left out unless `rows`), then their mean row, labelled `label`;
+  // `summary` gets each challenger's count of traces above the reference, with `what` naming the group.
+  auto group = [&](const std::vector<size_t>& traces, bool rows, const std::string& label,
+                   const std::string& what, std::string& summary) {
+    std::vector<double> col_sum(t.policies.size(), 0), margin_sum(t.challengers.size(), 0);
+    std::vector<int> col_n(t.policies.size(), 0), wins(t.challengers.size(), 0),
+        compared(t.challengers.size(), 0), clear_wins(t.challengers.size(), 0);
+    double ref_sum = 0;
+    int ref_n = 0;
+    for (size_t i : traces) {
+      std::string line = fmt::format("{:<12} {:>5}", ShortTrace(t.traces[i]), t.seeds[i]);
+      for (size_t j = 0; j < t.policies.size(); ++j) {
+        line += cell(t.means[i][j]);
+        if (!std::isnan(t.means[i][j])) {
+          col_sum[j] += t.means[i][j];
+          ++col_n[j];
+        }
       }
+      const double ref = t.reference_means[i];
+      line += cell(ref);
+      if (!std::isnan(ref)) {
+        ref_sum += ref;
+        ++ref_n;
+      }
+      for (size_t k = 0; k < t.challengers.size(); ++k) {
+        const double v = t.means[i][challenger_column[k]];
+        if (std::isnan(v) || std::isnan(ref)) {
+          line += fmt::format(" {:>12}", "-");
+          continue;
+        }
+        line += fmt::format(" {:>+12.2f}", v - ref);
+        margin_sum[k] += v - ref;
+        ++compared[k];
+        if (v > ref) ++wins[k];
+        if (v > ref + 0.05) ++clear_wins[k];
+      }
+      if (rows) out += line + "\n";
     }
-    const double ref = t.reference_means[i];
-    out += cell(ref);
-    if (!std::isnan(ref)) {
-      ref_sum += ref;
-      ++ref_n;
-    }
+    out += fmt::format("{:<12} {:>5}", label, "");
+    for (size_t j = 0; j < t.policies.size(); ++j)
+      out += cell(col_n[j] > 0 ? col_sum[j] / col_n[j] : std::nan(""));
+    out += cell(ref_n > 0 ? ref_sum / ref_n : std::nan(""));
     for (size_t k = 0; k < t.challengers.size(); ++k) {
-      const size_t j = static_cast<size_t>(std::find(t.policies.begin(), t.policies.end(), t.challengers[k]) -
-                                           t.policies.begin());
-      const double v = t.means[i][j];
-      if (std::isnan(v) || std::isnan(ref)) {
-        out += fmt::format(" {:>12}", "-");
-        continue;
-      }
-      out += fmt::format(" {:>+12.2f}", v - ref);
-      margin_sum[k] += v - ref;
-      ++compared[k];
-      if (v > ref) ++wins[k];
-      if (v > ref + 0.05) ++clear_wins[k];
+      out += compared[k] > 0 ? fmt::format(" {:>+12.2f}", margin_sum[k] / compared[k])
+                             : fmt::format(" {:>12}", "-");
     }
     out += "\n";
+    for (size_t k = 0; k < t.challengers.size(); ++k) {
+      summary +=
+          fmt::format("{} is above {} of the expected file on {} of {} {}traces (by more than 0.05 on {})\n",
+                      t.challengers[k], t.reference, wins[k], compared[k], what, clear_wins[k]);
+    }
+  };
+  std::string summary;
+  std::vector<size_t> all(t.traces.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  if (!t.grouped) {
+    group(all, true, "mean", "", summary);
+  } else {
+    std::vector<size_t> tuned, held_out;
+    for (size_t i : all) (t.tuned[i] ? tuned : held_out).push_back(i);
+    out += fmt::format("-- tuned on ({} traces)\n", tuned.size());
+    group(tuned, true, "mean tuned", "tuned-on ", summary);
+    out += fmt::format("-- held out ({} traces)\n", held_out.size());
+    if (!held_out.empty()) group(held_out, true, "mean held", "held-out ", summary);
+    out += "--\n";
+    group(all, false, "mean all", "", summary);
   }
-  out += fmt::format("{:<12} {:>5}", "mean", "");
-  for (size_t j = 0; j < t.policies.size(); ++j)
-    out += cell(col_n[j] > 0 ? col_sum[j] / col_n[j] : std::nan(""));
-  out += cell(ref_n > 0 ? ref_sum / ref_n : std::nan(""));
-  for (size_t k = 0; k < t.challengers.size(); ++k) {
-    out += compared[k] > 0 ? fmt::format(" {:>+12.2f}", margin_sum[k] / compared[k])
-                           : fmt::format(" {:>12}", "-");
-  }
-  out += "\n";
-  for (size_t k = 0; k < t.challengers.size(); ++k) {
-    out += fmt::format("{} is above {} of the expected file on {} of {} traces (by more than 0.05 on {})\n",
-                       t.challengers[k], t.reference, wins[k], compared[k], clear_wins[k]);
-  }
-  return out;
+  return out + summary;
 }
 
 }  // namespace gpupool

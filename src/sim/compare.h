@@ -74,7 +74,9 @@ std::string FormatCompare(const CompareResult& result);
 // (its seed-mean at `column`), then the reference policy's mean in `expected` over the same
 // (trace, seed) runs (e.g. FGD's published figures), and for each policy of `actual` that `expected` does not
 // have, its margin over that reference. A bottom row gives the means over the traces, and a line per such
-// policy says on how many traces it beats the reference.
+// policy says on how many traces it beats the reference. With `tuned_on` (traces a policy was tuned or
+// trained on), those traces and the held-out rest are two groups, each with its own means and counts,
+// so that the held-out figures show generalisation rather than fit.
 struct PolicyTable {
   int column = 130;
   std::string reference;                 // sc_policy in `expected`
@@ -85,9 +87,13 @@ struct PolicyTable {
   std::vector<std::vector<double>> means;
   std::vector<double> reference_means;  // per trace; NaN where `expected` lacks it
   std::vector<int> seeds;               // per trace: seeds of the first policy
+  std::vector<bool> tuned;              // per trace: listed in tuned_on (all false without it)
+  bool grouped = false;                 // tuned_on was given
 };
+// `tuned_on`: trace names (short, e.g. "default", or the workload) that must all be in `actual`.
 Result<PolicyTable> MakePolicyTable(const DiscreteTable& expected, const DiscreteTable& actual, int column,
-                                    const std::string& reference);
+                                    const std::string& reference,
+                                    const std::vector<std::string>& tuned_on = {});
 std::string FormatPolicyTable(const PolicyTable& table);
 
 }  // namespace gpupool

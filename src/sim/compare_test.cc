@@ -214,6 +214,29 @@ TEST(PolicyTableTest, PoliciesSideBySideWithTheirMarginOverTheReference) {
 
   EXPECT_FALSE(MakePolicyTable(expected, actual, 131, "06-FGD").ok());
   EXPECT_FALSE(MakePolicyTable(expected, DiscreteTable{}, 130, "06-FGD").ok());
+
+  // Tuned on default, so cpu250 is held out: two groups, each with its own mean and count.
+  auto g = MakePolicyTable(expected, actual, 130, "06-FGD", {"default"});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->tuned, (std::vector<bool>{false, true}));
+  const std::string grouped = FormatPolicyTable(*g);
+  EXPECT_NE(grouped.find("-- tuned on (1 traces)\ndefault"), std::string::npos) << grouped;
+  EXPECT_NE(grouped.find("-- held out (1 traces)\ncpu250"), std::string::npos) << grouped;
+  EXPECT_NE(grouped.find("mean tuned"), std::string::npos) << grouped;
+  EXPECT_NE(grouped.find("mean held"), std::string::npos) << grouped;
+  EXPECT_NE(grouped.find("mean all"), std::string::npos) << grouped;
+  EXPECT_NE(grouped.find("balanced is above 06-FGD of the expected file on 1 of 1 tuned-on traces"),
+            std::string::npos)
+      << grouped;
+  EXPECT_NE(grouped.find("balanced is above 06-FGD of the expected file on 0 of 1 held-out traces"),
+            std::string::npos)
+      << grouped;
+  // The full workload name works too; a trace the actual file lacks is an error naming it.
+  EXPECT_TRUE(MakePolicyTable(expected, actual, 130, "06-FGD", {"openb_pod_list_default"}).ok());
+  auto missing = MakePolicyTable(expected, actual, 130, "06-FGD", {"default", "gpushare80"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().ToString().find("'gpushare80'"), std::string::npos)
+      << missing.status().ToString();
 }
 
 }  // namespace
