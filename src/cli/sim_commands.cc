@@ -7,17 +7,20 @@
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "config/profile_yaml.h"
 #include "sched/profile.h"
 #include "sim/compare.h"
 #include "sim/experiment.h"
 #include "sim/report.h"
 #include "sim/sweep.h"
+#include "sim/train.h"
 
 namespace gpupool {
 
@@ -105,7 +108,27 @@ struct ReportArgs {
   std::string trace;
 };
 
+struct TrainArgs {
+  std::string traces_dir;
+  std::string nodes_csv;
+  std::string trace_list;
+  std::string seeds = "42-44";
+  std::string arrival_order_dir;
+  int generations = 15;
+  int pairs = 6;
+  double sigma = 0.2;
+  double learning_rate = 0.1;
+  uint64_t es_seed = 1;
+  int jobs = 0;
+  double inflate = 1.3;
+  std::string start;  // a profile YAML whose balanced weights to start from
+  std::string name = "learned";
+  std::string out;
+};
+
 struct SimState {
+  CLI::App* train = nullptr;
+  TrainArgs train_args;
   CLI::App* run = nullptr;
   CLI::App* sweep = nullptr;
   CLI::App* compare = nullptr;
@@ -152,9 +175,37 @@ int SweepCommand(const SweepArgs& a) {
     if (!traces.ok()) return Fail(traces.status().WithContext("--trace-list"));
     options.traces = *traces;
   }
-  auto policies = ParsePolicies(a.policies);
-  if (!policies.ok()) return Fail(policies.status().WithContext("--policies"));
-  options.policies = *policies;
+  // Items that are profile files (.yaml/.yml) run as policies named by the profile's name.
+  std::vector<std::string> names;
+  {
+    auto items = a.policies == "all" ? Result<std::vector<std::string>>(std::vector<std::string>{"all"})
+                                     : ParseNameList(a.policies, "policy");
+    if (!items.ok()) return Fail(items.status().WithContext("--policies"));
+    std::vector<std::string> builtin;
+    for (const std::string& item : *items) {
+      const std::string ext = std::filesystem::path(item).extension().string();
+      if (ext != ".yaml" && ext != ".yml") {
+        builtin.push_back(item);
+        continue;
+      }
+      auto profile = LoadProfileFile(item);
+      if (!profile.ok()) return Fail(profile.status().WithContext("--policies"));
+      const std::string name =
+          profile->name.empty() ? std::filesystem::path(item).stem().string() : profile->name;
+      if (!options.profiles.emplace(name, *profile).second) {
+        return Fail(Status::InvalidArgument(fmt::format("--policies: two profiles are named '{}'", name)));
+      }
+      names.push_back(name);
+    }
+    if (!builtin.empty()) {
+      std::string joined;
+      for (const std::string& b : builtin) joined += (joined.empty() ? "" : ",") + b;
+      auto parsed = ParsePolicies(joined);
+      if (!parsed.ok()) return Fail(parsed.status().WithContext("--policies"));
+      names.insert(names.begin(), parsed->begin(), parsed->end());
+    }
+  }
+  options.policies = names;
   auto seeds = ParseSeeds(a.seeds);
   if (!seeds.ok()) return Fail(seeds.status().WithContext("--seeds"));
   options.seeds = *seeds;
@@ -230,6 +281,70 @@ int CompareCommand(const CompareArgs& a) {
   return result->exceeds_tolerance ? 1 : 0;
 }
 
+int TrainCommand(const TrainArgs& a, const std::string& command) {
+  TrainOptions options;
+  options.traces_dir = a.traces_dir;
+  options.nodes_csv = a.nodes_csv;
+  auto traces = ParseNameList(a.trace_list, "trace");
+  if (!traces.ok()) return Fail(traces.status().WithContext("--trace-list"));
+  options.traces = *traces;
+  auto seeds = ParseSeeds(a.seeds);
+  if (!seeds.ok()) return Fail(seeds.status().WithContext("--seeds"));
+  options.seeds = *seeds;
+  if (!a.arrival_order_dir.empty()) options.arrival_order_dir = a.arrival_order_dir;
+  options.generations = a.generations;
+  options.pairs = a.pairs;
+  options.sigma = a.sigma;
+  options.learning_rate = a.learning_rate;
+  options.seed = a.es_seed;
+  options.jobs = a.jobs;
+  options.inflate = a.inflate;
+  if (!a.start.empty()) {
+    auto profile = LoadProfileFile(a.start);
+    if (!profile.ok()) return Fail(profile.status().WithContext("--start"));
+    const PluginRef* balanced = nullptr;
+    for (const PluginRef& s : profile->scores) {
+      if (s.name == "balanced") balanced = &s;
+    }
+    if (balanced == nullptr) {
+      return Fail(
+          Status::InvalidArgument(fmt::format("--start: profile '{}' has no balanced score", a.start)));
+    }
+    if (const Value::Map* m = balanced->args.AsMap()) {
+      for (const auto& [key, v] : *m) {
+        if (key != "weights") continue;
+        auto w = BalancedWeights::FromValue(v);
+        if (!w.ok()) return Fail(w.status().WithContext("--start"));
+        options.start = *w;
+      }
+    }
+  }
+  if (a.name.empty()) return Fail(Status::InvalidArgument("--name must not be empty"));
+  auto result = TrainBalancedWeights(options, [](const TrainGeneration& g) {
+    std::fprintf(stderr, "train: generation %d: objective %.4f, best %.4f (%.0f s)\n", g.generation,
+                 g.objective, g.best, g.seconds);
+  });
+  if (!result.ok()) return Fail(result.status());
+  const std::string text = FormatTrainedProfile(*result, options, a.name, command);
+  // Written whole or not at all: a temporary file renamed over the target.
+  const std::filesystem::path out(a.out);
+  const std::filesystem::path tmp = out.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    f.close();
+    if (!f) return Fail(Status::Internal(fmt::format("cannot write '{}'", tmp.string())));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, out, ec);
+  if (ec)
+    return Fail(
+        Status::Internal(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), a.out, ec.message())));
+  fmt::print("objective {:.4f} -> {:.4f} in {} runs, {:.0f} s\nwrote {}\n", result->start_objective,
+             result->best_objective, result->runs, result->seconds, a.out);
+  return 0;
+}
+
 int ReportCommand(const ReportArgs& a) {
   auto alloc = ReadDiscreteCsv(a.alloc_csv);
   if (!alloc.ok()) return Fail(alloc.status());
@@ -269,7 +384,10 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->sweep->add_option("--traces", s.traces_dir, "Folder with openb_pod_list_<trace>.csv")->required();
   state->sweep->add_option("--nodes", s.nodes_csv,
                            "Node list (default: <traces>/openb_node_list_gpu_node.csv)");
-  state->sweep->add_option("--policies", s.policies, "'all' or a comma-separated list")
+  state->sweep
+      ->add_option("--policies", s.policies,
+                   "'all' or a comma-separated list of policy names and profile files (.yaml, e.g. "
+                   "one written by 'sim train')")
       ->capture_default_str();
   state->sweep->add_option("--seeds", s.seeds, "Seeds, e.g. 42-51 or 42,43")->capture_default_str();
   state->sweep->add_option("--arrival-order", s.arrival_order_dir,
@@ -303,6 +421,30 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->compare->add_option("--reference", c.reference, "sc_policy of --expected that --table compares to")
       ->capture_default_str();
 
+  TrainArgs& t = state->train_args;
+  state->train = sim->add_subcommand(
+      "train", "Train the balanced policy's weights by evolution strategies and write them as a profile");
+  state->train->add_option("--traces", t.traces_dir, "Folder with openb_pod_list_<trace>.csv")->required();
+  state->train->add_option("--nodes", t.nodes_csv,
+                           "Node list (default: <traces>/openb_node_list_gpu_node.csv)");
+  state->train->add_option("--trace-list", t.trace_list, "Comma-separated traces to train on")->required();
+  state->train->add_option("--seeds", t.seeds, "Seeds of the training runs")->capture_default_str();
+  state->train->add_option("--arrival-order", t.arrival_order_dir,
+                           "Folder with the published arrival orders");
+  state->train->add_option("--generations", t.generations, "ES generations")->capture_default_str();
+  state->train->add_option("--pairs", t.pairs, "Antithetic pairs per generation")->capture_default_str();
+  state->train->add_option("--sigma", t.sigma, "Perturbation size")->capture_default_str();
+  state->train->add_option("--learning-rate", t.learning_rate, "Step size")->capture_default_str();
+  state->train->add_option("--es-seed", t.es_seed, "Seed of the perturbations")->capture_default_str();
+  state->train->add_option("--jobs", t.jobs, "Worker threads (0: one per hardware thread)")
+      ->capture_default_str();
+  state->train->add_option("--inflate", t.inflate, "GPU demand to reach, x GPU capacity")
+      ->capture_default_str();
+  state->train->add_option("--start", t.start,
+                           "Profile YAML whose balanced weights to start from (default: balanced's)");
+  state->train->add_option("--name", t.name, "Name of the written profile")->capture_default_str();
+  state->train->add_option("--out", t.out, "Profile YAML to write")->required();
+
   ReportArgs& p = state->report_args;
   state->report = sim->add_subcommand("report", "Write an HTML page of allocation and fragmentation curves");
   state->report->add_option("--alloc", p.alloc_csv, "analysis_allo_discrete.csv")->required();
@@ -312,6 +454,15 @@ std::function<int()> AddSimCommands(CLI::App& app) {
 
   return [state]() -> int {
     try {
+      if (*state->train) {
+        // The command as given, for the profile's header.
+        std::string command = "gpupool sim train";
+        for (const CLI::Option* o : state->train->get_options()) {
+          if (o->count() == 0 || o->get_name() == "--help") continue;
+          command += " " + o->get_name() + " " + o->as<std::string>();
+        }
+        return TrainCommand(state->train_args, command);
+      }
       if (*state->run) return RunCommand(state->run_args);
       if (*state->sweep) return SweepCommand(state->sweep_args);
       if (*state->compare) return CompareCommand(state->compare_args);

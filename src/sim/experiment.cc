@@ -255,7 +255,12 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     return r;
   }
 
-  ASSIGN_OR_RETURN(Profile profile, ProfileForPolicy(options.policy));
+  Profile profile;
+  if (options.profile) {
+    profile = *options.profile;
+  } else {
+    ASSIGN_OR_RETURN(profile, ProfileForPolicy(options.policy));
+  }
   SeededRng rng(options.seed ^ 0x5eed5eedULL);
   PluginInit init;
   init.typical_pods = &typical;

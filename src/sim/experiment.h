@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "model/node.h"
+#include "sched/profile.h"
 #include "sim/trace.h"
 
 namespace gpupool {
@@ -29,6 +30,9 @@ struct ExperimentOptions {
   std::optional<std::string> arrival_order_dir;
   // Every GPU-sharing pod takes a whole GPU (the no-pooling counterfactual).
   bool exclusive = false;
+  // When set, the scheduler runs this profile (e.g. one with trained weights) and `policy` only
+  // names it in the results.
+  std::optional<Profile> profile;
 };
 
 // One metrics row, logged after every pod (placed or failed).

@@ -301,8 +301,14 @@ Result<SweepResult> RunSweep(const SweepOptions& options,
   RETURN_IF_ERROR(CheckUnique(options.policies, "policy"));
   RETURN_IF_ERROR(CheckUnique(options.seeds, "seed"));
   const auto known = SweepPolicyNames();
+  for (const auto& [name, profile] : options.profiles) {
+    if (std::find(known.begin(), known.end(), name) != known.end()) {
+      return Status::InvalidArgument(
+          fmt::format("profile '{}' has the name of a built-in policy; rename it", name));
+    }
+  }
   for (const auto& p : options.policies) {
-    if (std::find(known.begin(), known.end(), p) == known.end()) {
+    if (std::find(known.begin(), known.end(), p) == known.end() && !options.profiles.contains(p)) {
       return Status::InvalidArgument(
           fmt::format("unknown policy '{}' (known: {})", p, fmt::join(known, ", ")));
     }
@@ -336,6 +342,7 @@ Result<SweepResult> RunSweep(const SweepOptions& options,
         e.inflate = options.inflate;
         e.arrival_order_dir = options.arrival_order_dir;
         e.exclusive = options.exclusive;
+        if (auto it = options.profiles.find(policy); it != options.profiles.end()) e.profile = it->second;
         tasks.push_back({t, std::move(e)});
       }
     }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,9 @@ struct SweepOptions {
   int jobs = 1;         // worker threads; <= 0: the number of hardware threads
   double inflate = 1.3;
   bool exclusive = false;
+  // Policies named here run with these profiles (e.g. one trained by `gpupool sim train`); their names
+  // must not be those of SweepPolicyNames().
+  std::map<std::string, Profile> profiles;
 };
 
 struct SweepProgress {

@@ -38,7 +38,10 @@
 //
 // GPU choice: a share task takes the GPU FGD's score picked (lowest index among equal scores);
 // whole GPUs go to the topology's best set (the k lowest-index free GPUs on flat boards).
+#include "sched/plugins/balanced.h"
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -51,7 +54,6 @@
 namespace gpupool {
 namespace {
 
-constexpr int64_t kPointValue = 10'000;     // score units per FGD point
 constexpr int64_t kCpuDeficitWeight = 100;  // score units per mCPU a CPU-only task digs below
 constexpr uint64_t kRelearnEvery = 1024;    // after the doubling phase
 
@@ -66,10 +68,58 @@ double CpuPerShare(const std::vector<TypicalPod>& pods) {
   return share > 0 ? cpu / share : 0.0;
 }
 
+}  // namespace
+
+std::vector<std::string> BalancedWeights::Names() {
+  return {"point",       "wholeCpu",  "wholeMemory", "wholeFree",    "shareCpu",
+          "shareMemory", "shareFree", "cpuOnlyCpu",  "cpuOnlyMemory"};
+}
+
+std::vector<double*> BalancedWeights::Fields() {
+  return {&point,        &whole_cpu,  &whole_memory, &whole_free,     &share_cpu,
+          &share_memory, &share_free, &cpu_only_cpu, &cpu_only_memory};
+}
+
+Value BalancedWeights::ToValue() const {
+  BalancedWeights copy = *this;
+  Value::Map m;
+  const std::vector<std::string> names = Names();
+  const std::vector<double*> fields = copy.Fields();
+  for (size_t i = 0; i < names.size(); ++i) m.emplace_back(names[i], Value(*fields[i]));
+  return Value(std::move(m));
+}
+
+Result<BalancedWeights> BalancedWeights::FromValue(const Value& v) {
+  BalancedWeights w;
+  const Value::Map* m = v.AsMap();
+  if (m == nullptr) return Status::InvalidArgument("weights must be a map of name: number");
+  const std::vector<std::string> names = Names();
+  const std::vector<double*> fields = w.Fields();
+  for (const auto& [key, value] : *m) {
+    auto it = std::find(names.begin(), names.end(), key);
+    if (it == names.end()) {
+      return Status::InvalidArgument(
+          fmt::format("unknown weight '{}' (known: {})", key, fmt::join(names, ", ")));
+    }
+    ASSIGN_OR_RETURN(const double x, value.AsDouble("weights." + key));
+    if (!std::isfinite(x)) return Status::InvalidArgument(fmt::format("weights.{} must be finite", key));
+    *fields[static_cast<size_t>(it - names.begin())] = x;
+  }
+  if (!(w.point > 0)) {
+    return Status::InvalidArgument(fmt::format("weights.point must be positive, got {}", w.point));
+  }
+  return w;
+}
+
+namespace {
+
 class BalancedPlugin final : public ScorePlugin, public GpuSelector {
  public:
-  BalancedPlugin(std::vector<TypicalPod> prior, bool learn, double coverage)
-      : learn_(learn), coverage_(coverage) {
+  BalancedPlugin(std::vector<TypicalPod> prior, bool learn, double coverage, BalancedWeights weights)
+      : learn_(learn),
+        coverage_(coverage),
+        w_(weights),
+        point_(static_cast<int64_t>(std::llround(w_.point))) {
     SetWorkload(std::move(prior));
   }
 
@@ -100,20 +150,29 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
     const NodeState& s = view.ledger->state(node);
     const int64_t points = core_.Points(*view.ledger, t, node);
+    // The terms are in mCPU (free share counts as the CPU its GPUs would need, x rho); with the
+    // default weights each expression is the hand-made score's, to the bit.
     if (!t.wants_gpu() || t.mig) {
       const double surplus = Surplus(s.free_cpu - t.cpu, s.free_gpu_share);
       const double mem = MemorySurplus(s.free_memory - t.memory, s.free_gpu_share);
-      return points * kPointValue +
-             kCpuDeficitWeight * static_cast<int64_t>(std::min(surplus, 0.0) + std::min(mem, 0.0));
+      return points * point_ +
+             kCpuDeficitWeight * static_cast<int64_t>(w_.cpu_only_cpu * std::min(surplus, 0.0) +
+                                                      w_.cpu_only_memory * std::min(mem, 0.0));
     }
     if (t.share_task) {
-      const double mem = MemorySurplus(s.free_memory - t.memory, s.free_gpu_share - t.share);
-      return points * kPointValue + static_cast<int64_t>(std::min(mem, 0.0));
+      const int64_t share_after = s.free_gpu_share - t.share;
+      const double mem = MemorySurplus(s.free_memory - t.memory, share_after);
+      const double surplus = Surplus(s.free_cpu - t.cpu, share_after);
+      return points * point_ +
+             static_cast<int64_t>(w_.share_memory * std::min(mem, 0.0) - w_.share_cpu * std::abs(surplus) -
+                                  w_.share_free * rho_ * static_cast<double>(share_after));
     }
     const int64_t share_after = s.free_gpu_share - static_cast<int64_t>(t.gpu_count) * t.share;
     const double surplus = Surplus(s.free_cpu - t.cpu, share_after);
     const double mem = MemorySurplus(s.free_memory - t.memory, share_after);
-    return points * kPointValue - static_cast<int64_t>(std::abs(surplus) - std::min(mem, 0.0));
+    return points * point_ -
+           static_cast<int64_t>(w_.whole_cpu * std::abs(surplus) - w_.whole_memory * std::min(mem, 0.0) +
+                                w_.whole_free * rho_ * static_cast<double>(share_after));
   }
 
   Result<std::vector<GpuGrant>> Select(const ClusterView& view, const PreparedTask& t,
@@ -144,6 +203,8 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
 
   const bool learn_;
   const double coverage_;
+  const BalancedWeights w_;
+  const int64_t point_;  // score units per FGD point
   FgdCore core_{{}};
   double rho_ = 0;
   double mu_ = 0;  // MiB of memory per milli-GPU of the GPU tasks seen
@@ -158,9 +219,12 @@ Result<std::unique_ptr<BalancedPlugin>> MakeBalanced(const Value& args, const Pl
   std::vector<TypicalPod> prior;
   std::string workload = "observed";
   double coverage = 0.95;
+  BalancedWeights weights;
   if (const Value::Map* m = args.AsMap()) {
     for (const auto& [key, v] : *m) {
-      if (key == "typicalPods") {
+      if (key == "weights") {
+        ASSIGN_OR_RETURN(weights, BalancedWeights::FromValue(v));
+      } else if (key == "typicalPods") {
         ASSIGN_OR_RETURN(prior, ParseTypicalPods(v));
       } else if (key == "workload") {
         ASSIGN_OR_RETURN(workload, v.AsString("workload"));
@@ -168,7 +232,7 @@ Result<std::unique_ptr<BalancedPlugin>> MakeBalanced(const Value& args, const Pl
         ASSIGN_OR_RETURN(coverage, v.AsDouble("coverage"));
       } else {
         return Status::InvalidArgument(
-            fmt::format("unknown argument '{}' (typicalPods, workload, coverage)", key));
+            fmt::format("unknown argument '{}' (typicalPods, workload, coverage, weights)", key));
       }
     }
   } else if (!args.is_null()) {
@@ -193,7 +257,7 @@ Result<std::unique_ptr<BalancedPlugin>> MakeBalanced(const Value& args, const Pl
   // Until the first task is seen: one whole GPU with no CPU (the prior is replaced on the first
   // observation when learning).
   if (prior.empty()) prior.push_back(TypicalPod{0, 1000, 1, {}, 1.0});
-  return std::make_unique<BalancedPlugin>(std::move(prior), learn, coverage);
+  return std::make_unique<BalancedPlugin>(std::move(prior), learn, coverage, weights);
 }
 
 }  // namespace

@@ -6,7 +6,11 @@
 //   CPU-only task:  score = points x 10,000 + 100 x (min(surplus, 0) + memory deficit)
 //   share task:     score = points x 10,000 + memory deficit (FGD's own choice when memory is ample)
 // Cases computed by hand; where FGD would choose differently the test says so.
+#include "sched/plugins/balanced.h"
+
 #include <gtest/gtest.h>
+
+#include <limits>
 
 #include "sched/test_util.h"
 
@@ -42,6 +46,34 @@ TEST(Balanced, WholeGpuTaskKeepsTheNodeBalanced) {
   EXPECT_EQ(RawScores(c, "fgd", task, {a, b}), (std::vector<int64_t>{50, 50}));
   ExpectPlaced(c.BuildProfile(BalancedGiven(), DefaultRegistry()), task, b, {0});
   ExpectPlaced(c.Build("fgd"), task, a, {0});
+}
+
+// The weights scale each term (plugins/balanced.h). The case above with point 1000, wholeCpu 2 and
+// wholeFree -1 (pack: prefer nodes left with less free share; rho x free share after = 8 x 3000 =
+// 24000 on both nodes):
+//   A: 50 x 1000 - (2 x 32000 - 24000) = 10000;  B: 50 x 1000 - (2 x 8000 - 24000) = 58000.
+// An empty weights map is the hand-made score.
+TEST(Balanced, WeightsScaleEachTerm) {
+  TestCluster c;
+  c.SetTypicalPods({Typical(8000, 1000, 1, 1.0)});
+  const NodeIndex a = c.AddNode("a", 64000, 64000, 4);
+  const NodeIndex b = c.AddNode("b", 40000, 64000, 4);
+  const TaskRequest task = Task().Cpu(8000).Gpus(1, 1000);
+  const Value w(Value::Map{{"point", 1000}, {"wholeCpu", 2}, {"wholeFree", -1}});
+  EXPECT_EQ(RawScores(c, "balanced", task, {a, b}, Value(Value::Map{{"workload", "given"}, {"weights", w}})),
+            (std::vector<int64_t>{10000, 58000}));
+  EXPECT_EQ(RawScores(c, "balanced", task, {a, b},
+                      Value(Value::Map{{"workload", "given"}, {"weights", Value(Value::Map{})}})),
+            (std::vector<int64_t>{468000, 492000}));
+  // Round trip through Value.
+  BalancedWeights trained;
+  trained.share_cpu = 0.25;
+  trained.whole_free = -0.5;
+  auto back = BalancedWeights::FromValue(trained.ToValue());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->share_cpu, 0.25);
+  EXPECT_EQ(back->whole_free, -0.5);
+  EXPECT_EQ(back->point, 10000);
 }
 
 // FGD points come first: one point is worth 10 cores of imbalance. Typical pods (8000, 1000, 1)
@@ -176,9 +208,27 @@ TEST(Balanced, BadArgumentsAreNamed) {
   auto bad_workload = make(Value(Value::Map{{"workload", "later"}}));
   ASSERT_FALSE(bad_workload.ok());
   EXPECT_NE(bad_workload.status().message().find("workload must be"), std::string::npos);
-  auto bad_key = make(Value(Value::Map{{"weights", 1}}));
+  auto bad_key = make(Value(Value::Map{{"weight", 1}}));
   ASSERT_FALSE(bad_key.ok());
-  EXPECT_NE(bad_key.status().message().find("unknown argument 'weights'"), std::string::npos);
+  EXPECT_NE(bad_key.status().message().find("unknown argument 'weight'"), std::string::npos);
+  // Weights: a map of known names to finite numbers, point positive.
+  auto weights = [&](Value w) { return make(Value(Value::Map{{"weights", std::move(w)}})); };
+  auto not_map = weights(Value(1));
+  ASSERT_FALSE(not_map.ok());
+  EXPECT_NE(not_map.status().message().find("weights must be a map"), std::string::npos);
+  auto unknown = weights(Value(Value::Map{{"wholeGpu", 1}}));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown weight 'wholeGpu'"), std::string::npos);
+  auto text = weights(Value(Value::Map{{"wholeCpu", "x"}}));
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.status().message().find("weights.wholeCpu must be a number"), std::string::npos);
+  auto zero_point = weights(Value(Value::Map{{"point", 0}}));
+  ASSERT_FALSE(zero_point.ok());
+  EXPECT_NE(zero_point.status().message().find("weights.point must be positive"), std::string::npos);
+  auto inf = weights(Value(Value::Map{{"shareFree", std::numeric_limits<double>::infinity()}}));
+  ASSERT_FALSE(inf.ok());
+  EXPECT_NE(inf.status().message().find("weights.shareFree must be finite"), std::string::npos);
+  EXPECT_TRUE(weights(Value(Value::Map{{"point", 1000}, {"cpuOnlyMemory", -2.5}})).ok());
   auto bad_coverage = make(Value(Value::Map{{"coverage", 0}}));
   ASSERT_FALSE(bad_coverage.ok());
   EXPECT_NE(bad_coverage.status().message().find("coverage"), std::string::npos);

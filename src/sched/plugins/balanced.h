@@ -1,0 +1,42 @@
+// The weights of the balanced policy's score (plugins/balanced.cc), so that a trainer (sim/train.h)
+// can search them and a profile can set them: `balanced` args `weights: {name: number, ...}`.
+//
+// score = point x FGD points (an integer, rounded from `point`)
+//   whole-GPU task:  - wholeCpu |CPU surplus| + wholeMemory min(memory surplus, 0)
+//                    - wholeFree rho x free GPU share after
+//   share task:      + shareMemory min(memory surplus, 0) - shareCpu |CPU surplus|
+//                    - shareFree rho x free GPU share after
+//   CPU-only task:   + 100 x trunc(cpuOnlyCpu min(CPU surplus, 0) + cpuOnlyMemory min(memory surplus, 0))
+// with every surplus in mCPU after the placement, as balanced.cc defines them. The defaults are the
+// hand-made policy; a negative *Free weight packs (prefers nodes left with less free share).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/value.h"
+
+namespace gpupool {
+
+struct BalancedWeights {
+  double point = 10'000;
+  double whole_cpu = 1;
+  double whole_memory = 1;
+  double whole_free = 0;
+  double share_cpu = 0;
+  double share_memory = 1;
+  double share_free = 0;
+  double cpu_only_cpu = 1;
+  double cpu_only_memory = 1;
+
+  // The argument names, in the order of Fields().
+  static std::vector<std::string> Names();
+  std::vector<double*> Fields();
+  Value ToValue() const;
+  // Missing names keep their defaults; unknown names, non-numbers, non-finite values and a
+  // non-positive point are errors.
+  static Result<BalancedWeights> FromValue(const Value& v);
+};
+
+}  // namespace gpupool
