@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <iterator>
 #include <map>
@@ -162,6 +163,25 @@ class GlpkScope {
   GlpkScope& operator=(const GlpkScope&) = delete;
 };
 
+// Solves `lp` to optimality: from its current basis by dual simplex when `warm` (only bounds changed
+// since the last optimum, so the basis is still dual feasible), else by primal simplex. A warm
+// start that goes wrong (a singular basis, or stalling: GLPK's dual simplex was seen to cycle on a
+// blocking LP of multigpu30, seed 46) gets an iteration limit and one more try from the slack basis.
+bool SolveLp(glp_prob* lp, bool warm) {
+  glp_smcp parm;
+  glp_init_smcp(&parm);
+  parm.msg_lev = GLP_MSG_OFF;
+  if (warm) {
+    parm.meth = GLP_DUALP;
+    parm.it_lim = 20'000;
+    if (glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT) return true;
+  }
+  glp_std_basis(lp);
+  parm.meth = GLP_PRIMAL;
+  parm.it_lim = INT_MAX;
+  return glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT;
+}
+
 // The LP for a fixed set of node and pod types; only the pod counts (the bounds of the pod rows)
 // change between solves, so each solve after the first starts from the previous optimal basis, which
 // stays dual feasible.
@@ -247,24 +267,12 @@ class BoundLp {
   // The optimum in milli-GPU.
   Result<double> Solve() {
     if (columns_ == 0) return 0.0;
-    glp_smcp parm;
-    glp_init_smcp(&parm);
-    parm.msg_lev = GLP_MSG_OFF;
-    parm.meth = warm_ ? GLP_DUALP : GLP_PRIMAL;
-    int ret = glp_simplex(lp_.get(), &parm);
-    if (ret != 0 || glp_get_status(lp_.get()) != GLP_OPT) {
-      // A warm start that went wrong (e.g. a singular basis): once more from the slack basis. The pod
-      // rows bound every column, and a real run's placement satisfies every row (also the forced
-      // lower bounds), so an optimum exists; failing here is a bug in the argument or in GLPK.
-      glp_std_basis(lp_.get());
-      parm.meth = GLP_PRIMAL;
-      ret = glp_simplex(lp_.get(), &parm);
-      if (ret != 0 || glp_get_status(lp_.get()) != GLP_OPT) {
-        warm_ = false;
-        return Status::Internal(
-            fmt::format("allocation bound: GLPK simplex failed (return code {}, status {})", ret,
-                        glp_get_status(lp_.get())));
-      }
+    // The pod rows bound every column, and a real run's placement satisfies every row (also the
+    // forced lower bounds), so an optimum exists; failing here is a bug in the argument or in GLPK.
+    if (!SolveLp(lp_.get(), warm_)) {
+      warm_ = false;
+      return Status::Internal(
+          fmt::format("allocation bound: GLPK simplex failed (status {})", glp_get_status(lp_.get())));
     }
     warm_ = true;
     return glp_get_obj_val(lp_.get()) * 1000.0;
@@ -372,24 +380,12 @@ class BlockingLp {
   }
 
   // Whether the arrived pods could block every node q fits (the LP reaches their number). Within GLPK's
-  // tolerance a tie counts as "could", which only makes fewer pods forced.
-  Result<bool> CanBlock() {
-    glp_smcp parm;
-    glp_init_smcp(&parm);
-    parm.msg_lev = GLP_MSG_OFF;
-    parm.meth = warm_ ? GLP_DUALP : GLP_PRIMAL;
-    int ret = glp_simplex(lp_.get(), &parm);
-    if (ret != 0 || glp_get_status(lp_.get()) != GLP_OPT) {
-      glp_std_basis(lp_.get());  // zero is feasible, and every column is bounded through its rows
-      parm.meth = GLP_PRIMAL;
-      ret = glp_simplex(lp_.get(), &parm);
-      if (ret != 0 || glp_get_status(lp_.get()) != GLP_OPT) {
-        warm_ = false;
-        return Status::Internal(
-            fmt::format("allocation bound: GLPK simplex failed on a blocking LP (return "
-                        "code {}, status {})",
-                        ret, glp_get_status(lp_.get())));
-      }
+  // tolerance a tie counts as "could", which only makes fewer pods forced; so does a solve that fails
+  // twice (never seen), which keeps the bound valid, only looser.
+  bool CanBlock() {
+    if (!SolveLp(lp_.get(), warm_)) {
+      warm_ = false;
+      return true;
     }
     warm_ = true;
     return glp_get_obj_val(lp_.get()) >= need_ - 1e-6 * std::max(1.0, need_);
@@ -439,8 +435,7 @@ Result<std::vector<bool>> ForcedArrivals(const std::vector<NodeType>& nodes, con
     while (lo < hi) {
       const size_t mid = lo + (hi - lo) / 2;
       move_to(lp, mine[mid]);
-      ASSIGN_OR_RETURN(const bool can_block, lp.CanBlock());
-      if (can_block) {
+      if (lp.CanBlock()) {
         hi = mid;
       } else {
         lo = mid + 1;
