@@ -22,6 +22,7 @@ echo "== CLI smoke"
 ./build/gpupool version
 ./build/gpupool policies
 ./build/gpupool profile check examples/profiles/fgd-topology.yaml
+./build/gpupool profile check examples/profiles/learned.yaml
 if ./build/gpupool profile check examples/profiles/does-not-exist.yaml 2>/dev/null; then
   echo "profile check accepted a missing file" >&2
   exit 1
@@ -53,12 +54,21 @@ if [ -d "$T/fgd-arrival-orders" ]; then
     --actual build/sim-sweep/analysis_allo_discrete.csv --at 100,130
   ./build/gpupool sim report --alloc build/sim-sweep/analysis_allo_discrete.csv \
     --frag build/sim-sweep/analysis_frag_discrete.csv --out build/sim-report.html
-  # The default policy and the LP bound beside FGD's published figures.
-  ./build/gpupool sim sweep --traces "$T/alibaba-gpu-v2023" --policies balanced,bound --seeds 42,43 \
+  # The default policy, the trained profile and both LP bounds beside FGD's published figures.
+  ./build/gpupool sim sweep --traces "$T/alibaba-gpu-v2023" \
+    --policies balanced,bound,bound-relaxed,examples/profiles/learned.yaml --seeds 42,43 \
     --trace-list default --arrival-order "$T/fgd-arrival-orders" --out build/sim-sweep-balanced --jobs "$jobs"
   ./build/gpupool sim compare --expected "$T/fgd-published-results/analysis_allo_discrete.csv" \
-    --actual build/sim-sweep-balanced/analysis_allo_discrete.csv --at 130 --table
+    --actual build/sim-sweep-balanced/analysis_allo_discrete.csv --at 130 --table --tuned-on default
+  # Both bounds at or above every published run and every run of the sweep, in every column.
+  python3 scripts/check_bound.py "$T/fgd-published-results/analysis_allo_discrete.csv" \
+    build/sim-sweep-balanced/analysis_allo_discrete.csv
 fi
+# Training end to end on the carried trace (one generation), then the written profile in a sweep.
+./build/gpupool sim train --traces data/alibaba --trace-list default --seeds 42 --generations 1 --pairs 1 \
+  --jobs "$jobs" --out build/learned-smoke.yaml
+./build/gpupool sim sweep --traces data/alibaba --trace-list default --seeds 42 \
+  --policies balanced,build/learned-smoke.yaml --out build/sim-sweep-learned --jobs "$jobs"
 # With no --policy: the default (balanced) on gpupool's own arrival order.
 ./build/gpupool sim run --nodes data/alibaba/openb_node_list_gpu_node.csv \
   --pods data/alibaba/openb_pod_list_default.csv --seed 42

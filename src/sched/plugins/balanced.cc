@@ -36,6 +36,10 @@
 // points below FGD; with it for whole-GPU tasks 0.04 above, and for share tasks too 0.06). The
 // scores are not in [0, 100]: use it alone, or give other plugins weights to match.
 //
+// Weights: each term above has a weight, an argument of the plugin (`weights`, plugins/balanced.h);
+// the defaults are the hand-made score described here, to the bit. `gpupool sim train` learns other
+// weights in the simulator (sim/train.h) and writes them as a profile.
+//
 // GPU choice: a share task takes the GPU FGD's score picked (lowest index among equal scores);
 // whole GPUs go to the topology's best set (the k lowest-index free GPUs on flat boards).
 #include "sched/plugins/balanced.h"
