@@ -175,17 +175,22 @@ int SweepCommand(const SweepArgs& a) {
     if (!traces.ok()) return Fail(traces.status().WithContext("--trace-list"));
     options.traces = *traces;
   }
-  // Items that are profile files (.yaml/.yml) run as policies named by the profile's name.
+  // "all" is the six published policies. Otherwise the items run in the order given: profile files
+  // (.yaml/.yml) as policies named by the profile's name, other items as built-in policies, which
+  // RunSweep checks against SweepPolicyNames().
   std::vector<std::string> names;
-  {
-    auto items = a.policies == "all" ? Result<std::vector<std::string>>(std::vector<std::string>{"all"})
-                                     : ParseNameList(a.policies, "policy");
+  if (a.policies == "all") {
+    names = PublishedPolicies();
+  } else {
+    auto items = ParseNameList(a.policies, "policy");
     if (!items.ok()) return Fail(items.status().WithContext("--policies"));
-    std::vector<std::string> builtin;
     for (const std::string& item : *items) {
       const std::string ext = std::filesystem::path(item).extension().string();
       if (ext != ".yaml" && ext != ".yml") {
-        builtin.push_back(item);
+        if (item == "all") {
+          return Fail(Status::InvalidArgument("--policies: 'all' cannot be combined with other policies"));
+        }
+        names.push_back(item);
         continue;
       }
       auto profile = LoadProfileFile(item);
@@ -196,13 +201,6 @@ int SweepCommand(const SweepArgs& a) {
         return Fail(Status::InvalidArgument(fmt::format("--policies: two profiles are named '{}'", name)));
       }
       names.push_back(name);
-    }
-    if (!builtin.empty()) {
-      std::string joined;
-      for (const std::string& b : builtin) joined += (joined.empty() ? "" : ",") + b;
-      auto parsed = ParsePolicies(joined);
-      if (!parsed.ok()) return Fail(parsed.status().WithContext("--policies"));
-      names.insert(names.begin(), parsed->begin(), parsed->end());
     }
   }
   options.policies = names;
@@ -302,22 +300,9 @@ int TrainCommand(const TrainArgs& a, const std::string& command) {
   if (!a.start.empty()) {
     auto profile = LoadProfileFile(a.start);
     if (!profile.ok()) return Fail(profile.status().WithContext("--start"));
-    const PluginRef* balanced = nullptr;
-    for (const PluginRef& s : profile->scores) {
-      if (s.name == "balanced") balanced = &s;
-    }
-    if (balanced == nullptr) {
-      return Fail(
-          Status::InvalidArgument(fmt::format("--start: profile '{}' has no balanced score", a.start)));
-    }
-    if (const Value::Map* m = balanced->args.AsMap()) {
-      for (const auto& [key, v] : *m) {
-        if (key != "weights") continue;
-        auto w = BalancedWeights::FromValue(v);
-        if (!w.ok()) return Fail(w.status().WithContext("--start"));
-        options.start = *w;
-      }
-    }
+    auto w = BalancedWeights::FromProfile(*profile);
+    if (!w.ok()) return Fail(w.status().WithContext(fmt::format("--start {}", a.start)));
+    options.start = *w;
   }
   if (a.name.empty()) return Fail(Status::InvalidArgument("--name must not be empty"));
   auto result = TrainBalancedWeights(options, [](const TrainGeneration& g) {

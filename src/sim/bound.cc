@@ -163,6 +163,12 @@ class GlpkScope {
   GlpkScope& operator=(const GlpkScope&) = delete;
 };
 
+// A GLPK problem, deleted with its owner.
+struct GlpProbDeleter {
+  void operator()(glp_prob* lp) const { glp_delete_prob(lp); }
+};
+using GlpProb = std::unique_ptr<glp_prob, GlpProbDeleter>;
+
 // Solves `lp` to optimality: from its current basis by dual simplex when `warm` (only bounds changed
 // since the last optimum, so the basis is still dual feasible), else by primal simplex. A warm
 // start that goes wrong (a singular basis, or stalling: GLPK's dual simplex was seen to cycle on a
@@ -281,10 +287,7 @@ class BoundLp {
  private:
   static int Row(size_t pod_type) { return static_cast<int>(pod_type) + 1; }
 
-  struct Deleter {
-    void operator()(glp_prob* lp) const { glp_delete_prob(lp); }
-  };
-  std::unique_ptr<glp_prob, Deleter> lp_;
+  GlpProb lp_;
   int columns_ = 0;
   bool warm_ = false;
 };
@@ -392,10 +395,7 @@ class BlockingLp {
   }
 
  private:
-  struct Deleter {
-    void operator()(glp_prob* lp) const { glp_delete_prob(lp); }
-  };
-  std::unique_ptr<glp_prob, Deleter> lp_;
+  GlpProb lp_;
   double need_ = 0;
   bool warm_ = false;
 };

@@ -4,20 +4,18 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <atomic>
 #include <charconv>
 #include <chrono>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <thread>
 #include <tuple>
 
 #include "sched/profile.h"
 #include "sim/bound.h"
+#include "sim/parallel.h"
 
 namespace gpupool {
 
@@ -148,19 +146,6 @@ Result<std::vector<std::string>> ParseNameList(const std::string& text, const ch
   }
   RETURN_IF_ERROR(CheckUnique(out, what));
   return out;
-}
-
-Result<std::vector<std::string>> ParsePolicies(const std::string& text) {
-  if (Trim(text) == "all") return PublishedPolicies();
-  ASSIGN_OR_RETURN(auto names, ParseNameList(text, "policy"));
-  const auto known = SweepPolicyNames();
-  for (const auto& n : names) {
-    if (std::find(known.begin(), known.end(), n) == known.end()) {
-      return Status::InvalidArgument(
-          fmt::format("unknown policy '{}' (known: all, {})", n, fmt::join(known, ", ")));
-    }
-  }
-  return names;
 }
 
 void SortDiscreteRows(std::vector<DiscreteRow>& rows) {
@@ -349,61 +334,30 @@ Result<SweepResult> RunSweep(const SweepOptions& options,
   }
 
   std::vector<std::optional<ExperimentResult>> slots(tasks.size());
-  std::atomic<size_t> next{0};
-  std::atomic<bool> stop{false};
-  std::mutex mu;  // guards done, failure, and the progress callback
+  std::mutex mu;  // guards done and the progress callback
   int done = 0;
-  std::optional<Status> failure;
   const int total = static_cast<int>(tasks.size());
-
-  auto worker = [&] {
-    while (!stop.load()) {
-      const size_t i = next.fetch_add(1);
-      if (i >= tasks.size()) return;
-      const Task& task = tasks[i];
-      Result<ExperimentResult> r = Status::Internal("not run");
-      try {
-        r = RunExperiment(inputs[task.trace], task.options);
-      } catch (const std::exception& ex) {
-        r = Status::Internal(fmt::format("exception: {}", ex.what()));
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (!r.ok()) {
-        if (!failure) {
-          failure =
-              r.status().WithContext(fmt::format("experiment trace={} policy={} seed={}", task.options.trace,
-                                                 task.options.policy, task.options.seed));
-        }
-        stop.store(true);
-        return;
-      }
-      slots[i] = std::move(r).value();
-      ++done;
-      if (progress) {
-        SweepProgress p;
-        p.done = done;
-        p.total = total;
-        p.last = &*slots[i];
-        p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        progress(p);
-      }
+  const Status status = ParallelFor(tasks.size(), options.jobs, [&](size_t i) -> Status {
+    const Task& task = tasks[i];
+    Result<ExperimentResult> r = RunExperiment(inputs[task.trace], task.options);
+    if (!r.ok()) {
+      return r.status().WithContext(fmt::format("experiment trace={} policy={} seed={}", task.options.trace,
+                                                task.options.policy, task.options.seed));
     }
-  };
-
-  int jobs = options.jobs;
-  if (jobs <= 0) jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  jobs = std::min(jobs, total);
-  std::vector<std::thread> threads;
-  try {
-    for (int j = 1; j < jobs; ++j) threads.emplace_back(worker);
-  } catch (const std::exception& ex) {
-    stop.store(true);
-    for (auto& th : threads) th.join();
-    return Status::Internal(fmt::format("sweep: cannot start worker threads: {}", ex.what()));
-  }
-  worker();  // this thread is one of the workers
-  for (auto& th : threads) th.join();
-  if (failure) return *failure;
+    std::lock_guard<std::mutex> lock(mu);
+    slots[i] = std::move(r).value();
+    ++done;
+    if (progress) {
+      SweepProgress p;
+      p.done = done;
+      p.total = total;
+      p.last = &*slots[i];
+      p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      progress(p);
+    }
+    return Status::Ok();
+  });
+  if (!status.ok()) return status;
 
   SweepResult result;
   result.results.reserve(slots.size());

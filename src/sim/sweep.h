@@ -24,8 +24,6 @@ std::vector<std::string> PublishedPolicies();
 Result<std::vector<uint64_t>> ParseSeeds(const std::string& text);
 // The scheduler's policies (PolicyNames()) and the pseudo-policy "bound" (sim/bound.h).
 std::vector<std::string> SweepPolicyNames();
-// "all" (the six published policies) or a comma-separated list of names from SweepPolicyNames().
-Result<std::vector<std::string>> ParsePolicies(const std::string& text);
 // A comma-separated list of names; empty items are an error.
 Result<std::vector<std::string>> ParseNameList(const std::string& text, const char* what);
 

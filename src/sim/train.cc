@@ -3,15 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <numbers>
-#include <thread>
 
 #include "common/rng.h"
 #include "sim/experiment.h"
+#include "sim/parallel.h"
 
 namespace gpupool {
 
@@ -125,8 +124,6 @@ Result<TrainResult> TrainBalancedWeights(const TrainOptions& options,
     if (!loaded.ok()) return loaded.status().WithContext(fmt::format("trace '{}'", trace));
     inputs.push_back(std::move(loaded).value());
   }
-  const int jobs =
-      options.jobs > 0 ? options.jobs : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 
   TrainResult result;
   // The objective of each candidate: every (trace, seed) run, spread over the workers.
@@ -134,36 +131,24 @@ Result<TrainResult> TrainBalancedWeights(const TrainOptions& options,
     const size_t per = inputs.size() * options.seeds.size();
     const size_t total = candidates.size() * per;
     std::vector<double> alloc(total, 0);
-    std::vector<Status> errors(total, Status::Ok());
     std::vector<Profile> profiles;
     for (const BalancedWeights& w : candidates) profiles.push_back(BalancedProfile(w, "train"));
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i; (i = next++) < total;) {
-        const size_t c = i / per;
-        const size_t t = (i % per) / options.seeds.size();
-        ExperimentOptions e;
-        e.trace = options.traces[t];
-        e.policy = "train";
-        e.seed = options.seeds[i % options.seeds.size()];
-        e.inflate = options.inflate;
-        e.arrival_order_dir = options.arrival_order_dir;
-        e.profile = profiles[c];
-        auto r = RunExperiment(inputs[t], e);
-        if (!r.ok()) {
-          errors[i] = r.status().WithContext(fmt::format("training run trace={} seed={}", e.trace, e.seed));
-          continue;
-        }
-        alloc[i] = r->alloc[kColumn];
-      }
-    };
-    std::vector<std::thread> threads;
-    for (int j = 1; j < jobs; ++j) threads.emplace_back(work);
-    work();
-    for (std::thread& th : threads) th.join();
-    for (const Status& s : errors) {
-      if (!s.ok()) return s;
-    }
+    RETURN_IF_ERROR(ParallelFor(total, options.jobs, [&](size_t i) -> Status {
+      const size_t c = i / per;
+      const size_t t = (i % per) / options.seeds.size();
+      ExperimentOptions e;
+      e.trace = options.traces[t];
+      e.policy = "train";
+      e.seed = options.seeds[i % options.seeds.size()];
+      e.inflate = options.inflate;
+      e.arrival_order_dir = options.arrival_order_dir;
+      e.profile = profiles[c];
+      auto r = RunExperiment(inputs[t], e);
+      if (!r.ok())
+        return r.status().WithContext(fmt::format("training run trace={} seed={}", e.trace, e.seed));
+      alloc[i] = r->alloc[kColumn];
+      return Status::Ok();
+    }));
     result.runs += static_cast<int64_t>(total);
     std::vector<double> objective(candidates.size(), 0);
     for (size_t c = 0; c < candidates.size(); ++c) {

@@ -115,6 +115,20 @@ Result<BalancedWeights> BalancedWeights::FromValue(const Value& v) {
   return w;
 }
 
+Result<BalancedWeights> BalancedWeights::FromProfile(const Profile& profile) {
+  for (const PluginRef& s : profile.scores) {
+    if (s.name != "balanced") continue;
+    const Value::Map* m = s.args.AsMap();
+    if (m != nullptr) {
+      for (const auto& [key, v] : *m) {
+        if (key == "weights") return FromValue(v);
+      }
+    }
+    return BalancedWeights{};
+  }
+  return Status::InvalidArgument(fmt::format("profile '{}' has no balanced score", profile.name));
+}
+
 namespace {
 
 class BalancedPlugin final : public ScorePlugin, public GpuSelector {

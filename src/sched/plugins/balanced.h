@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "common/value.h"
+#include "sched/profile.h"
 
 namespace gpupool {
 
@@ -37,6 +38,9 @@ struct BalancedWeights {
   // Missing names keep their defaults; unknown names, non-numbers, non-finite values and a
   // non-positive point are errors.
   static Result<BalancedWeights> FromValue(const Value& v);
+  // The weights of the profile's balanced score (its `weights` argument; the defaults without one).
+  // A profile without a balanced score is an error.
+  static Result<BalancedWeights> FromProfile(const Profile& profile);
 };
 
 }  // namespace gpupool

@@ -196,6 +196,28 @@ TEST(Balanced, ObservingChangesNothingInTheLedger) {
   EXPECT_EQ(c.ledger().used_gpu_share(), 0);
 }
 
+TEST(Balanced, WeightsFromProfile) {
+  Profile p = ProfileForPolicy("balanced").value();
+  auto defaults = BalancedWeights::FromProfile(p);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  BalancedWeights d = *defaults, expected;
+  const auto got = d.Fields(), want = expected.Fields();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(*got[i], *want[i]) << BalancedWeights::Names()[i];
+  p.scores[0].args = Value(Value::Map{{"weights", Value(Value::Map{{"wholeFree", -0.5}})}});
+  auto set = BalancedWeights::FromProfile(p);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->whole_free, -0.5);
+  EXPECT_EQ(set->whole_cpu, BalancedWeights{}.whole_cpu);
+  p.scores[0].args = Value(Value::Map{{"weights", Value(Value::Map{{"nosuch", 1}})}});
+  EXPECT_FALSE(BalancedWeights::FromProfile(p).ok());
+  Profile fgd = ProfileForPolicy("fgd").value();
+  fgd.name = "mine";
+  auto none = BalancedWeights::FromProfile(fgd);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("profile 'mine' has no balanced score"), std::string::npos)
+      << none.status().message();
+}
+
 TEST(Balanced, BadArgumentsAreNamed) {
   TestCluster c;
   c.AddNode("a", 64000, 64000, 4);
