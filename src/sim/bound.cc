@@ -8,6 +8,7 @@
 #include <climits>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,6 +48,8 @@ namespace {
 // An LP value this close (milli-GPU) to the demand that could be placed means "everything fits": the
 // demands are whole milli-GPU, and GLPK's error on objectives of a few thousand GPUs is far below.
 constexpr double kFitSlackMilli = 0.5;
+// LP solves per prefix for monotone rejection's branch and bound (MonotoneRejection).
+constexpr int kMonotoneSolves = 32;
 
 struct NodeType {
   std::string model;  // "" without GPUs
@@ -169,23 +172,35 @@ struct GlpProbDeleter {
 };
 using GlpProb = std::unique_ptr<glp_prob, GlpProbDeleter>;
 
+// How a solve ended: an optimum, proof that the LP has no feasible point, or a failure.
+enum class LpOutcome { kOptimal, kInfeasible, kFailed };
+
 // Solves `lp` to optimality: from its current basis by dual simplex when `warm` (only bounds changed
 // since the last optimum, so the basis is still dual feasible), else by primal simplex. A warm
 // start that goes wrong (a singular basis, or stalling: GLPK's dual simplex was seen to cycle on a
 // blocking LP of multigpu30, seed 46) gets an iteration limit and one more try from the slack basis.
-bool SolveLp(glp_prob* lp, bool warm) {
+// Infeasibility is only believed from the cold primal simplex, whose first phase proves it.
+LpOutcome SolveLpOutcome(glp_prob* lp, bool warm) {
   glp_smcp parm;
   glp_init_smcp(&parm);
   parm.msg_lev = GLP_MSG_OFF;
   if (warm) {
     parm.meth = GLP_DUALP;
     parm.it_lim = 20'000;
-    if (glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT) return true;
+    if (glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT) return LpOutcome::kOptimal;
   }
   glp_std_basis(lp);
   parm.meth = GLP_PRIMAL;
   parm.it_lim = INT_MAX;
-  return glp_simplex(lp, &parm) == 0 && glp_get_status(lp) == GLP_OPT;
+  if (glp_simplex(lp, &parm) != 0) return LpOutcome::kFailed;
+  const int status = glp_get_status(lp);
+  if (status == GLP_OPT) return LpOutcome::kOptimal;
+  if (status == GLP_NOFEAS) return LpOutcome::kInfeasible;
+  return LpOutcome::kFailed;
+}
+
+bool SolveLp(glp_prob* lp, bool warm) {
+  return SolveLpOutcome(lp, warm) == LpOutcome::kOptimal;
 }
 
 // The LP for a fixed set of node and pod types; only the pod counts (the bounds of the pod rows)
@@ -268,6 +283,27 @@ class BoundLp {
                      : at_least == at_most ? GLP_FX
                                            : GLP_DB,
                      lo, hi);
+  }
+
+  // The optimum in milli-GPU; nullopt when no point meets the rows (the count bounds ask for more
+  // than fits).
+  Result<std::optional<double>> SolveIfFeasible() {
+    if (columns_ == 0) return std::optional<double>(0.0);
+    switch (SolveLpOutcome(lp_.get(), warm_)) {
+      case LpOutcome::kOptimal:
+        warm_ = true;
+        return std::optional<double>(glp_get_obj_val(lp_.get()) * 1000.0);
+      case LpOutcome::kInfeasible: warm_ = false; return std::optional<double>();
+      case LpOutcome::kFailed: break;
+    }
+    warm_ = false;
+    return Status::Internal(
+        fmt::format("allocation bound: GLPK simplex failed (status {})", glp_get_status(lp_.get())));
+  }
+
+  // Pods of the type placed in the last optimum.
+  double Placed(size_t pod_type) const {
+    return columns_ == 0 ? 0.0 : glp_get_row_prim(lp_.get(), Row(pod_type));
   }
 
   // The optimum in milli-GPU.
@@ -446,6 +482,166 @@ Result<std::vector<bool>> ForcedArrivals(const std::vector<NodeType>& nodes, con
   return forced;
 }
 
+// dominators[q]: the pod types r != q that cannot fit in any state where q does not (bound.h,
+// "monotone rejection"). q must be forceable (its fit is decided by what the LP models); r fits only
+// node types q fits, asks for at least q's CPU and memory, and, when q takes GPUs, for at least as
+// many GPUs with at least q's per-GPU share. Whatever else r asks for only makes it harder to fit.
+std::vector<std::vector<size_t>> Dominators(const std::vector<PodType>& pods) {
+  std::vector<std::vector<size_t>> out(pods.size());
+  for (size_t q = 0; q < pods.size(); ++q) {
+    const PodType& a = pods[q];
+    if (!a.forceable) continue;
+    for (size_t r = 0; r < pods.size(); ++r) {
+      const PodType& b = pods[r];
+      if (r == q || b.cpu < a.cpu || b.memory < a.memory) continue;
+      if (a.gpus > 0 && (b.gpus < a.gpus || b.share < a.share)) continue;
+      bool within = true;
+      for (size_t t = 0; t < a.fits.size() && within; ++t) within = a.fits[t] || !b.fits[t];
+      if (within) out[q].push_back(r);
+    }
+  }
+  return out;
+}
+
+// Tightens the main LP's optimum for one prefix by monotone rejection (bound.h): for a pivot type q,
+// every real run places the first n_q of q's arrivals and no other, for some n_q; when n_q is short of
+// all of them, q's arrival n_q + 1 found no room, and no dominator of q arriving after it can have
+// found any. A branch and bound over these n: each node restricts some pivots' n_q to intervals
+// [lo, hi] and solves the main LP with q's count in [lo, hi] and each dominator's count capped by its
+// arrivals before q's arrival hi + 1 (no cap when hi is all of q's arrivals). The node with the
+// largest optimum is split (best first): the interval of the pivot whose rule its optimum breaks most
+// is halved. The children's intervals cover the parent's, so every real run lies in some leaf, and the
+// largest leaf optimum bounds every run. A node whose caps fall below forced counts, or whose LP has no
+// feasible point, holds no run.
+class MonotoneRejection {
+ public:
+  MonotoneRejection(const std::vector<PodType>& pods, const std::vector<std::optional<size_t>>& type_of)
+      : pods_(pods), dominators_(Dominators(pods)), arrivals_of_(pods.size()) {
+    for (size_t i = 0; i < type_of.size(); ++i) {
+      if (type_of[i]) arrivals_of_[*type_of[i]].push_back(i);
+    }
+  }
+
+  // `lp` holds the prefix's counts ([forced, counts] per type) and has just been solved to `base`
+  // (milli-GPU); its bounds are restored before returning. At most `budget` more LP solves.
+  Result<double> Tighten(BoundLp& lp, double base, const std::vector<int64_t>& counts,
+                         const std::vector<int64_t>& forced, int budget) {
+    constexpr double kNone = -std::numeric_limits<double>::infinity();
+    struct Node {
+      std::map<size_t, std::pair<int64_t, int64_t>> pivots;  // q -> [lo, hi] of n_q
+      double value = kNone;                                  // kNone: holds no run
+      std::optional<size_t> split;                           // the pivot to split next
+    };
+    std::vector<Node> nodes(1);
+    nodes[0].value = base;
+    nodes[0].split = Worst(lp, counts, nodes[0].pivots, std::nullopt);
+    std::vector<size_t> touched;  // types whose rows a solve changed
+    auto solve = [&](Node& node) -> Status {
+      for (size_t t : touched) lp.SetCounts(t, forced[t], counts[t]);
+      touched.clear();
+      std::map<size_t, std::pair<int64_t, int64_t>> range;  // type -> [lower, upper] of its count
+      auto narrow = [&](size_t t, int64_t lo, int64_t hi) {
+        auto [it, inserted] = range.try_emplace(t, forced[t], counts[t]);
+        it->second.first = std::max(it->second.first, lo);
+        it->second.second = std::min(it->second.second, hi);
+      };
+      for (const auto& [q, interval] : node.pivots) {
+        narrow(q, interval.first, interval.second);
+        if (interval.second >= counts[q]) continue;
+        const size_t turned_away = arrivals_of_[q][static_cast<size_t>(interval.second)];
+        for (size_t r : dominators_[q]) narrow(r, 0, Before(r, turned_away));
+      }
+      for (const auto& [t, r] : range) {
+        if (r.first > r.second) {
+          node.value = kNone;
+          return Status::Ok();
+        }
+      }
+      for (const auto& [t, r] : range) {
+        lp.SetCounts(t, r.first, r.second);
+        touched.push_back(t);
+      }
+      ASSIGN_OR_RETURN(const std::optional<double> v, lp.SolveIfFeasible());
+      node.value = v.value_or(kNone);
+      if (v) node.split = Worst(lp, counts, node.pivots, node.split);
+      return Status::Ok();
+    };
+    Status status = Status::Ok();
+    for (int used = 0; used + 2 <= budget;) {
+      auto best = std::max_element(nodes.begin(), nodes.end(),
+                                   [](const Node& a, const Node& b) { return a.value < b.value; });
+      if (best->value == kNone || !best->split) break;
+      const size_t q = *best->split;
+      auto [it, inserted] = best->pivots.try_emplace(q, forced[q], counts[q]);
+      const auto [lo, hi] = it->second;
+      const int64_t mid = lo + (hi - lo) / 2;
+      Node left = *best;
+      Node right = *best;
+      left.pivots[q] = {lo, mid};
+      right.pivots[q] = {mid + 1, hi};
+      left.split = right.split = q;  // kept if its rule is still broken
+      status = solve(left);
+      if (status.ok()) status = solve(right);
+      if (!status.ok()) break;
+      used += 2;
+      *best = std::move(left);
+      nodes.push_back(std::move(right));
+    }
+    for (size_t t : touched) lp.SetCounts(t, forced[t], counts[t]);
+    RETURN_IF_ERROR(status);
+    double bound = kNone;
+    for (const Node& n : nodes) bound = std::max(bound, n.value);
+    if (bound == kNone) return Status::Internal("allocation bound: every branch holds no run (a bug)");
+    return std::min(bound, base);
+  }
+
+ private:
+  // Arrivals of type r before arrival index `pos`.
+  int64_t Before(size_t r, size_t pos) const {
+    const std::vector<size_t>& a = arrivals_of_[r];
+    return static_cast<int64_t>(std::lower_bound(a.begin(), a.end(), pos) - a.begin());
+  }
+
+  // The type whose rule the last optimum breaks most, among those whose interval (`pivots`, else all
+  // of its arrivals) can still be split: by the GPUs (plus one per pod) its dominators placed after the
+  // arrival that the optimum's count of the type says was turned away. nullopt: none is broken.
+  // `keep`, the pivot split last, is kept while its rule is still broken: halving one pivot's
+  // interval down to its n converges far faster than spreading the solves over many pivots.
+  std::optional<size_t> Worst(const BoundLp& lp, const std::vector<int64_t>& counts,
+                              const std::map<size_t, std::pair<int64_t, int64_t>>& pivots,
+                              std::optional<size_t> keep) const {
+    constexpr double kBroken = 1e-3;
+    auto broken = [&](size_t q) {
+      if (dominators_[q].empty() || counts[q] == 0) return 0.0;
+      if (auto it = pivots.find(q); it != pivots.end() && it->second.first >= it->second.second) return 0.0;
+      const auto placed = static_cast<int64_t>(std::floor(lp.Placed(q) + 1e-6));
+      if (placed >= counts[q]) return 0.0;
+      const size_t turned_away = arrivals_of_[q][static_cast<size_t>(placed)];
+      double sum = 0;
+      for (size_t r : dominators_[q]) {
+        const double over = lp.Placed(r) - static_cast<double>(Before(r, turned_away));
+        if (over > 1e-6) sum += over * static_cast<double>(pods_[r].demand() + 1000);
+      }
+      return sum;
+    };
+    if (keep && broken(*keep) > kBroken) return keep;
+    std::optional<size_t> worst;
+    double most = kBroken;
+    for (size_t q = 0; q < pods_.size(); ++q) {
+      const double sum = broken(q);
+      if (sum > most) {
+        most = sum;
+        worst = q;
+      }
+    }
+    return worst;
+  }
+
+  const std::vector<PodType>& pods_;
+  std::vector<std::vector<size_t>> dominators_;
+  std::vector<std::vector<size_t>> arrivals_of_;
+};
+
 // The LP value, clamped to what could be placed at all (the LP cannot exceed it; this removes solver
 // noise) and snapped to it when within kFitSlackMilli.
 double Clamp(double lp_milli, int64_t placeable_milli) {
@@ -554,9 +750,12 @@ Status FillBoundResult(const std::vector<NodeSpec>& nodes, const std::vector<con
     if (forced[i]) forced_counts[t] += step;
     lp.SetCounts(t, forced_counts[t], counts[t]);
   };
+  std::optional<MonotoneRejection> monotone;
+  if (forcing) monotone.emplace(types.types(), type_of);
   size_t counted = 0;  // counts cover pods [0, counted)
   std::optional<size_t> fits_through;
-  std::map<size_t, double> solved;  // prefix end -> bound (columns may share a last row)
+  std::map<size_t, double> solved;                   // prefix end -> bound (columns may share a last row)
+  std::optional<std::pair<size_t, double>> ceiling;  // the smallest bound so far, and its prefix end
   for (int c = kDemandBins - 1; c >= 0; --c) {
     const auto cell = static_cast<size_t>(c);
     out.frag[cell] = out.frag_ratio[cell] = std::nan("");
@@ -580,12 +779,19 @@ Status FillBoundResult(const std::vector<NodeSpec>& nodes, const std::vector<con
         if (type_of[counted]) set(counted, +1);
         ++counted;
       }
-      ASSIGN_OR_RETURN(const double lp_milli, lp.Solve());
+      ASSIGN_OR_RETURN(double lp_milli, lp.Solve());
+      if (monotone) {
+        ASSIGN_OR_RETURN(lp_milli, monotone->Tighten(lp, lp_milli, counts, forced_counts, kMonotoneSolves));
+      }
       value = Clamp(lp_milli, placeable[*end]);
       solved[*end] = value;
       if (value == static_cast<double>(placeable[*end]))
         fits_through = std::max(fits_through.value_or(0), *end);
     }
+    // A run's allocation only grows with the prefix, so a longer prefix's bound also bounds this one
+    // (it can be the smaller: monotone rejection may tighten some prefixes more than others).
+    if (ceiling && *end <= ceiling->first) value = std::min(value, ceiling->second);
+    if (!ceiling || value < ceiling->second) ceiling.emplace(*end, value);
     out.alloc[cell] = NpRound2(PyRound2(value / tg / 10.0));
   }
 

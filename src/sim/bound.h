@@ -47,15 +47,32 @@
 // limit allow, as the simulator's filters decide; pods with per-GPU memory or NVLink requests are
 // never forced.
 //
+// Monotone rejection (also `bound` only). Pods never leave, so a node's free resources only shrink:
+// once a pod of forceable type q finds no room, no later pod finds room that asks for at least as much
+// in every respect (a "dominator" r of q: it fits only node types q fits, at least q's CPU and memory,
+// and, when q takes GPUs, at least as many GPUs with at least q's per-GPU share; whatever else r asks
+// for only makes it harder). So every run places exactly the first n_q of q's arrivals for some n_q,
+// and when n_q falls short of all of them, every dominator arriving after q's arrival n_q + 1 was
+// turned away. A branch and bound over n_q (MonotoneRejection in bound.cc) solves the main LP with
+// q's count in an interval [lo, hi] and each dominator's count capped by its arrivals before q's
+// arrival hi + 1 (no cap when hi takes all of q's arrivals), halving the interval of the LP optimum
+// that breaks the rule most, pivot after pivot, for a fixed number of solves per prefix; the bound is
+// the largest optimum over the leaves, whose intervals cover every n_q. This is what stops the LP
+// from turning away the 0.81-GPU pods early while still placing the whole-GPU pods that arrive after
+// them, which no run can do: a whole-GPU pod that asks for at least a 0.81 pod's CPU and memory fits
+// only where the 0.81 pod would have. A bound for a prefix also bounds every shorter prefix of the
+// same run, so each column takes the smallest bound at or after it.
+//
 // Why it is an upper bound: any real run's placement of the arrived pods (placed pods only) is
-// integral, respects every node's own CPU, memory, task limit and per-GPU shares, places every forced
-// pod, and hence satisfies every row above; its allocation is the objective at that point. The LP
-// drops (each drop only enlarges the feasible set, so its optimum can only grow): integrality; the
-// node boundary within a type (capacity is pooled over the N_t nodes, and a pod may be split among
-// them); the arrival order (it sees the whole prefix at once, as an offline planner would); and, for
-// the pods that were not forced, the rule that a pod that fits must be placed (`bound-relaxed` drops
-// it for every pod). Since pods never leave, the bound for a prefix also bounds every earlier row of
-// the run.
+// integral, respects every node's own CPU, memory, task limit and per-GPU shares, places every
+// forced pod and obeys monotone rejection, and hence satisfies every row of some leaf above; its
+// allocation is the objective at that point. The LP drops (each drop only enlarges the feasible
+// set, so its optimum can only grow): integrality; the node boundary within a type (capacity is
+// pooled over the N_t nodes, and a pod may be split among them); the arrival order beyond what
+// forcing and monotone rejection take from it (it sees the whole prefix at once, as an offline
+// planner would); and, for the pods that were not forced, the rule that a pod that fits must be
+// placed (`bound-relaxed` drops it for every pod). Since pods never leave, the bound for a prefix
+// also bounds every earlier row of the run.
 //
 // What it ignores (all relaxations, so still an upper bound): per-GPU memory requests, NVLink
 // requirements, and node and GPU health. `bound-relaxed` also leaves out CPU-only pods: free to leave

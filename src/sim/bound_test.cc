@@ -346,5 +346,26 @@ TEST(BoundForcedTest, ACpuOnlyPodThatTookTheNodesCpuBlocksTheGpuPodAfterIt) {
   EXPECT_EQ(forced.alloc[50], 0.0);
 }
 
+// Monotone rejection. Two one-GPU nodes; S1 and S2 (0.3 each) are forced, Q (0.81) and R (a whole
+// GPU) are not: S1 and S2 spread over both GPUs block them. Without the rule the LP keeps R and 1/3
+// of Q (u^(3) prices each 0.3 at 1/3 GPU, so Q + R <= 4/3): 0.6 + 1 + 0.27 = 1.87 GPUs, 93.5 %. But
+// pods never leave, so a run that turns Q away has no room for R after it either (R asks for at
+// least what Q does): n_Q = 0 leaves 0.6 GPU; n_Q = 1 gives 0.6 + 0.81 + 1/3 of R = 1.743 GPUs. The
+// best real run, S1 and S2 on one GPU and Q on the other, allocates 1.41 GPUs (70.5 %).
+TEST(BoundForcedTest, APodTurnedAwayTurnsAwayEveryLaterPodThatAsksForMore) {
+  const std::vector<NodeSpec> nodes = {Node("n0", 32, 128, 1, "T4"), Node("n1", 32, 128, 1, "T4")};
+  const TaskRequest s = Pod(1, 1, 1, 300);
+  const TaskRequest q = Pod(1, 1, 1, 810);
+  const TaskRequest r = Pod(1, 1, 1, 1000);
+  ExperimentResult forced;
+  ASSERT_TRUE(FillBoundResult(nodes, {&s, &s, &q, &r}, {}, BoundKind::kForcedPlacement, forced).ok());
+  EXPECT_NEAR(forced.alloc[120], 87.17, 1e-9);  // 2.41 GPUs arrived of 2: column 120
+  EXPECT_GE(forced.alloc[120], 70.5);
+  // R asking for less CPU than Q does not dominate Q, and the LP may keep it as before.
+  const TaskRequest q2 = Pod(2, 1, 1, 810);
+  ASSERT_TRUE(FillBoundResult(nodes, {&s, &s, &q2, &r}, {}, BoundKind::kForcedPlacement, forced).ok());
+  EXPECT_NEAR(forced.alloc[120], 93.5, 1e-9);
+}
+
 }  // namespace
 }  // namespace gpupool
