@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -339,7 +340,12 @@ Result<SweepResult> RunSweep(const SweepOptions& options,
   const int total = static_cast<int>(tasks.size());
   const Status status = ParallelFor(tasks.size(), options.jobs, [&](size_t i) -> Status {
     const Task& task = tasks[i];
-    Result<ExperimentResult> r = RunExperiment(inputs[task.trace], task.options);
+    Result<ExperimentResult> r = Status::Internal("not run");
+    try {
+      r = RunExperiment(inputs[task.trace], task.options);
+    } catch (const std::exception& ex) {
+      r = Status::Internal(fmt::format("exception: {}", ex.what()));
+    }
     if (!r.ok()) {
       return r.status().WithContext(fmt::format("experiment trace={} policy={} seed={}", task.options.trace,
                                                 task.options.policy, task.options.seed));
