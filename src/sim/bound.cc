@@ -308,16 +308,11 @@ class BoundLp {
 
   // The optimum in milli-GPU.
   Result<double> Solve() {
-    if (columns_ == 0) return 0.0;
     // The pod rows bound every column, and a real run's placement satisfies every row (also the
     // forced lower bounds), so an optimum exists; failing here is a bug in the argument or in GLPK.
-    if (!SolveLp(lp_.get(), warm_)) {
-      warm_ = false;
-      return Status::Internal(
-          fmt::format("allocation bound: GLPK simplex failed (status {})", glp_get_status(lp_.get())));
-    }
-    warm_ = true;
-    return glp_get_obj_val(lp_.get()) * 1000.0;
+    ASSIGN_OR_RETURN(const std::optional<double> value, SolveIfFeasible());
+    if (!value) return Status::Internal("allocation bound: the LP has no feasible point (a bug)");
+    return *value;
   }
 
  private:
