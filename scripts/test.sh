@@ -69,9 +69,17 @@ fi
   --jobs "$jobs" --out build/learned-smoke.yaml
 ./build/gpupool sim sweep --traces data/alibaba --trace-list default --seeds 42 \
   --policies balanced,build/learned-smoke.yaml --out build/sim-sweep-learned --jobs "$jobs"
-# With no --policy: the default (balanced) on gpupool's own arrival order.
+# With no --policy: the default (balanced) on gpupool's own arrival order; --repack solves the
+# packing ILP of its GPU-sharing pods (the line must be there, and no larger than what they hold).
 ./build/gpupool sim run --nodes data/alibaba/openb_node_list_gpu_node.csv \
-  --pods data/alibaba/openb_pod_list_default.csv --seed 42
+  --pods data/alibaba/openb_pod_list_default.csv --seed 42 --repack --json build/sim-repack.json
+python3 - <<'PY'
+import json
+r = json.load(open("build/sim-repack.json"))["repack"]
+assert r["optimal"] and 0 < r["min_gpus"] <= r["share_gpus"], r
+assert r["min_gpus"] * 1000 >= r["share_milli"], r
+print("repack:", r)
+PY
 
 echo "== benchmark smoke (figures live in docs/performance.md)"
 ./build/place_bench --benchmark_filter='BM_Place/(fgd|balanced)/openb/90' --benchmark_min_time=0.05

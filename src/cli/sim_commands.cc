@@ -75,6 +75,7 @@ struct RunArgs {
   bool exclusive = false;
   std::string json_out;
   std::string trace;
+  bool repack = false;
 };
 
 struct SweepArgs {
@@ -149,6 +150,11 @@ int RunCommand(const RunArgs& a) {
   options.inflate = a.inflate;
   if (!a.arrival_order_dir.empty()) options.arrival_order_dir = a.arrival_order_dir;
   options.exclusive = a.exclusive;
+  options.repack = a.repack;
+  if (a.repack && (a.policy == "bound" || a.policy == "bound-relaxed")) {
+    return Fail(
+        Status::InvalidArgument("--repack needs a placement policy; '" + a.policy + "' places no pods"));
+  }
   auto result = RunExperiment(*inputs, options);
   if (!result.ok()) return Fail(result.status());
   const ExperimentResult& r = *result;
@@ -159,6 +165,24 @@ int RunCommand(const RunArgs& a) {
   fmt::print("fragmentation at 130%: {:.2f}% of all GPUs ({:.2f}% of idle GPU)\n", r.frag[130],
              r.frag_ratio[130]);
   fmt::print("time: {:.3f} s ({} GPUs)\n", r.seconds, r.total_gpus);
+  if (r.repack) {
+    const RepackResult& p = *r.repack;
+    const double held = static_cast<double>(p.share_milli) / 1000.0;
+    fmt::print(
+        "repack: {} GPU-sharing pods hold {:.1f} GPUs' worth on {} GPUs ({:.1f} idle beside them); packed as "
+        "tightly as possible (nodes, CPU, memory and GPU models ignored) they need {}{} ({:.1f} idle)\n",
+        p.share_pods, held, p.share_gpus, static_cast<double>(p.share_gpus) - held, p.min_gpus,
+        p.optimal ? "" : " or more (the LP bound: branch and bound ran out of time)",
+        static_cast<double>(p.min_gpus) - held);
+    const int64_t freed = std::min(p.share_gpus - p.min_gpus, r.failed_whole_gpus);
+    const double idle = static_cast<double>(int64_t{r.total_gpus} * 1000 - r.used_gpu_milli) / 1000.0;
+    fmt::print(
+        "repack: idle at the end {:.1f} GPUs ({:.2f}%); if the {} GPUs it frees went to whole-GPU pods that "
+        "found "
+        "no room ({} GPUs asked), {:.1f} ({:.2f}%)\n",
+        idle, 100.0 * idle / r.total_gpus, freed, r.failed_whole_gpus, idle - static_cast<double>(freed),
+        100.0 * (idle - static_cast<double>(freed)) / r.total_gpus);
+  }
   if (!a.json_out.empty()) {
     if (Status st = WriteExperimentJson(r, a.json_out); !st.ok()) return Fail(st);
     fmt::print("wrote {}\n", a.json_out);
@@ -363,6 +387,9 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->run->add_flag("--exclusive", r.exclusive, "Every GPU-sharing pod takes a whole GPU");
   state->run->add_option("--json", r.json_out, "Write the result as JSON to this file");
   state->run->add_option("--trace", r.trace, "Trace name (default: from the pods file name)");
+  state->run->add_flag(
+      "--repack", r.repack,
+      "After the run, the fewest GPUs its GPU-sharing pods could be packed on (sim/repack.h)");
 
   SweepArgs& s = state->sweep_args;
   state->sweep = sim->add_subcommand("sweep", "Run a grid of traces x policies x seeds in parallel");

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "model/gpu_catalog.h"
+#include "sim/glpk_scope.h"
 
 namespace gpupool {
 
@@ -153,24 +154,6 @@ class PodTypes {
   std::map<std::tuple<int64_t, int64_t, int, int64_t, bool, std::vector<bool>>, size_t> index_;
   std::vector<PodType> types_;
 };
-
-// GLPK keeps one environment per thread (the Debian build uses thread-local storage, so sweep workers
-// do not share it). It is silenced for the computation and freed at the end, so a finished sweep
-// thread leaves nothing behind. No other code in the process uses GLPK, so no GLPK object outlives
-// the scope.
-class GlpkScope {
- public:
-  GlpkScope() { glp_term_out(GLP_OFF); }
-  ~GlpkScope() { glp_free_env(); }
-  GlpkScope(const GlpkScope&) = delete;
-  GlpkScope& operator=(const GlpkScope&) = delete;
-};
-
-// A GLPK problem, deleted with its owner.
-struct GlpProbDeleter {
-  void operator()(glp_prob* lp) const { glp_delete_prob(lp); }
-};
-using GlpProb = std::unique_ptr<glp_prob, GlpProbDeleter>;
 
 // How a solve ended: an optimum, proof that the LP has no feasible point, or a failure.
 enum class LpOutcome { kOptimal, kInfeasible, kFailed };

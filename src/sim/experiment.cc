@@ -294,6 +294,9 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
       node_frag[d.placement.node] = frag_model.NodeFragment(ledger, d.placement.node);
     } else if (placed.status().code() == StatusCode::kUnschedulable) {
       ++r.pods_failed;
+      if (task->gpu_count > 0 && task->gpu_share.units() >= 1000 && task->mig_profile.empty()) {
+        r.failed_whole_gpus += task->gpu_count;
+      }
       if (r.first_failure.empty()) {
         r.first_failure =
             fmt::format("{} ({}): {}", names[i], DescribeTaskRequest(*task), placed.status().message());
@@ -317,6 +320,9 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
   r.used_gpu_milli = ledger.used_gpu_share();
   BinMetrics(rows, r.total_gpus, r);
   if (inputs.keep_rows) r.rows = std::move(rows);
+  if (options.repack) {
+    ASSIGN_OR_RETURN(r.repack, RepackSharePods(ledger));
+  }
   return r;
 }
 
@@ -337,6 +343,12 @@ Status WriteExperimentJson(const ExperimentResult& r, const std::string& path) {
     j["served_gpu_milli"] = r.served_gpu_milli;
     j["used_gpu_milli"] = r.used_gpu_milli;
     j["seconds"] = r.seconds;
+    j["failed_whole_gpus"] = r.failed_whole_gpus;
+    if (r.repack) {
+      j["repack"] = {{"share_pods", r.repack->share_pods},   {"share_gpus", r.repack->share_gpus},
+                     {"share_milli", r.repack->share_milli}, {"min_gpus", r.repack->min_gpus},
+                     {"optimal", r.repack->optimal},         {"patterns", r.repack->patterns}};
+    }
     std::ofstream out(path);
     if (!out) return Status::IoError(fmt::format("cannot write '{}'", path));
     out << j.dump(2) << "\n";

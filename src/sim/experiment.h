@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "model/node.h"
 #include "sched/profile.h"
+#include "sim/repack.h"
 #include "sim/trace.h"
 
 namespace gpupool {
@@ -33,6 +34,9 @@ struct ExperimentOptions {
   // When set, the scheduler runs this profile (e.g. one with trained weights) and `policy` only
   // names it in the results.
   std::optional<Profile> profile;
+  // After the run, pack its GPU-sharing pods as tightly as possible (sim/repack.h): how much of the
+  // stranding the placement caused.
+  bool repack = false;
 };
 
 // One metrics row, logged after every pod (placed or failed).
@@ -54,13 +58,15 @@ struct ExperimentResult {
   int64_t pods_arrived = 0;
   int64_t pods_scheduled = 0;
   int64_t pods_failed = 0;
-  int64_t arrived_gpu_milli = 0;  // GPU demand that arrived, as the pods asked for it
-  int64_t served_gpu_milli = 0;   // GPU demand of the placed pods, as they asked for it
-  int64_t used_gpu_milli = 0;     // GPU share allocated at the end (exclusive: whole GPUs)
-  double final_frag_milli = 0;    // cluster fragmentation F after the last pod
-  std::string first_failure;      // "<pod> (<request>): <why no node fits>"; empty when none failed
-  double seconds = 0;             // wall time of the scheduling loop (policy "bound": of the LPs)
-  std::vector<MetricsRow> rows;   // kept only when asked (ExperimentInputs::keep_rows)
+  int64_t arrived_gpu_milli = 0;       // GPU demand that arrived, as the pods asked for it
+  int64_t served_gpu_milli = 0;        // GPU demand of the placed pods, as they asked for it
+  int64_t used_gpu_milli = 0;          // GPU share allocated at the end (exclusive: whole GPUs)
+  double final_frag_milli = 0;         // cluster fragmentation F after the last pod
+  std::string first_failure;           // "<pod> (<request>): <why no node fits>"; empty when none failed
+  double seconds = 0;                  // wall time of the scheduling loop (policy "bound": of the LPs)
+  std::vector<MetricsRow> rows;        // kept only when asked (ExperimentInputs::keep_rows)
+  int64_t failed_whole_gpus = 0;       // GPUs asked for by the whole-GPU pods that found no room
+  std::optional<RepackResult> repack;  // when ExperimentOptions::repack
 };
 
 // Inputs shared by many experiments on one trace (read once).
