@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "common/value.h"
 #include "model/ledger.h"
 #include "sched/registry.h"
 #include "sched/scheduler.h"
@@ -69,8 +70,12 @@ void BM_Place(benchmark::State& state, std::string policy, std::string cluster, 
   for (auto& n : MakeCluster(cluster, catalog)) {
     if (!ledger.AddNode(std::move(n)).ok()) std::abort();
   }
-  auto profile = ProfileForPolicy(policy);
+  // "balanced-fixed": balanced without adapting its weights to the workload (adapt: false), to
+  // measure what adapting costs beside it.
+  const bool fixed = policy == "balanced-fixed";
+  auto profile = ProfileForPolicy(fixed ? "balanced" : policy);
   if (!profile.ok()) std::abort();
+  if (fixed) profile->scores[0].args = Value(Value::Map{{"adapt", false}});
   profile->cache_scores = cache;
   SeededRng rng(42);
   PluginInit init;
@@ -113,8 +118,9 @@ void BM_Place(benchmark::State& state, std::string policy, std::string cluster, 
 }
 
 void RegisterAll() {
-  const std::vector<std::string> policies = {"random", "dotprod",  "gpuclustering", "gpupacking", "bestfit",
-                                             "fgd",    "balanced", "binpack",       "spread",     "topology"};
+  const std::vector<std::string> policies = {"random",  "dotprod", "gpuclustering", "gpupacking",
+                                             "bestfit", "fgd",     "balanced",      "balanced-fixed",
+                                             "binpack", "spread",  "topology"};
   for (const std::string cluster : {"openb", "synth5000"}) {
     for (int fill : {50, 90}) {
       for (const auto& policy : policies) {

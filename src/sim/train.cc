@@ -69,6 +69,8 @@ Profile BalancedProfile(const BalancedWeights& w, const std::string& name) {
   Profile p;
   p.name = name;
   Value::Map args;
+  // One set of weights for every workload: training sees exactly the weights it searches.
+  args.emplace_back("adapt", Value(false));
   args.emplace_back("weights", w.ToValue());
   p.scores.push_back({"balanced", 1, Value(std::move(args))});
   p.gpu_selector = {"balanced", 1, {}};
@@ -88,7 +90,8 @@ std::string FormatTrainedProfile(const TrainResult& result, const TrainOptions& 
       kColumn, options.traces.size(), options.seeds.size(), result.start_objective, result.best_objective);
   out += fmt::format("# {} generation(s), {} runs, {:.0f} s.\n", result.generations.size() - 1, result.runs,
                      result.seconds);
-  out += fmt::format("name: {}\nscores:\n  - name: balanced\n    args:\n      weights:\n", name);
+  out += fmt::format("name: {}\nscores:\n  - name: balanced\n    args:\n      adapt: false\n      weights:\n",
+                     name);
   BalancedWeights w = result.weights;
   const std::vector<std::string> names = BalancedWeights::Names();
   const std::vector<double*> fields = w.Fields();

@@ -145,8 +145,10 @@ TEST(TrainTest, TheWrittenProfileRunsTheTrainedWeights) {
   EXPECT_EQ(profile->gpu_selector.name, "balanced");
   const Value::Map* args = profile->scores[0].args.AsMap();
   ASSERT_NE(args, nullptr);
-  ASSERT_EQ(args->size(), 1u);
-  auto w = BalancedWeights::FromValue(args->front().second);
+  ASSERT_EQ(args->size(), 2u);
+  EXPECT_EQ(args->front().first, "adapt");
+  EXPECT_EQ(args->front().second.AsBool("adapt").value(), false);
+  auto w = BalancedWeights::FromValue(args->back().second);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   BalancedWeights got = *w, want = r->weights;
   const auto fg = got.Fields(), fw = want.Fields();

@@ -23,7 +23,8 @@ using testutil::Task;
 using testutil::TestCluster;
 using testutil::Typical;
 
-const Value kGiven(Value::Map{{"workload", "given"}});
+// The hand-made weights alone: these cases are about the score, not about adapting it.
+const Value kGiven(Value::Map{{"workload", "given"}, {"adapt", false}});
 
 Profile BalancedGiven() {
   Profile p = ProfileForPolicy("balanced").value();
@@ -261,6 +262,92 @@ TEST(Balanced, BadArgumentsAreNamed) {
   // 'given' with typical pods in the arguments works.
   auto pod = Value(Value::Map{{"cpu", 8000}, {"gpuShare", 1000}, {"gpuCount", 1}, {"weight", 1.0}});
   EXPECT_TRUE(make(Value(Value::Map{{"workload", "given"}, {"typicalPods", Value(Value::List{pod})}})).ok());
+  // Adapting: a bool, a ramp with 0 < from < to, CPU-bound weights by known names.
+  auto adapt_text = make(Value(Value::Map{{"adapt", "yes"}}));
+  ASSERT_FALSE(adapt_text.ok());
+  EXPECT_NE(adapt_text.status().message().find("adapt"), std::string::npos);
+  auto ramp = make(Value(Value::Map{{"cpuBoundFrom", 1.0}, {"cpuBoundTo", 0.9}}));
+  ASSERT_FALSE(ramp.ok());
+  EXPECT_NE(
+      ramp.status().message().find("cpuBoundFrom and cpuBoundTo must satisfy 0 < from < to, got 1 and 0.9"),
+      std::string::npos)
+      << ramp.status().message();
+  auto cpu_bound = make(Value(Value::Map{{"cpuBoundWeights", Value(Value::Map{{"wholeGpu", 1}})}}));
+  ASSERT_FALSE(cpu_bound.ok());
+  EXPECT_NE(cpu_bound.status().message().find("cpuBoundWeights: unknown weight 'wholeGpu'"),
+            std::string::npos)
+      << cpu_bound.status().message();
+  EXPECT_TRUE(make(Value(Value::Map{{"adapt", false}, {"cpuBoundFrom", 0.5}, {"cpuBoundTo", 2}})).ok());
+}
+
+// Adapting to CPU scarcity. Nodes A (64000 mCPU) and B (40000 mCPU), 4 GPUs each: the cluster has
+// 104000 / 8000 = 13 mCPU per milli-GPU. The workload, tasks of 16000 mCPU and one GPU, asks for
+// 16: ratio 16 / 13 = 1.23, past cpuBoundTo (1.0), so the CPU-bound weights apply alone — once
+// 256 tasks were seen. The task (16000, 1 GPU), rho 16, 50 FGD points on both nodes, equal free
+// share after (the wholeFree terms tie): CPU surplus after A 48000 - 48000 = 0, B 24000 - 48000 =
+// -24000. Hand-made weights (wholeCpu 1): A 0, B -24000 -> A. CPU-bound weights with wholeCpu -1
+// (this test's, to make the switch visible): A 0, B +24000 -> B.
+TEST(Balanced, AdaptsItsWeightsToACpuBoundWorkload) {
+  const TaskRequest task = Task().Cpu(16000).Gpus(1, 1000);
+  const Value flip(Value::Map{{"wholeCpu", -1}});
+  auto run = [&](Value args, int observed) {
+    TestCluster c;
+    const NodeIndex a = c.AddNode("a", 64000, 64000, 4);
+    const NodeIndex b = c.AddNode("b", 40000, 64000, 4);
+    Profile p = ProfileForPolicy("balanced").value();
+    p.scores[0].args = std::move(args);
+    Scheduler& s = c.BuildProfile(p, DefaultRegistry());
+    for (int i = 0; i < observed; ++i) s.Observe(task);
+    Decision d = s.Decide(task);
+    EXPECT_TRUE(d.placed);
+    return d.placement.node == a ? "a" : d.placement.node == b ? "b" : "?";
+  };
+  const Value adapting(Value::Map{{"cpuBoundWeights", flip}});
+  EXPECT_STREQ(run(adapting, 255), "a");  // too few tasks seen to judge the mix
+  EXPECT_STREQ(run(adapting, 256), "b");
+  EXPECT_STREQ(run(Value(Value::Map{{"cpuBoundWeights", flip}, {"adapt", false}}), 256), "a");
+  // A ramp the workload does not reach (ratio 1.23 < 1.3): the hand-made weights.
+  EXPECT_STREQ(
+      run(Value(Value::Map{{"cpuBoundWeights", flip}, {"cpuBoundFrom", 1.3}, {"cpuBoundTo", 2}}), 256), "a");
+  // Half-way up the ramp (from 1.0 to 1.4615: s = 0.5): wholeCpu 0.5 x 1 + 0.5 x -1 = 0, a tie on
+  // CPU; the tie goes to the lower rank, A.
+  EXPECT_STREQ(
+      run(Value(Value::Map{
+              {"cpuBoundWeights", flip}, {"cpuBoundFrom", 1.0}, {"cpuBoundTo", 1.0 + 2 * (16.0 / 13 - 1)}}),
+          256),
+      "a");
+  // Given workload: its typical tasks say 16 mCPU per milli-GPU from the start.
+  auto pod = Value(Value::Map{{"cpu", 16000}, {"gpuShare", 1000}, {"gpuCount", 1}, {"weight", 1.0}});
+  EXPECT_STREQ(
+      run(Value(Value::Map{
+              {"workload", "given"}, {"typicalPods", Value(Value::List{pod})}, {"cpuBoundWeights", flip}}),
+          0),
+      "b");
+}
+
+TEST(Balanced, BlendAndTheCpuBoundWeights) {
+  BalancedWeights a, b;
+  a.whole_cpu = 1;
+  b.whole_cpu = -1;
+  b.share_free = 2;
+  EXPECT_EQ(BalancedWeights::Blend(a, b, 0).whole_cpu, 1);
+  EXPECT_EQ(BalancedWeights::Blend(a, b, -3).whole_cpu, 1);
+  EXPECT_EQ(BalancedWeights::Blend(a, b, 1).whole_cpu, -1);
+  EXPECT_EQ(BalancedWeights::Blend(a, b, 7).share_free, 2);
+  const BalancedWeights half = BalancedWeights::Blend(a, b, 0.25);
+  EXPECT_DOUBLE_EQ(half.whole_cpu, 0.5);
+  EXPECT_DOUBLE_EQ(half.share_free, 0.5);
+  EXPECT_DOUBLE_EQ(half.point, 10000);
+  // The built-in CPU-bound set packs whole-GPU tasks and balances CPU for share tasks too.
+  const BalancedWeights cpu = BalancedWeights::CpuBound();
+  EXPECT_LT(cpu.whole_free, 0);
+  EXPECT_GT(cpu.share_cpu, BalancedWeights{}.share_cpu);
+  EXPECT_EQ(cpu.point, BalancedWeights{}.point);
+  // cpuBoundWeights start from the CPU-bound set: a partial map changes only what it names.
+  auto partial = BalancedWeights::FromValue(Value(Value::Map{{"wholeCpu", -1}}), cpu);
+  ASSERT_TRUE(partial.ok());
+  EXPECT_EQ(partial->whole_cpu, -1);
+  EXPECT_EQ(partial->share_cpu, cpu.share_cpu);
 }
 
 }  // namespace
