@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,12 +30,8 @@ import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+from pool_api import free_port  # noqa: E402
 
 
 def call(url, token, method, path, body=None):
@@ -64,7 +59,7 @@ def pct(values, p):
 def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs):
     data = os.path.join(work, name.replace(" ", "-"))
     shutil.rmtree(data, ignore_errors=True)
-    api_port, metrics_port = free_port(), 0
+    api_port = free_port()
     log = open(data + ".log", "w")
     up = subprocess.Popen([binary, "up", "--data-dir", data, "--listen", "127.0.0.1:%d" % api_port,
                            "--simulate", "8xH100-80GB-SXM", "--nodes", "2", "--metrics-listen", "127.0.0.1:0",

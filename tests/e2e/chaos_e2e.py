@@ -31,13 +31,14 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+
+from pool_api import Api, free_port
 
 NODES = 4
 GPUS_PER_NODE = 4
@@ -111,44 +112,6 @@ except Term:
 
 def now():
     return time.time()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Api:
-    def __init__(self, url, token):
-        self.url, self.token = url, token
-
-    def call(self, method, path, body=None, timeout=5):
-        """(status, body); raises OSError (URLError, timeouts, resets) when the server is not there."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", "Bearer " + self.token)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            try:
-                return e.code, json.loads(e.read() or b"null")
-            except ValueError:
-                return e.code, None
-
-    def retry(self, method, path, body=None, deadline_s=30):
-        """Like call, but waits out a server that is restarting."""
-        deadline = now() + deadline_s
-        while True:
-            try:
-                return self.call(method, path, body)
-            except (OSError, ValueError):
-                if now() > deadline:
-                    raise
-                time.sleep(0.2)
 
 
 def parse_mem(text):
@@ -376,7 +339,8 @@ def read_journals(shared):
             r["events"].append(event)
             if event == "step":
                 r["steps"].add(step)
-        out[key] = sorted(incs.values(), key=lambda r: r["first"])
+        if incs:  # a task that has opened its journal but not written to it yet has not started
+            out[key] = sorted(incs.values(), key=lambda r: r["first"])
     return out
 
 

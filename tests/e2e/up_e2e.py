@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,43 +22,14 @@ import urllib.request
 
 import yaml
 
+from pool_api import Api, free_port, get_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fail(msg):
     print("up_e2e: FAIL: " + msg, flush=True)
     sys.exit(1)
-
-
-class Api:
-    def __init__(self, url, token):
-        self.url, self.token = url, token
-
-    def call(self, method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", "Bearer " + self.token)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
-
-
-def get_text(url, token=None):
-    req = urllib.request.Request(url)
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return r.read().decode()
 
 
 def make_jobs(rootfs):
@@ -208,7 +178,7 @@ def main():
                     fail("gpupool up did not come up:\n" + open(os.path.join(work, "up.log")).read())
                 time.sleep(0.2)
         token = open(os.path.join(data, "admin.token")).read().strip()
-        api = Api(url, token)
+        api = Api(url, token, timeout=10)
         deadline = time.time() + 20
         while True:
             _, nodes = api.call("GET", "/api/v1/nodes")

@@ -1,0 +1,55 @@
+"""HTTP helpers shared by the end-to-end tests (tests/e2e) and the scripted benches (bench/*.py):
+a free local port, and a client of gpupool's REST API that returns (status, body) instead of
+raising on HTTP errors."""
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Api:
+    def __init__(self, url, token, timeout=5):
+        self.url, self.token, self.timeout = url, token, timeout
+
+    def call(self, method, path, body=None, timeout=None):
+        """(status, body: parsed JSON, or None when an error's body is not JSON); raises OSError
+        (URLError, timeouts, resets) when the server is not there."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", "Bearer " + self.token)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            try:
+                return e.code, json.loads(e.read() or b"null")
+            except ValueError:
+                return e.code, None
+
+    def retry(self, method, path, body=None, deadline_s=30):
+        """Like call, but waits out a server that is restarting."""
+        deadline = time.time() + deadline_s
+        while True:
+            try:
+                return self.call(method, path, body)
+            except (OSError, ValueError):
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def get_text(url, token=None, timeout=10):
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
