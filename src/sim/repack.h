@@ -30,7 +30,7 @@ struct RepackResult {
 
 // Errors: a share task's grant of 0 or at least a whole GPU, more than kMaxRepackPatterns patterns
 // (named with the count), or GLPK failing.
-inline constexpr int64_t kMaxRepackPatterns = 2'000'000;
+inline constexpr int64_t kMaxRepackPatterns = 200'000;
 Result<RepackResult> RepackSharePods(const Ledger& ledger);
 
 }  // namespace gpupool

@@ -227,13 +227,12 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
     const Ledger& ledger = *view.ledger;
     if (!scarcity_dirty_ && ledger.node_count() == cluster_nodes_) return;
     scarcity_dirty_ = false;
-    if (ledger.node_count() != cluster_nodes_) {
-      cluster_nodes_ = ledger.node_count();
-      double cpu = 0;
-      for (NodeIndex n = 0; n < cluster_nodes_; ++n) cpu += static_cast<double>(ledger.spec(n).cpu.units());
-      const double share = static_cast<double>(ledger.total_gpu_share());
-      cluster_cpu_per_share_ = share > 0 ? cpu / share : 0.0;
-    }
+    // The cluster's side too (O(nodes), once per relearning point): nodes may have been replaced.
+    cluster_nodes_ = ledger.node_count();
+    double cpu = 0;
+    for (NodeIndex n = 0; n < cluster_nodes_; ++n) cpu += static_cast<double>(ledger.spec(n).cpu.units());
+    const double share = static_cast<double>(ledger.total_gpu_share());
+    cluster_cpu_per_share_ = share > 0 ? cpu / share : 0.0;
     const double s = CpuScarcity();
     if (s == blend_) return;
     blend_ = s;
