@@ -70,7 +70,8 @@ fi
 ./build/gpupool sim sweep --traces data/alibaba --trace-list default --seeds 42 \
   --policies balanced,build/learned-smoke.yaml --out build/sim-sweep-learned --jobs "$jobs"
 # With no --policy: the default (balanced) on gpupool's own arrival order; --repack solves the
-# packing ILP of its GPU-sharing pods (the line must be there, and no larger than what they hold).
+# packing ILP of its GPU-sharing pods (the line must be there, and no larger than what they hold)
+# and counts them by share.
 ./build/gpupool sim run --nodes data/alibaba/openb_node_list_gpu_node.csv \
   --pods data/alibaba/openb_pod_list_default.csv --seed 42 --repack --json build/sim-repack.json
 python3 - <<'PY'
@@ -78,6 +79,9 @@ import json
 r = json.load(open("build/sim-repack.json"))["repack"]
 assert r["optimal"] and 0 < r["min_gpus"] <= r["share_gpus"], r
 assert r["min_gpus"] * 1000 >= r["share_milli"], r
+admitted = r.pop("share_admission")
+assert sum(a["placed"] for a in admitted) == r["share_pods"], admitted
+assert all(0 <= a["placed"] <= a["arrived"] and 0 < a["gpu_milli"] < 1000 for a in admitted), admitted
 print("repack:", r)
 PY
 

@@ -177,11 +177,17 @@ int RunCommand(const RunArgs& a) {
     const int64_t freed = std::min(p.share_gpus - p.min_gpus, r.failed_whole_gpus);
     const double idle = static_cast<double>(int64_t{r.total_gpus} * 1000 - r.used_gpu_milli) / 1000.0;
     fmt::print(
-        "repack: idle at the end {:.1f} GPUs ({:.2f}%); if the {} GPUs it frees went to whole-GPU pods that "
-        "found "
-        "no room ({} GPUs asked), {:.1f} ({:.2f}%)\n",
+        "repack: idle at the end {:.1f} GPUs ({:.2f}%); if the {} GPUs it frees went to whole-GPU pods "
+        "that found no room ({} GPUs asked), {:.1f} ({:.2f}%)\n",
         idle, 100.0 * idle / r.total_gpus, freed, r.failed_whole_gpus, idle - static_cast<double>(freed),
         100.0 * (idle - static_cast<double>(freed)) / r.total_gpus);
+    std::string admitted;
+    for (const auto& [milli, share] : r.share_admission) {
+      admitted += fmt::format("{}{:.2f} {}/{}", admitted.empty() ? "" : ", ",
+                              static_cast<double>(milli) / 1000.0, share.placed, share.arrived);
+    }
+    fmt::print("repack: GPU-sharing pods placed/arrived by per-GPU share: {}\n",
+               admitted.empty() ? "none" : admitted);
   }
   if (!a.json_out.empty()) {
     if (Status st = WriteExperimentJson(r, a.json_out); !st.ok()) return Fail(st);

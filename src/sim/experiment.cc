@@ -288,9 +288,12 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     scheduler->Observe(*task);
     Decision d;
     auto placed = scheduler->Place(*task, &d);
+    ShareAdmission* share = task->is_share() ? &r.share_admission[task->gpu_share.units()] : nullptr;
+    if (share != nullptr) ++share->arrived;
     if (placed.ok()) {
       ++r.pods_scheduled;
       r.served_gpu_milli += demand;
+      if (share != nullptr) ++share->placed;
       node_frag[d.placement.node] = frag_model.NodeFragment(ledger, d.placement.node);
     } else if (placed.status().code() == StatusCode::kUnschedulable) {
       ++r.pods_failed;
@@ -348,6 +351,11 @@ Status WriteExperimentJson(const ExperimentResult& r, const std::string& path) {
       j["repack"] = {{"share_pods", r.repack->share_pods},   {"share_gpus", r.repack->share_gpus},
                      {"share_milli", r.repack->share_milli}, {"min_gpus", r.repack->min_gpus},
                      {"optimal", r.repack->optimal},         {"patterns", r.repack->patterns}};
+      nlohmann::json shares = nlohmann::json::array();
+      for (const auto& [milli, a] : r.share_admission) {
+        shares.push_back({{"gpu_milli", milli}, {"arrived", a.arrived}, {"placed", a.placed}});
+      }
+      j["repack"]["share_admission"] = std::move(shares);
     }
     std::ofstream out(path);
     if (!out) return Status::IoError(fmt::format("cannot write '{}'", path));

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,12 @@ struct MetricsRow {
   double frag_ratio = 0;          // 100 F / idle, %.2f
 };
 
+// The single-GPU GPU-sharing pods of one per-GPU share: how many arrived and how many were placed.
+struct ShareAdmission {
+  int64_t arrived = 0;
+  int64_t placed = 0;
+};
+
 struct ExperimentResult {
   std::string policy;
   std::string trace;
@@ -67,6 +74,10 @@ struct ExperimentResult {
   std::vector<MetricsRow> rows;        // kept only when asked (ExperimentInputs::keep_rows)
   int64_t failed_whole_gpus = 0;       // GPUs asked for by the whole-GPU pods that found no room
   std::optional<RepackResult> repack;  // when ExperimentOptions::repack
+  // Per-GPU share (milli-GPU, below a whole GPU) -> the GPU-sharing pods of that share that arrived
+  // and were placed. Which shares a run admits decides what even a perfect repack can reach: a placed
+  // 0.81-GPU pod leaves a 0.19-GPU remainder that only smaller pods can use.
+  std::map<int64_t, ShareAdmission> share_admission;
 };
 
 // Inputs shared by many experiments on one trace (read once).

@@ -119,6 +119,46 @@ TEST(ExperimentTest, ExclusiveModeServesLessOfTheSameArrivals) {
   EXPECT_EQ(pooled->alloc[0], pooled->alloc[0]);  // no NaN
 }
 
+TEST(ExperimentTest, CountsTheSharingPodsAdmittedPerShare) {
+  auto inputs = LoadExperimentInputs(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv",
+                                     std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
+  ASSERT_TRUE(inputs.ok()) << inputs.status().ToString();
+  ExperimentOptions o;
+  o.trace = "default";
+  o.policy = "bestfit";
+  o.seed = 7;
+  o.repack = true;
+  auto r = RunExperiment(*inputs, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->repack.has_value());
+  // The trace's shares, each arrived at least once; placed never above arrived; the placed ones are
+  // exactly the pods the repack packs; and at 130 % some sharing pods were turned away.
+  std::map<int64_t, int64_t> in_trace;
+  for (const TracePod& p : inputs->pods) {
+    if (p.request.is_share()) ++in_trace[p.request.gpu_share.units()];
+  }
+  int64_t placed = 0;
+  int64_t arrived = 0;
+  for (const auto& [milli, a] : r->share_admission) {
+    EXPECT_TRUE(in_trace.contains(milli)) << milli;
+    EXPECT_GT(milli, 0);
+    EXPECT_LT(milli, 1000);
+    EXPECT_GE(a.arrived, a.placed) << milli;
+    placed += a.placed;
+    arrived += a.arrived;
+  }
+  EXPECT_TRUE(r->share_admission.contains(810));
+  EXPECT_EQ(placed, r->repack->share_pods);
+  EXPECT_GT(arrived, placed);
+  EXPECT_LT(arrived, r->pods_arrived);  // whole-GPU and CPU-only pods are not counted
+  // Exclusive mode turns every sharing pod into a whole-GPU one: nothing to count.
+  o.repack = false;
+  o.exclusive = true;
+  auto exclusive = RunExperiment(*inputs, o);
+  ASSERT_TRUE(exclusive.ok());
+  EXPECT_TRUE(exclusive->share_admission.empty());
+}
+
 TEST(ExperimentTest, BadArrivalOrderIsAnError) {
   auto inputs = LoadExperimentInputs(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv",
                                      std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
