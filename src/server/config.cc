@@ -304,13 +304,20 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
     }
     if (j.contains("store")) {
       const auto& s = j["store"];
-      if (Status st = CheckKeys(s, "store", {"synchronous"}); !st.ok()) return fail(st);
+      if (Status st = CheckKeys(s, "store", {"synchronous", "finishedJobRetentionSeconds"}); !st.ok())
+        return fail(st);
       if (s.contains("synchronous")) {
         auto v = GetString(s["synchronous"], "store.synchronous");
         if (!v.ok()) return fail(v.status());
         if (*v != "full" && *v != "normal")
           return fail(Status::InvalidArgument("store.synchronous: must be full or normal"));
         c.sync_full = *v == "full";
+      }
+      if (s.contains("finishedJobRetentionSeconds")) {
+        auto v = GetInt(s["finishedJobRetentionSeconds"], "store.finishedJobRetentionSeconds", 0,
+                        int64_t{3650} * 86400);
+        if (!v.ok()) return fail(v.status());
+        c.finished_job_retention_seconds = *v;
       }
     }
     if (j.contains("httpThreads")) {

@@ -62,6 +62,10 @@ struct ServerConfig {
   int max_jobs_per_cycle = 5000;
   int cycle_interval_ms = 200;  // the loop also runs at once after every submission or release
   bool sync_full = true;        // SQLite synchronous=FULL (FALSE: NORMAL, survives process crashes only)
+  // A job that ended (succeeded, failed, cancelled) and has not changed for this long is removed,
+  // with its tasks and events, from memory and from the store, so a long-running server neither
+  // grows without bound nor slows its restarts. 0 keeps every job forever.
+  int64_t finished_job_retention_seconds = 7 * 86400;
   // cpp-httplib keeps a worker per open keep-alive connection, so this bounds concurrent clients.
   int http_threads = 64;
 };

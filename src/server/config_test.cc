@@ -36,7 +36,7 @@ backfill: {reserveAfterSeconds: 120}
 heartbeat: {intervalSeconds: 2, timeoutSeconds: 10}
 hotspot: {temperatureC: 80, utilization: 0.99, memoryUsedFraction: 0.95, windowSeconds: 20, cooldownSeconds: 300, migrate: false}
 limits: {maxBodyBytes: 65536, maxJobsPerCycle: 100}
-store: {synchronous: normal}
+store: {synchronous: normal, finishedJobRetentionSeconds: 3600}
 )");
   auto c = LoadServerConfig(path);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -68,6 +68,7 @@ store: {synchronous: normal}
   EXPECT_FALSE(c->hotspot.migrate);
   EXPECT_EQ(c->max_body_bytes, 65536u);
   EXPECT_FALSE(c->sync_full);
+  EXPECT_EQ(c->finished_job_retention_seconds, 3600);
   std::filesystem::remove(path);
 }
 
@@ -87,6 +88,9 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
       {"preemption: {gracePeriodSeconds: -1}\n", "preemption.gracePeriodSeconds"},
       {"listen: nohost\n", "host:port"},
       {"store: {synchronous: sometimes}\n", "store.synchronous"},
+      {"store: {finishedJobRetentionSeconds: -1}\n", "store.finishedJobRetentionSeconds: must be in [0, "},
+      {"store: {finishedJobRetentionSeconds: 1d}\n", "store.finishedJobRetentionSeconds: must be an integer"},
+      {"store: {retention: 5}\n", "store.retention: unknown key"},
       {"heartbeat: {intervalSeconds: 5, timeoutSeconds: 11}\n", "heartbeat.timeoutSeconds: must be at least"},
       {"heartbeat: {timeoutSeconds: 3}\n", "twice intervalSeconds plus two (4), got 3"},
       {"hotspot: {temperature: 80}\n", "hotspot.temperature: unknown key"},

@@ -39,6 +39,7 @@ struct ServerMetrics {
   std::map<std::string, uint64_t> faults;    // fault cause (node_lost, gpu_fault, task_failed) -> count
   uint64_t nodes_lost = 0;
   uint64_t hotspot_migrations = 0;  // jobs moved off a hot GPU
+  uint64_t jobs_removed = 0;        // finished jobs removed by retention
 };
 
 // Helpers for rendering.

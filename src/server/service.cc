@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +51,8 @@ std::string_view TaskPhaseName(TaskPhase p) {
 namespace {
 
 constexpr size_t kRecentTasks = 10000;
+// Meta key: the highest sequence number of a job that retention removed (so its id is never reused).
+constexpr char kRemovedMaxSeqKey[] = "removed_max_seq";
 constexpr uint64_t kLearnEvery = 512;
 constexpr int kMinCycleGapMs = 5;
 
@@ -244,6 +247,16 @@ Status PoolService::Recover() {
     by_seq_[r.seq] = raw;
     jobs_[r.id] = std::move(state);
     if (raw->phase == JobPhase::kPending) pending_.insert(r.seq);
+  }
+  // Retention may have removed the newest jobs; their ids are never handed out again.
+  for (const auto& [key, value] : snap->meta) {
+    if (key != kRemovedMaxSeqKey) continue;
+    uint64_t removed = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), removed);
+    if (ec != std::errc() || end != value.data() + value.size())
+      return Status::Internal(fmt::format("stored meta {} is not a job sequence number: '{}'", key, value));
+    max_seq = std::max(max_seq, removed);
+    removed_max_seq_ = removed;
   }
   next_seq_ = max_seq + 1;
 
@@ -1696,11 +1709,51 @@ bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
   return true;
 }
 
+void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
+  const int64_t keep_ms = config_.finished_job_retention_seconds * 1000;
+  if (keep_ms <= 0) return;
+  const int64_t now = NowMs();
+  if (now < next_removal_ms_) return;
+  // One pass over the jobs at most every tenth of the retention period (1 s to 1 min).
+  next_removal_ms_ = now + std::clamp<int64_t>(keep_ms / 10, 1000, 60000);
+  uint64_t removed_max = removed_max_seq_;
+  for (auto it = by_seq_.begin(); it != by_seq_.end();) {
+    JobState& j = *it->second;
+    bool ended =
+        j.phase == JobPhase::kSucceeded || j.phase == JobPhase::kFailed || j.phase == JobPhase::kCancelled;
+    int64_t last_change = j.rec.updated_ms;
+    for (const TaskState& ts : j.tasks) {
+      // A failed or cancelled job may still be stopping tasks: it stays until they have stopped.
+      ended &= ts.phase != TaskPhase::kAssigned && ts.phase != TaskPhase::kRunning &&
+               ts.phase != TaskPhase::kStopping;
+      last_change = std::max(last_change, ts.updated_ms);
+    }
+    if (!ended || last_change > now - keep_ms) {
+      ++it;
+      continue;
+    }
+    batch.Add(DeleteJob{j.rec.id});
+    removed_max = std::max(removed_max, it->first);
+    pending_.erase(it->first);
+    partial_.erase(it->first);
+    stopping_jobs_.erase(j.rec.id);
+    ++metrics_.jobs_removed;
+    const std::string id = j.rec.id;
+    it = by_seq_.erase(it);
+    jobs_.erase(id);
+  }
+  if (removed_max != removed_max_seq_) {
+    removed_max_seq_ = removed_max;
+    batch.Add(PutMeta{kRemovedMaxSeqKey, std::to_string(removed_max)});
+  }
+}
+
 int PoolService::CycleLocked(WriteBatch& batch) {
   const double t0 = MonoSeconds();
   ++metrics_.cycles;
   CheckNodes(batch);
   ExpireStops(batch);
+  RemoveExpiredJobs(batch);
   LearnTypicalPods();
   const int64_t now = NowMs();
 
@@ -2146,6 +2199,10 @@ std::string PoolService::MetricsText() {
   for (const char* s : {"succeeded", "failed", "cancelled"})
     RenderSample("gpupool_jobs_finished_total", {{"state", s}}, static_cast<double>(metrics_.finished[s]),
                  out);
+  RenderHeader("gpupool_jobs_removed_total", "counter",
+               "Finished jobs removed with their tasks and events after store.finishedJobRetentionSeconds.",
+               out);
+  RenderSample("gpupool_jobs_removed_total", {}, static_cast<double>(metrics_.jobs_removed), out);
   RenderHeader("gpupool_fault_restarts_total", "counter",
                "Faults that stopped a job (each restarts it or, over its retry budget, fails it), by cause.",
                out);

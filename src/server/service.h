@@ -215,6 +215,9 @@ class PoolService {
   // preempted: requeue), or fails the job once over budget. Tasks already released by the caller
   // (a lost node's) keep the phase the caller gave them.
   void FaultJob(JobState& j, const std::string& cause, const std::string& reason, WriteBatch& batch);
+  // Retention: removes the jobs that ended (every task stopped) and have not changed for
+  // config_.finished_job_retention_seconds, from memory and, through `batch`, from the store.
+  void RemoveExpiredJobs(WriteBatch& batch);
   // Marks silent nodes lost and releases their tasks.
   void CheckNodes(WriteBatch& batch);
   // The heartbeat's GPU reports: faults, recoveries, hot spots.
@@ -264,6 +267,8 @@ class PoolService {
   std::set<uint64_t> partial_;           // running jobs with unplaced tasks
   std::set<std::string> stopping_jobs_;  // jobs with a task in kStopping
   std::atomic<uint64_t> next_seq_{1};
+  uint64_t removed_max_seq_ = 0;  // the highest seq retention removed (stored as meta)
+  int64_t next_removal_ms_ = 0;   // the next retention pass (wall clock)
 
   struct NodeInfo {
     std::string state = "ready";

@@ -147,6 +147,51 @@ TEST_F(ServiceTest, LifecycleFromSubmitToSuccess) {
   EXPECT_EQ(types.back(), "Succeeded");
 }
 
+TEST_F(ServiceTest, RetentionRemovesEndedJobsWithTheirEventsAndNeverReusesTheirIds) {
+  config_.finished_job_retention_seconds = 1;
+  Open();
+  AddNode("n1", 2);
+  const std::string done = Submit(kVision, kQuarter);
+  const std::string live = Submit(kVision, kQuarter);
+  EXPECT_EQ(service_->RunCycle(), 2);
+  for (int i = 0; i < 4; ++i) Report(done, i, "succeeded");
+  const std::string cancelled = Submit(kNlp, kQuarter);
+  ASSERT_TRUE(service_->CancelJob(kAdmin, cancelled).ok());
+  ASSERT_EQ(State(done), "succeeded");
+  ASSERT_EQ(State(cancelled), "cancelled");
+  EXPECT_EQ(live, "j-000000000002");
+  EXPECT_EQ(cancelled, "j-000000000003");
+  // Not before the retention period has passed since their last change.
+  service_->RunCycle();
+  EXPECT_TRUE(service_->GetJob(kAdmin, done).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  service_->RunCycle();
+  EXPECT_EQ(service_->GetJob(kAdmin, done).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(service_->GetJob(kAdmin, cancelled).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(service_->JobEvents(kAdmin, done, 0, 100).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(State(live), "running");  // a job that has not ended stays, however old
+  auto list = service_->ListJobs(kAdmin, {});
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ((*list)["items"].size(), 1u);
+  EXPECT_EQ((*list)["items"][0]["id"], live);
+  EXPECT_NE(service_->MetricsText().find("gpupool_jobs_removed_total 2"), std::string::npos);
+  ExpectConsistent();
+
+  // Gone from the store too; the newest id (the cancelled job's) is not handed out again; and
+  // with retention off nothing is removed.
+  config_.finished_job_retention_seconds = 0;
+  Open();
+  EXPECT_EQ(service_->GetJob(kAdmin, done).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(service_->GetJob(kAdmin, cancelled).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(State(live), "running");
+  ExpectConsistent();
+  EXPECT_EQ(Submit(kVision, kQuarter), "j-000000000004");
+  for (int i = 0; i < 4; ++i) Report(live, i, "succeeded");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  service_->RunCycle();
+  EXPECT_EQ(State(live), "succeeded");
+}
+
 TEST_F(ServiceTest, TenantsSeeOnlyTheirOwnJobs) {
   AddNode("n1", 1);
   const std::string id = Submit(kVision, kQuarter);

@@ -143,6 +143,9 @@ constexpr const char* kPutQueue =
 constexpr const char* kDeleteQueue = "DELETE FROM queues WHERE name = ?1";
 constexpr const char* kAppendEvent =
     "INSERT INTO events (job_id, time_ms, type, message) VALUES (?1, ?2, ?3, ?4)";
+constexpr const char* kDeleteJobTasks = "DELETE FROM tasks WHERE job_id = ?1";
+constexpr const char* kDeleteJobEvents = "DELETE FROM events WHERE job_id = ?1";
+constexpr const char* kDeleteJob = "DELETE FROM jobs WHERE id = ?1";
 constexpr const char* kPutMeta =
     "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value";
 
@@ -260,6 +263,7 @@ class SqliteStore final : public Store {
   struct Statements {
     StmtPtr begin_write, begin_read, commit, rollback;
     StmtPtr put_job, put_task, put_node, delete_node, put_queue, delete_queue, append_event, put_meta;
+    StmtPtr delete_job_tasks, delete_job_events, delete_job;
     StmtPtr load_jobs, load_tasks, load_nodes, load_queues, load_meta, list_events;
   };
 
@@ -467,6 +471,9 @@ Status SqliteStore::PrepareStatements() {
       {&st_.delete_queue, kDeleteQueue},
       {&st_.append_event, kAppendEvent},
       {&st_.put_meta, kPutMeta},
+      {&st_.delete_job_tasks, kDeleteJobTasks},
+      {&st_.delete_job_events, kDeleteJobEvents},
+      {&st_.delete_job, kDeleteJob},
       {&st_.load_jobs, kLoadJobs},
       {&st_.load_tasks, kLoadTasks},
       {&st_.load_nodes, kLoadNodes},
@@ -584,6 +591,16 @@ Status SqliteStore::ApplyOp(const WriteOp& op) {
             Binder b(s);
             b.Text(o.key).Text(o.value);
             return run(s, b, [&] { return fmt::format("put meta {}", o.key); });
+          },
+          [&](const DeleteJob& o) -> Status {
+            // Tasks and events first: tasks reference the job.
+            for (sqlite3_stmt* s :
+                 {st_.delete_job_tasks.get(), st_.delete_job_events.get(), st_.delete_job.get()}) {
+              Binder b(s);
+              b.Text(o.id);
+              RETURN_IF_ERROR(run(s, b, [&] { return fmt::format("delete job {}", o.id); }));
+            }
+            return Status::Ok();
           },
       },
       op);

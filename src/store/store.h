@@ -85,7 +85,10 @@ struct PutQueue { QueueRecord queue; };
 struct DeleteQueue { std::string name; };
 struct AppendEvent { EventRecord event; };
 struct PutMeta { std::string key; std::string value; };
-using WriteOp = std::variant<PutJob, PutTask, PutNode, DeleteNode, PutQueue, DeleteQueue, AppendEvent, PutMeta>;
+// Removes a job with its tasks and its events (retention of finished jobs); succeeds when absent.
+struct DeleteJob { std::string id; };
+using WriteOp =
+    std::variant<PutJob, PutTask, PutNode, DeleteNode, PutQueue, DeleteQueue, AppendEvent, PutMeta, DeleteJob>;
 
 struct WriteBatch {
   std::vector<WriteOp> ops;

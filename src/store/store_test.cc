@@ -324,6 +324,46 @@ TEST_F(SqliteStoreTest, DeleteNodeAndQueueRemoveByKeyAndSucceedWhenAbsent) {
   EXPECT_EQ(snap.queues[0].name, "a");
 }
 
+TEST_F(SqliteStoreTest, DeleteJobRemovesItsTasksAndEventsOnlyAndSucceedsWhenAbsent) {
+  const JobRecord gone = MakeJob(1);
+  const JobRecord kept = MakeJob(2);
+  WriteBatch b;
+  b.Add(PutJob{gone});
+  b.Add(PutJob{kept});
+  for (int i = 0; i < 3; ++i) {
+    b.Add(PutTask{MakeTask(gone.id, i)});
+    b.Add(PutTask{MakeTask(kept.id, i)});
+    b.Add(AppendEvent{MakeEvent(gone.id, "E" + std::to_string(i))});
+    b.Add(AppendEvent{MakeEvent(kept.id, "F" + std::to_string(i))});
+  }
+  b.Add(AppendEvent{MakeEvent("", "Cluster")});
+  ASSERT_TRUE(store_->Apply(b).ok());
+
+  WriteBatch del;
+  del.Add(DeleteJob{gone.id});
+  del.Add(DeleteJob{"j-never-there"});
+  ASSERT_TRUE(store_->Apply(del).ok());
+
+  StoreSnapshot snap = LoadOrDie();
+  EXPECT_EQ(snap.jobs, std::vector<JobRecord>{kept});
+  ASSERT_EQ(snap.tasks.size(), 3u);
+  for (const TaskRecord& t : snap.tasks) EXPECT_EQ(t.job_id, kept.id);
+  auto gone_events = store_->ListEvents(gone.id, 0, 100);
+  ASSERT_TRUE(gone_events.ok());
+  EXPECT_TRUE(gone_events->empty());
+  auto kept_events = store_->ListEvents(kept.id, 0, 100);
+  ASSERT_TRUE(kept_events.ok());
+  EXPECT_EQ(kept_events->size(), 3u);
+  auto cluster = store_->ListEvents("", 0, 100);
+  ASSERT_TRUE(cluster.ok());
+  EXPECT_EQ(cluster->size(), 1u);
+  // The id can be stored again afterwards (nothing of it is left behind).
+  WriteBatch again;
+  again.Add(PutJob{gone});
+  ASSERT_TRUE(store_->Apply(again).ok());
+  EXPECT_EQ(LoadOrDie().jobs.size(), 2u);
+}
+
 TEST_F(SqliteStoreTest, LoadOrdersJobsBySeqTasksByJobSeqThenIndexOthersByName) {
   // Ids sort the other way round from seq, and everything is written out of order.
   JobRecord late = MakeJob(1);
