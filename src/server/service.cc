@@ -1742,6 +1742,8 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
     it = by_seq_.erase(it);
     jobs_.erase(id);
   }
+  // Cluster events (nodes lost and back, GPU conditions) age out the same way.
+  batch.Add(DeleteClusterEvents{now - keep_ms});
   if (removed_max != removed_max_seq_) {
     removed_max_seq_ = removed_max;
     batch.Add(PutMeta{kRemovedMaxSeqKey, std::to_string(removed_max)});

@@ -176,6 +176,17 @@ TEST_F(ServiceTest, RetentionRemovesEndedJobsWithTheirEventsAndNeverReusesTheirI
   EXPECT_EQ((*list)["items"][0]["id"], live);
   EXPECT_NE(service_->MetricsText().find("gpupool_jobs_removed_total 2"), std::string::npos);
   ExpectConsistent();
+  {
+    // In the file: the removed jobs' events and the old cluster event (n1 registered) are gone.
+    service_.reset();
+    SqliteStoreOptions o;
+    o.path = dir_.path() + "/gpupool.db";
+    auto store = OpenSqliteStore(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_TRUE((*store)->ListEvents(done, 0, 100)->empty());
+    EXPECT_TRUE((*store)->ListEvents("", 0, 100)->empty());
+    EXPECT_FALSE((*store)->ListEvents(live, 0, 100)->empty());
+  }
 
   // Gone from the store too; the newest id (the cancelled job's) is not handed out again; and
   // with retention off nothing is removed.

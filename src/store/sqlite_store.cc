@@ -146,6 +146,7 @@ constexpr const char* kAppendEvent =
 constexpr const char* kDeleteJobTasks = "DELETE FROM tasks WHERE job_id = ?1";
 constexpr const char* kDeleteJobEvents = "DELETE FROM events WHERE job_id = ?1";
 constexpr const char* kDeleteJob = "DELETE FROM jobs WHERE id = ?1";
+constexpr const char* kDeleteClusterEvents = "DELETE FROM events WHERE job_id = '' AND time_ms < ?1";
 constexpr const char* kPutMeta =
     "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value";
 
@@ -263,7 +264,7 @@ class SqliteStore final : public Store {
   struct Statements {
     StmtPtr begin_write, begin_read, commit, rollback;
     StmtPtr put_job, put_task, put_node, delete_node, put_queue, delete_queue, append_event, put_meta;
-    StmtPtr delete_job_tasks, delete_job_events, delete_job;
+    StmtPtr delete_job_tasks, delete_job_events, delete_job, delete_cluster_events;
     StmtPtr load_jobs, load_tasks, load_nodes, load_queues, load_meta, list_events;
   };
 
@@ -474,6 +475,7 @@ Status SqliteStore::PrepareStatements() {
       {&st_.delete_job_tasks, kDeleteJobTasks},
       {&st_.delete_job_events, kDeleteJobEvents},
       {&st_.delete_job, kDeleteJob},
+      {&st_.delete_cluster_events, kDeleteClusterEvents},
       {&st_.load_jobs, kLoadJobs},
       {&st_.load_tasks, kLoadTasks},
       {&st_.load_nodes, kLoadNodes},
@@ -601,6 +603,12 @@ Status SqliteStore::ApplyOp(const WriteOp& op) {
               RETURN_IF_ERROR(run(s, b, [&] { return fmt::format("delete job {}", o.id); }));
             }
             return Status::Ok();
+          },
+          [&](const DeleteClusterEvents& o) -> Status {
+            sqlite3_stmt* s = st_.delete_cluster_events.get();
+            Binder b(s);
+            b.Int(o.before_ms);
+            return run(s, b, [&] { return fmt::format("delete cluster events before {}", o.before_ms); });
           },
       },
       op);

@@ -87,8 +87,11 @@ struct AppendEvent { EventRecord event; };
 struct PutMeta { std::string key; std::string value; };
 // Removes a job with its tasks and its events (retention of finished jobs); succeeds when absent.
 struct DeleteJob { std::string id; };
+// Removes the cluster events (job_id "") older than before_ms.
+struct DeleteClusterEvents { int64_t before_ms = 0; };
 using WriteOp =
-    std::variant<PutJob, PutTask, PutNode, DeleteNode, PutQueue, DeleteQueue, AppendEvent, PutMeta, DeleteJob>;
+    std::variant<PutJob, PutTask, PutNode, DeleteNode, PutQueue, DeleteQueue, AppendEvent, PutMeta, DeleteJob,
+                 DeleteClusterEvents>;
 
 struct WriteBatch {
   std::vector<WriteOp> ops;

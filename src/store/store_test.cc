@@ -324,7 +324,7 @@ TEST_F(SqliteStoreTest, DeleteNodeAndQueueRemoveByKeyAndSucceedWhenAbsent) {
   EXPECT_EQ(snap.queues[0].name, "a");
 }
 
-TEST_F(SqliteStoreTest, DeleteJobRemovesItsTasksAndEventsOnlyAndSucceedsWhenAbsent) {
+TEST_F(SqliteStoreTest, DeleteJobAndDeleteClusterEventsRemoveOnlyWhatTheyName) {
   const JobRecord gone = MakeJob(1);
   const JobRecord kept = MakeJob(2);
   WriteBatch b;
@@ -357,6 +357,22 @@ TEST_F(SqliteStoreTest, DeleteJobRemovesItsTasksAndEventsOnlyAndSucceedsWhenAbse
   auto cluster = store_->ListEvents("", 0, 100);
   ASSERT_TRUE(cluster.ok());
   EXPECT_EQ(cluster->size(), 1u);
+  // Cluster events go by age, and only they.
+  WriteBatch old_cluster;
+  EventRecord early = MakeEvent("", "Early");
+  early.time_ms = 10;
+  old_cluster.Add(AppendEvent{early});
+  old_cluster.Add(DeleteClusterEvents{999});  // MakeEvent's time is 1000: kept
+  ASSERT_TRUE(store_->Apply(old_cluster).ok());
+  cluster = store_->ListEvents("", 0, 100);
+  ASSERT_TRUE(cluster.ok());
+  ASSERT_EQ(cluster->size(), 1u);
+  EXPECT_EQ((*cluster)[0].type, "Cluster");
+  WriteBatch all_cluster;
+  all_cluster.Add(DeleteClusterEvents{1001});
+  ASSERT_TRUE(store_->Apply(all_cluster).ok());
+  EXPECT_TRUE(store_->ListEvents("", 0, 100)->empty());
+  EXPECT_EQ(store_->ListEvents(kept.id, 0, 100)->size(), 3u);
   // The id can be stored again afterwards (nothing of it is left behind).
   WriteBatch again;
   again.Add(PutJob{gone});
