@@ -88,5 +88,6 @@ PY
 echo "== benchmark smoke (figures live in docs/performance.md)"
 ./build/place_bench --benchmark_filter='BM_Place/(fgd|balanced)/openb/90' --benchmark_min_time=0.05
 ./build/store_bench --benchmark_min_time=0.05
+./build/server_bench --skip-http --skip-place --history 6000  # past the 5,000-per-cycle removal cap
 
 echo "test.sh: all passed"

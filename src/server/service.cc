@@ -51,6 +51,9 @@ std::string_view TaskPhaseName(TaskPhase p) {
 namespace {
 
 constexpr size_t kRecentTasks = 10000;
+// Retention removes at most this many jobs per pass, so that a long history (say, after retention
+// was first turned on) is worked off over several cycles instead of stalling one.
+constexpr int kMaxRemovalsPerPass = 5000;
 // Meta key: the highest sequence number of a job that retention removed (so its id is never reused).
 constexpr char kRemovedMaxSeqKey[] = "removed_max_seq";
 constexpr uint64_t kLearnEvery = 512;
@@ -1717,7 +1720,12 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
   // One pass over the jobs at most every tenth of the retention period (1 s to 1 min).
   next_removal_ms_ = now + std::clamp<int64_t>(keep_ms / 10, 1000, 60000);
   uint64_t removed_max = removed_max_seq_;
+  int removed = 0;
   for (auto it = by_seq_.begin(); it != by_seq_.end();) {
+    if (removed == kMaxRemovalsPerPass) {
+      next_removal_ms_ = now;  // more to do: the next cycle goes on
+      break;
+    }
     JobState& j = *it->second;
     bool ended =
         j.phase == JobPhase::kSucceeded || j.phase == JobPhase::kFailed || j.phase == JobPhase::kCancelled;
@@ -1738,6 +1746,7 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
     partial_.erase(it->first);
     stopping_jobs_.erase(j.rec.id);
     ++metrics_.jobs_removed;
+    ++removed;
     const std::string id = j.rec.id;
     it = by_seq_.erase(it);
     jobs_.erase(id);
