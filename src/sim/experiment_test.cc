@@ -93,16 +93,27 @@ TEST(ExperimentTest, ReproducesPublishedRunsExactly) {
 namespace gpupool {
 namespace {
 
-// Exclusive mode (no pooling): every GPU pod holds whole GPUs, so the allocation is whole GPUs, and
-// the same arrivals serve less GPU demand than with sharing. Bundled data, gpupool's own generator.
-TEST(ExperimentTest, ExclusiveModeServesLessOfTheSameArrivals) {
-  auto inputs = LoadExperimentInputs(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv",
-                                     std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
-  ASSERT_TRUE(inputs.ok()) << inputs.status().ToString();
+// The bundled default trace (data/alibaba), and the run the tests below make on it: BestFit,
+// gpupool's own generator with seed 7.
+Result<ExperimentInputs> BundledDefaultInputs() {
+  return LoadExperimentInputs(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv",
+                              std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
+}
+
+ExperimentOptions BestFitSeed7() {
   ExperimentOptions o;
   o.trace = "default";
   o.policy = "bestfit";
   o.seed = 7;
+  return o;
+}
+
+// Exclusive mode (no pooling): every GPU pod holds whole GPUs, so the allocation is whole GPUs, and
+// the same arrivals serve less GPU demand than with sharing. Bundled data, gpupool's own generator.
+TEST(ExperimentTest, ExclusiveModeServesLessOfTheSameArrivals) {
+  auto inputs = BundledDefaultInputs();
+  ASSERT_TRUE(inputs.ok()) << inputs.status().ToString();
+  ExperimentOptions o = BestFitSeed7();
   auto pooled = RunExperiment(*inputs, o);
   o.exclusive = true;
   auto exclusive = RunExperiment(*inputs, o);
@@ -120,13 +131,9 @@ TEST(ExperimentTest, ExclusiveModeServesLessOfTheSameArrivals) {
 }
 
 TEST(ExperimentTest, CountsTheSharingPodsAdmittedPerShare) {
-  auto inputs = LoadExperimentInputs(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv",
-                                     std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
+  auto inputs = BundledDefaultInputs();
   ASSERT_TRUE(inputs.ok()) << inputs.status().ToString();
-  ExperimentOptions o;
-  o.trace = "default";
-  o.policy = "bestfit";
-  o.seed = 7;
+  ExperimentOptions o = BestFitSeed7();
   o.repack = true;
   auto r = RunExperiment(*inputs, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -160,8 +167,7 @@ TEST(ExperimentTest, CountsTheSharingPodsAdmittedPerShare) {
 }
 
 TEST(ExperimentTest, BadArrivalOrderIsAnError) {
-  auto inputs = LoadExperimentInputs(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv",
-                                     std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
+  auto inputs = BundledDefaultInputs();
   ASSERT_TRUE(inputs.ok());
   ExperimentOptions o;
   o.trace = "default";
