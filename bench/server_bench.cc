@@ -383,7 +383,7 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
   // The bench registers nodes but runs no agents: no heartbeats, so nodes must not time out.
   config.heartbeat_timeout_seconds = 86400;
   config.tokens[kToken] = Principal{"", Role::kAdmin};
-  if (s.http_threads > 0) config.http_threads = s.http_threads;
+  if (s.http_threads > 0) config.http.workers = s.http_threads;
 
   SubmitResult r;
   r.threads = threads;
@@ -413,7 +413,7 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
       if (!bound.ok()) Die(bound.status().ToString());
       port = *bound;
     } else if (s.path == Path::kHttpNoDelay) {
-      front = std::make_unique<NoDelayFront>(*service, config.http_threads);
+      front = std::make_unique<NoDelayFront>(*service, config.http.workers);
       port = front->Start();
     }
   }

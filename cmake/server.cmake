@@ -7,7 +7,7 @@ add_library(gpupool_server
   src/server/http_api.cc
 )
 target_link_libraries(gpupool_server
-  PUBLIC gpupool_api gpupool_store gpupool_config nlohmann_json::nlohmann_json Threads::Threads
+  PUBLIC gpupool_api gpupool_store gpupool_config gpupool_http nlohmann_json::nlohmann_json Threads::Threads
   PRIVATE PkgConfig::HTTPLIB yaml-cpp)
 
 if(GPUPOOL_BUILD_TESTS)

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <httplib.h>
+
+#include "http/server.h"
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -226,6 +228,7 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   ClientConfig cc;
   cc.server = o.server;
   cc.token = o.token;
+  cc.ca_file = o.ca_file;
   cc.connect_timeout_s = 2;
   cc.read_timeout_s = 10;
   auto client = ApiClient::Create(cc);
@@ -250,7 +253,7 @@ Status Agent::Register() {
 
 json Agent::AgentInfoJson() const { return json{{"endpoint", endpoint_}, {"logToken", log_token_}}; }
 
-void Agent::ServeLog(const httplib::Request& req, httplib::Response& res) {
+void Agent::ServeLog(const http::Request& req, http::Response& res) {
   auto refuse = [&res](int status, std::string_view code, const std::string& message) {
     res.status = status;
     res.set_content(json{{"error", {{"code", code}, {"message", message}}}}.dump(), "application/json");
@@ -317,23 +320,34 @@ Status Agent::Start(std::chrono::seconds register_timeout) {
   // Listen first, so that the registration can tell the server where the logs are.
   if (!options_.metrics_listen.empty()) {
     ASSIGN_OR_RETURN(auto hp, SplitListen(options_.metrics_listen));
-    http_ = std::make_unique<httplib::Server>();
-    http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    http::ServerOptions ho;
+    ho.normal_workers = 4;
+    ho.priority_workers = 1;
+    ho.max_body_bytes = 0;  // nothing here takes a body
+    ho.max_connections = 4096;
+    ho.tls.cert_file = options_.tls_cert_file;
+    ho.tls.key_file = options_.tls_key_file;
+    http_ = std::make_unique<http::Server>(ho);
+    http_->Get("/metrics", [this](const http::Request&, http::Response& res) {
       res.set_content(MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
     });
     http_->Get(R"(/tasks/([A-Za-z0-9_.-]+)/logs/(stdout|stderr))",
-               [this](const httplib::Request& req, httplib::Response& res) { ServeLog(req, res); });
-    const int port = hp.second == 0 ? http_->bind_to_any_port(hp.first.c_str())
-                                    : (http_->bind_to_port(hp.first.c_str(), hp.second) ? hp.second : -1);
-    if (port < 0) {
+               [this](const http::Request& req, http::Response& res) { ServeLog(req, res); });
+    http_->set_error_writer([](http::Response& res, int status, const std::string& message) {
+      res.status = status;
+      res.set_content(json{{"error", {{"code", status == 404 ? "NotFound" : "InvalidArgument"}, {"message", message}}}}
+                          .dump(-1, ' ', false, json::error_handler_t::replace),
+                      "application/json");
+    });
+    auto port = http_->Listen(hp.first.empty() ? "0.0.0.0" : hp.first, hp.second);
+    if (!port.ok()) {
       http_.reset();
-      return Status::IoError(fmt::format("cannot listen on {}", options_.metrics_listen));
+      return Status::IoError(fmt::format("cannot listen on {}: {}", options_.metrics_listen, port.status().message()));
     }
-    metrics_port_ = port;
-    http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+    metrics_port_ = *port;
     std::string host = options_.advertise_host;
     if (host.empty()) host = hp.first == "0.0.0.0" || hp.first == "::" || hp.first.empty() ? HostName() : hp.first;
-    endpoint_ = fmt::format("http://{}:{}", host, port);
+    endpoint_ = fmt::format("{}://{}:{}", options_.tls_cert_file.empty() ? "http" : "https", host, *port);
   }
   const auto deadline = std::chrono::steady_clock::now() + register_timeout;
   for (;;) {
@@ -342,8 +356,7 @@ Status Agent::Start(std::chrono::seconds register_timeout) {
     // Unreachable (the server may still be starting): retry until the deadline. Refused: say why.
     if (st.code() != StatusCode::kIoError || std::chrono::steady_clock::now() >= deadline) {
       if (http_) {
-        http_->stop();
-        if (http_thread_.joinable()) http_thread_.join();
+        http_->Stop();
         http_.reset();
       }
       return st;
@@ -360,8 +373,7 @@ void Agent::Stop(bool stop_tasks) {
   stopping_ = true;
   if (loop_.joinable()) loop_.join();
   if (http_) {
-    http_->stop();
-    if (http_thread_.joinable()) http_thread_.join();
+    http_->Stop();
     http_.reset();
   }
   if (stop_tasks) {

@@ -21,11 +21,11 @@
 #include "agent/task_env.h"
 #include "common/status.h"
 
-namespace httplib {
+namespace gpupool::http {
 class Server;
 struct Request;
 struct Response;
-}
+}  // namespace gpupool::http
 
 namespace gpupool {
 
@@ -35,6 +35,9 @@ struct HttpReply;
 struct AgentOptions {
   std::string server = "http://127.0.0.1:8470";
   std::string token;
+  std::string ca_file;              // https servers: the CA (PEM) their certificate must chain to
+  std::string tls_cert_file;        // set (with the key): the log/metrics endpoint serves TLS
+  std::string tls_key_file;
   std::string node;                 // default: the host name
   std::string cpu;                  // default: the machine's online CPUs
   std::string memory;               // default: the machine's physical memory
@@ -111,7 +114,7 @@ class Agent {
   explicit Agent(AgentOptions options);
   Status Register();
   nlohmann::json AgentInfoJson() const;  // {endpoint, logToken} for registration and heartbeats
-  void ServeLog(const httplib::Request& req, httplib::Response& res);
+  void ServeLog(const http::Request& req, http::Response& res);
   // The highest restart count of `task`'s runs whose logs are in `rt`'s state dir; -1: none.
   static int NewestRunOnDisk(Runtime& rt, const std::string& task);
   void Loop();
@@ -158,8 +161,7 @@ class Agent {
 
   std::atomic<bool> stopping_{false};
   std::thread loop_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread http_thread_;
+  std::unique_ptr<http::Server> http_;
   int metrics_port_ = 0;
   std::string endpoint_;   // http://host:port of the log server; empty: none
   std::string log_token_;  // random per agent start: what the server presents to read logs

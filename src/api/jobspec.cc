@@ -1025,6 +1025,12 @@ bool SameJobSpec(const Job& a, const Job& b) {
   return true;
 }
 
+Result<nlohmann::json> ParseJsonBody(std::string_view text, int max_depth) {
+  JobSpecLimits limits;
+  limits.max_depth = max_depth;
+  return ParseJsonText(text, limits);
+}
+
 std::string ErrorField(const Status& status) {
   if (status.code() != StatusCode::kInvalidArgument) return "";
   const std::string& m = status.message();

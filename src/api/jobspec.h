@@ -68,6 +68,12 @@ nlohmann::json JobSpecToJson(const Job& job);
 // True when the two jobs agree on every field a spec carries (all but the id).
 bool SameJobSpec(const Job& a, const Job& b);
 
+// Parses any JSON request body with the job spec's guards: nesting at most `max_depth` levels
+// (the parser stops there, so no depth can exhaust the stack), no duplicate member names, and
+// errors that name the field ("heartbeat.gpus[0]: nested deeper than 32 levels") and never echo
+// bytes that are not text.
+Result<nlohmann::json> ParseJsonBody(std::string_view text, int max_depth = 32);
+
 // The field path of an error from ParseJobSpec or the node codecs ("tasks[0].resources.gpu"),
 // or "" when the error concerns the whole document or is not one of theirs.
 std::string ErrorField(const Status& status);

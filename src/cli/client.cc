@@ -197,6 +197,7 @@ Result<ClientConfig> ResolveClientConfig(const ClientFlags& flags, const EnvLook
   if (server.empty()) server = std::string(kDefaultServer);
   ASSIGN_OR_RETURN(const ServerUrl url, ParseServerUrl(server));
   config.server = url.ToString();
+  if (auto v = env("GPUPOOL_CA_FILE"); v && !Trim(*v).empty()) config.ca_file = std::string(Trim(*v));
 
   if (!flags.token.empty()) {
     config.token = std::string(Trim(flags.token));
@@ -307,6 +308,10 @@ Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path
     http.set_write_timeout(config_.read_timeout_s);
     http.set_url_encode(false);  // paths and queries arrive escaped (PercentEncode)
     http.set_keep_alive(false);
+    if (url_.scheme == "https") {
+      http.enable_server_certificate_verification(true);
+      if (!config_.ca_file.empty()) http.set_ca_cert_path(config_.ca_file.c_str());
+    }
 
     httplib::Request req;
     req.method = std::string(method);

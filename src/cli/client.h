@@ -50,6 +50,9 @@ Result<ServerUrl> ParseServerUrl(std::string_view text);
 struct ClientConfig {
   std::string server = std::string(kDefaultServer);
   std::string token;  // empty: no Authorization header
+  // https only: the CA certificates (PEM) the server's certificate must chain to; empty: the
+  // system's. The server's certificate is always verified.
+  std::string ca_file;
   int connect_timeout_s = 5;
   int read_timeout_s = 30;
 };
@@ -72,7 +75,8 @@ std::optional<std::string> TokenDataDir(const EnvLookup& env);
 
 // Server: --server, then $GPUPOOL_SERVER, then http://127.0.0.1:8470; normalised by ParseServerUrl.
 // Token, first found: --token, --token-file, $GPUPOOL_TOKEN, <data dir>/admin.token (see
-// TokenDataDir). Token files are read whole and trimmed. A bad address, an unreadable or empty
+// TokenDataDir). The CA file of an https server: $GPUPOOL_CA_FILE. Token files are read whole
+// and trimmed. A bad address, an unreadable or empty
 // --token-file, or an unreadable admin.token that exists is InvalidArgument.
 Result<ClientConfig> ResolveClientConfig(const ClientFlags& flags, const EnvLookup& env);
 

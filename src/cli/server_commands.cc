@@ -161,6 +161,11 @@ int RunAgent(AgentFlags flags) {
     if (!in) return Fail(Status::InvalidArgument(fmt::format("--token-file {}: cannot read it", flags.token_file)));
     std::getline(in, o.token);
   }
+  if (o.ca_file.empty()) {
+    if (const char* t = std::getenv("GPUPOOL_CA_FILE"); t != nullptr) o.ca_file = t;
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty())
+    return Fail(Status::InvalidArgument("--tls-cert and --tls-key go together"));
   if (o.state_dir.empty()) o.state_dir = DefaultDataDir() + "/agent";
   if (Status st = MakeDirs(o.state_dir); !st.ok()) return Fail(st);
   auto agent = Agent::Create(o);
@@ -273,6 +278,11 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--nvml", agent->options.nvml_library, "Path of libnvidia-ml.so.1 (default: the driver's)");
   agent_cmd->add_option("--state-dir", agent->options.state_dir, "Task logs and runtime state (default: <data dir>/agent)");
   agent_cmd->add_option("--metrics-listen", agent->options.metrics_listen, "host:port for /metrics and task logs");
+  agent_cmd->add_option("--ca-file", agent->options.ca_file,
+                        "https server: CA certificates (PEM) its certificate must chain to (default: $GPUPOOL_CA_FILE, "
+                        "else the system's)");
+  agent_cmd->add_option("--tls-cert", agent->options.tls_cert_file, "Serve /metrics and task logs over TLS: certificate (PEM)");
+  agent_cmd->add_option("--tls-key", agent->options.tls_key_file, "... and its private key (PEM)");
   agent_cmd->add_option("--advertise-host", agent->options.advertise_host,
                         "Host the server uses to reach this agent's logs (default: the --metrics-listen "
                         "host, or the host name when that is 0.0.0.0)");

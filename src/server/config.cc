@@ -106,7 +106,8 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
   auto fail = [&](const Status& st) -> Result<ServerConfig> { return st.WithContext(path); };
   if (Status st = CheckKeys(j, "",
                             {"listen", "dataDir", "tokens", "ordering", "tenants", "queues", "profile",
-                             "preemption", "backfill", "heartbeat", "hotspot", "limits", "store", "httpThreads"});
+                             "preemption", "backfill", "heartbeat", "hotspot", "limits", "store", "httpThreads",
+                             "http", "tls"});
       !st.ok())
     return fail(st);
   try {
@@ -320,10 +321,56 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         c.finished_job_retention_seconds = *v;
       }
     }
-    if (j.contains("httpThreads")) {
+    if (j.contains("httpThreads")) {  // the older name of http.workers
       auto v = GetInt(j["httpThreads"], "httpThreads", 1, 1024);
       if (!v.ok()) return fail(v.status());
-      c.http_threads = static_cast<int>(*v);
+      c.http.workers = static_cast<int>(*v);
+    }
+    if (j.contains("http")) {
+      const auto& h = j["http"];
+      if (Status st = CheckKeys(h, "http",
+                                {"workers", "priorityWorkers", "ioThreads", "requestTimeoutSeconds",
+                                 "idleTimeoutSeconds", "maxConnections", "maxConnectionsPerAddress",
+                                 "maxQueuedPerLane"});
+          !st.ok())
+        return fail(st);
+      const struct {
+        const char* key;
+        int* out;
+        int64_t lo, hi;
+      } ints[] = {{"workers", &c.http.workers, 1, 1024},
+                  {"priorityWorkers", &c.http.priority_workers, 1, 256},
+                  {"ioThreads", &c.http.io_threads, 1, 64},
+                  {"requestTimeoutSeconds", &c.http.request_timeout_seconds, 1, 3600},
+                  {"idleTimeoutSeconds", &c.http.idle_timeout_seconds, 1, 86400},
+                  {"maxConnections", &c.http.max_connections, 16, 1000000},
+                  {"maxConnectionsPerAddress", &c.http.max_connections_per_address, 1, 1000000},
+                  {"maxQueuedPerLane", &c.http.max_queued_per_lane, 1, 1000000}};
+      for (const auto& f : ints) {
+        if (!h.contains(f.key)) continue;
+        auto v = GetInt(h[f.key], std::string("http.") + f.key, f.lo, f.hi);
+        if (!v.ok()) return fail(v.status());
+        *f.out = static_cast<int>(*v);
+      }
+    }
+    if (j.contains("tls")) {
+      const auto& t = j["tls"];
+      if (Status st = CheckKeys(t, "tls", {"cert", "key", "clientCA", "agentCA"}); !st.ok()) return fail(st);
+      const struct {
+        const char* key;
+        std::string* out;
+      } paths[] = {{"cert", &c.tls.cert_file}, {"key", &c.tls.key_file}, {"clientCA", &c.tls.client_ca_file},
+                     {"agentCA", &c.tls.agent_ca_file}};
+      for (const auto& f : paths) {
+        if (!t.contains(f.key)) continue;
+        auto v = GetString(t[f.key], std::string("tls.") + f.key);
+        if (!v.ok()) return fail(v.status());
+        *f.out = *v;
+      }
+      if (c.tls.cert_file.empty() != c.tls.key_file.empty())
+        return fail(Status::InvalidArgument("tls: cert and key go together"));
+      if (!c.tls.client_ca_file.empty() && c.tls.cert_file.empty())
+        return fail(Status::InvalidArgument("tls.clientCA: needs tls.cert and tls.key"));
     }
   } catch (const nlohmann::json::exception& e) {
     return fail(Status::InvalidArgument(e.what()));

@@ -66,8 +66,25 @@ struct ServerConfig {
   // with its tasks and events, from memory and from the store, so a long-running server neither
   // grows without bound nor slows its restarts. 0 keeps every job forever.
   int64_t finished_job_retention_seconds = 7 * 86400;
-  // cpp-httplib keeps a worker per open keep-alive connection, so this bounds concurrent clients.
-  int http_threads = 64;
+  // The HTTP layer (http/server.h): connections cost no thread; handlers run on `workers`, the
+  // node side (register, heartbeats, assignments, task reports) and /healthz on their own
+  // `priority_workers`, so no load on the rest of the API can starve them.
+  struct Http {
+    int workers = 16;
+    int priority_workers = 4;
+    int io_threads = 1;
+    int request_timeout_seconds = 10;  // a request's head and body, however slowly they come
+    int idle_timeout_seconds = 60;     // a keep-alive connection between requests
+    int max_connections = 20000;
+    int max_connections_per_address = 1000;
+    int max_queued_per_lane = 4096;  // requests waiting for a worker; past it 503
+  } http;
+  // TLS on the API: cert and key (PEM); with client_ca, clients must present a certificate it signed.
+  // agent_ca_file: the CA (PEM) of the agents' endpoints when they serve TLS (for task logs);
+  // empty: the system's.
+  struct Tls {
+    std::string cert_file, key_file, client_ca_file, agent_ca_file;
+  } tls;
 };
 
 // Reads a config file. Unknown keys are errors naming the key.

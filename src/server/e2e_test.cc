@@ -281,7 +281,7 @@ TEST_F(E2eTest, NoGpuIsOvercommittedWhileClientsSubmitAndAnAgentRunsTheWork) {
   ServerConfig config = BaseConfig();
   config.profile = "fgd";
   config.cycle_interval_ms = 20;
-  config.http_threads = 16;
+  config.http.workers = 16;
   ASSERT_NO_FATAL_FAILURE(StartPool(config));
   Http agent(port_, kAgentToken);
   const std::vector<std::string> nodes = {"n1", "n2"};

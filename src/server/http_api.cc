@@ -1,7 +1,7 @@
 #include "server/http_api.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
+#include <httplib.h>  // the client that reads task logs from agents
 #include <sys/socket.h>
 
 #include <cstdio>
@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "api/jobspec.h"
+#include "http/server.h"
 
 namespace gpupool {
 
@@ -43,33 +44,38 @@ std::string ErrorCodeName(int http, StatusCode code) {
     case 415: return "UnsupportedMediaType";
     case 502: return "BadGateway";
     case 422: return "QuotaExceeded";
+    case 405: return "MethodNotAllowed";
+    case 414: return "UriTooLong";
+    case 431: return "HeaderTooLarge";
+    case 503: return "Unavailable";
     default: break;
   }
   if (code == StatusCode::kIoError) return "Internal";
   return std::string(StatusCodeName(code));
 }
 
-void SendError(httplib::Response& res, int http, StatusCode code, const std::string& message,
+void SendError(http::Response& res, int http, StatusCode code, const std::string& message,
                const std::string& field = "") {
   json err = {{"code", ErrorCodeName(http, code)}, {"message", message}};
   if (!field.empty()) err["field"] = field;
   res.status = http;
-  res.set_content(json{{"error", err}}.dump(), "application/json");
+  // Replace, never throw: a message may quote bytes a client sent.
+  res.set_content(json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-void SendStatus(httplib::Response& res, const Status& st) {
+void SendStatus(http::Response& res, const Status& st) {
   const int http = HttpApi::HttpStatusFor(st.code());
   std::string field;
   if (http == 400 || http == 403 || http == 422) field = ErrorField(st);
   SendError(res, http, st.code(), st.message(), field);
 }
 
-void SendJson(httplib::Response& res, int http, const json& body) {
+void SendJson(http::Response& res, int http, const json& body) {
   res.status = http;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-std::string MediaType(const httplib::Request& req) {
+std::string MediaType(const http::Request& req) {
   std::string ct = req.get_header_value("Content-Type");
   const auto semi = ct.find(';');
   if (semi != std::string::npos) ct = ct.substr(0, semi);
@@ -80,7 +86,7 @@ std::string MediaType(const httplib::Request& req) {
 
 // Parses a JSON body (empty: null), or writes the error (415 for another media type, 400 for
 // malformed JSON) and returns nothing.
-std::optional<json> ReadJsonBody(const httplib::Request& req, httplib::Response& res) {
+std::optional<json> ReadJsonBody(const http::Request& req, http::Response& res) {
   const std::string ct = MediaType(req);
   if (!ct.empty() && ct != "application/json") {
     SendError(res, 415, StatusCode::kInvalidArgument,
@@ -88,15 +94,16 @@ std::optional<json> ReadJsonBody(const httplib::Request& req, httplib::Response&
     return std::nullopt;
   }
   if (req.body.empty()) return json(nullptr);
-  json j = json::parse(req.body, nullptr, false);
-  if (j.is_discarded()) {
-    SendStatus(res, Status::InvalidArgument("body: malformed JSON"));
+  // Depth-bounded and duplicate-free, like job specs: no body can exhaust the stack.
+  auto j = ParseJsonBody(req.body);
+  if (!j.ok()) {
+    SendStatus(res, j.status());
     return std::nullopt;
   }
-  return j;
+  return *std::move(j);
 }
 
-std::set<std::string> SplitParams(const httplib::Request& req, const std::string& key) {
+std::set<std::string> SplitParams(const http::Request& req, const std::string& key) {
   std::set<std::string> out;
   const size_t n = req.get_param_value_count(key);
   for (size_t i = 0; i < n; ++i) {
@@ -109,7 +116,7 @@ std::set<std::string> SplitParams(const httplib::Request& req, const std::string
   return out;
 }
 
-Result<int64_t> IntParam(const httplib::Request& req, const std::string& key, int64_t def, int64_t lo,
+Result<int64_t> IntParam(const http::Request& req, const std::string& key, int64_t def, int64_t lo,
                          int64_t hi) {
   if (!req.has_param(key.c_str())) return def;
   const std::string v = req.get_param_value(key.c_str());
@@ -123,18 +130,27 @@ Result<int64_t> IntParam(const httplib::Request& req, const std::string& key, in
 
 }  // namespace
 
+namespace {
+http::ServerOptions HttpOptions(const ServerConfig& c) {
+  http::ServerOptions o;
+  o.max_body_bytes = c.max_body_bytes;
+  o.normal_workers = c.http.workers;
+  o.priority_workers = c.http.priority_workers;
+  o.io_threads = c.http.io_threads;
+  o.request_timeout = std::chrono::seconds(c.http.request_timeout_seconds);
+  o.idle_timeout = std::chrono::seconds(c.http.idle_timeout_seconds);
+  o.max_connections = c.http.max_connections;
+  o.max_connections_per_address = c.http.max_connections_per_address;
+  o.max_queued_per_lane = c.http.max_queued_per_lane;
+  o.tls.cert_file = c.tls.cert_file;
+  o.tls.key_file = c.tls.key_file;
+  o.tls.client_ca_file = c.tls.client_ca_file;
+  return o;
+}
+}  // namespace
+
 HttpApi::HttpApi(PoolService& service, ServerConfig config)
-    : service_(service), config_(std::move(config)), server_(std::make_unique<httplib::Server>()) {
-  const int threads = config_.http_threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  server_->set_payload_max_length(config_.max_body_bytes);
-  server_->set_keep_alive_max_count(1000);
-  // Small JSON answers must not wait for the client's delayed ACK (Nagle): that alone costs ~40 ms.
-  server_->set_tcp_nodelay(true);
-  // A keep-alive connection holds a worker thread while open; idle ones let go soon.
-  server_->set_keep_alive_timeout(2);
-  server_->set_read_timeout(30, 0);
-  server_->set_write_timeout(30, 0);
+    : service_(service), config_(std::move(config)), server_(std::make_unique<http::Server>(HttpOptions(config_))) {
   Routes();
 }
 
@@ -143,41 +159,20 @@ HttpApi::~HttpApi() {
 }
 
 Result<int> HttpApi::Start(const std::string& host, int port) {
-  // The HTTP library listens with a backlog of 5; bursts of new connections (many clients, agents
-  // reconnecting after a restart) would wait for SYN retries. Keep the listening socket and listen
-  // again with a deep backlog, which Linux takes as a new backlog.
-  int listen_fd = -1;
-  server_->set_socket_options([&listen_fd](int sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    listen_fd = sock;
-  });
-  int bound = port;
-  if (port == 0) {
-    bound = server_->bind_to_any_port(host.c_str());
-    if (bound < 0) return Status::IoError(fmt::format("cannot listen on {}:any", host));
-  } else if (!server_->bind_to_port(host.c_str(), port)) {
-    return Status::IoError(
-        fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)", host, port));
-  }
-  if (listen_fd >= 0) ::listen(listen_fd, 1024);
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  for (int i = 0; i < 500 && !server_->is_running(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return bound;
+  return server_->Listen(host, port);
 }
 
 void HttpApi::Stop() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (server_) server_->Stop();
 }
 
 void HttpApi::Routes() {
-  httplib::Server& s = *server_;
+  http::Server& s = *server_;
+  constexpr http::Lane kNodeLane = http::Lane::kPriority;
   const auto tokens = config_.tokens;
 
   // Authentication: the caller's principal, or an error already written to `res`.
-  auto auth = [tokens](const httplib::Request& req, httplib::Response& res) -> std::optional<Principal> {
+  auto auth = [tokens](const http::Request& req, http::Response& res) -> std::optional<Principal> {
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (h.size() <= prefix.size() || h.compare(0, prefix.size(), prefix) != 0) {
@@ -192,7 +187,7 @@ void HttpApi::Routes() {
     }
     return it->second;
   };
-  auto require = [](const Principal& p, std::initializer_list<Role> roles, httplib::Response& res) {
+  auto require = [](const Principal& p, std::initializer_list<Role> roles, http::Response& res) {
     for (Role r : roles) {
       if (p.role == r) return true;
     }
@@ -200,7 +195,7 @@ void HttpApi::Routes() {
               fmt::format("a {} token may not do this", RoleName(p.role)));
     return false;
   };
-  auto reply = [](httplib::Response& res, const Result<json>& r, int ok_status = 200) {
+  auto reply = [](http::Response& res, const Result<json>& r, int ok_status = 200) {
     if (r.ok()) {
       SendJson(res, ok_status, *r);
     } else {
@@ -208,14 +203,17 @@ void HttpApi::Routes() {
     }
   };
 
+  // Health and the node side run on their own workers: no load on the rest of the API can make a
+  // healthy node look dead.
   s.Get("/healthz",
-        [this](const httplib::Request&, httplib::Response& res) { SendJson(res, 200, service_.Health()); });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(service_.MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
+        [this](const http::Request&, http::Response& res) { SendJson(res, 200, service_.Health()); }, kNodeLane);
+  s.Get("/metrics", [this](const http::Request&, http::Response& res) {
+    res.set_content(service_.MetricsText() + server_->MetricsText("gpupool_http"),
+                    "text/plain; version=0.0.4; charset=utf-8");
   });
 
   // ---- jobs ----
-  s.Post("/api/v1/jobs", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/api/v1/jobs", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
     const std::string ct = MediaType(req);
@@ -237,7 +235,7 @@ void HttpApi::Routes() {
     }
     reply(res, service_.SubmitJob(*who, req.body, format), 201);
   });
-  s.Get("/api/v1/jobs", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Get("/api/v1/jobs", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who) return;
     ListJobsQuery q;
@@ -267,19 +265,19 @@ void HttpApi::Routes() {
     q.after_seq = static_cast<uint64_t>(*token);
     reply(res, service_.ListJobs(*who, q));
   });
-  s.Get(R"(/api/v1/jobs/([^/]+))", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Get(R"(/api/v1/jobs/([^/]+))", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who) return;
     reply(res, service_.GetJob(*who, req.matches[1]));
   });
-  auto cancel = [=, this](const httplib::Request& req, httplib::Response& res) {
+  auto cancel = [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
     reply(res, service_.CancelJob(*who, req.matches[1]));
   };
   s.Post(R"(/api/v1/jobs/([^/]+)/cancel)", cancel);
   s.Delete(R"(/api/v1/jobs/([^/]+))", cancel);
-  s.Get(R"(/api/v1/jobs/([^/]+)/events)", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Get(R"(/api/v1/jobs/([^/]+)/events)", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who) return;
     auto after = IntParam(req, "after", 0, 0, INT64_MAX);
@@ -292,8 +290,8 @@ void HttpApi::Routes() {
   // A task's stdout or stderr, read from the agent of the node it (last) ran on. Byte ranges:
   // `offset` (default 0) and `limit` (default and most 4 MiB); X-Log-Size gives the file's size, so
   // a follower asks again from offset + the bytes it got.
-  s.Get(R"(/api/v1/jobs/([^/]+)/tasks/([0-9]{1,6})/logs)", [=, this](const httplib::Request& req,
-                                                                     httplib::Response& res) {
+  s.Get(R"(/api/v1/jobs/([^/]+)/tasks/([0-9]{1,6})/logs)", [=, this](const http::Request& req,
+                                                                     http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
     for (const auto& [k, v] : req.params) {
@@ -314,6 +312,10 @@ void HttpApi::Routes() {
     auto src = service_.TaskLogSource(*who, req.matches[1], std::stoi(req.matches[2]));
     if (!src.ok()) return SendStatus(res, src.status());
     httplib::Client agent(src->endpoint);
+    if (src->endpoint.rfind("https://", 0) == 0) {
+      agent.enable_server_certificate_verification(true);
+      if (!config_.tls.agent_ca_file.empty()) agent.set_ca_cert_path(config_.tls.agent_ca_file.c_str());
+    }
     agent.set_connection_timeout(3, 0);
     agent.set_read_timeout(10, 0);
     agent.set_bearer_token_auth(src->token);
@@ -346,18 +348,18 @@ void HttpApi::Routes() {
   });
 
   // ---- nodes ----
-  s.Get("/api/v1/nodes", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Get("/api/v1/nodes", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
     SendJson(res, 200, service_.ListNodes());
   });
-  s.Get(R"(/api/v1/nodes/([^/]+))", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Get(R"(/api/v1/nodes/([^/]+))", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
     reply(res, service_.GetNode(req.matches[1]));
   });
   s.Post(R"(/api/v1/nodes/([^/]+)/(cordon|uncordon|drain))",
-         [=, this](const httplib::Request& req, httplib::Response& res) {
+         [=, this](const http::Request& req, http::Response& res) {
            auto who = auth(req, res);
            if (!who || !require(*who, {Role::kAdmin}, res)) return;
            const std::string action = req.matches[2];
@@ -369,24 +371,24 @@ void HttpApi::Routes() {
          });
 
   // ---- queues ----
-  s.Get("/api/v1/queues", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Get("/api/v1/queues", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
     SendJson(res, 200, service_.ListQueues());
   });
-  s.Get(R"(/api/v1/queues/([^/]+))", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Get(R"(/api/v1/queues/([^/]+))", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
     reply(res, service_.GetQueue(req.matches[1]));
   });
-  s.Post("/api/v1/queues", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/api/v1/queues", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin}, res)) return;
     auto body = ReadJsonBody(req, res);
     if (!body) return;
     reply(res, service_.CreateQueue(*body), 201);
   });
-  auto update_queue = [=, this](const httplib::Request& req, httplib::Response& res) {
+  auto update_queue = [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin}, res)) return;
     auto body = ReadJsonBody(req, res);
@@ -397,61 +399,51 @@ void HttpApi::Routes() {
   s.Patch(R"(/api/v1/queues/([^/]+))", update_queue);
 
   // ---- node side ----
-  s.Post("/api/v1/agent/register", [=, this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/api/v1/agent/register", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
     auto body = ReadJsonBody(req, res);
     if (!body) return;
     reply(res, service_.RegisterNode(*body));
-  });
+  }, kNodeLane);
   s.Post(R"(/api/v1/agent/nodes/([^/]+)/heartbeat)",
-         [=, this](const httplib::Request& req, httplib::Response& res) {
+         [=, this](const http::Request& req, http::Response& res) {
            auto who = auth(req, res);
            if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
            auto body = ReadJsonBody(req, res);
            if (!body) return;
            reply(res, service_.Heartbeat(req.matches[1], *body));
-         });
+         }, kNodeLane);
   s.Get(R"(/api/v1/agent/nodes/([^/]+)/assignments)",
-        [=, this](const httplib::Request& req, httplib::Response& res) {
+        [=, this](const http::Request& req, http::Response& res) {
           auto who = auth(req, res);
           if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
           reply(res, service_.Assignments(req.matches[1]));
-        });
+        }, kNodeLane);
   s.Post(R"(/api/v1/agent/nodes/([^/]+)/tasks/([^/]+)/([0-9]{1,6})/status)",
-         [=, this](const httplib::Request& req, httplib::Response& res) {
+         [=, this](const http::Request& req, http::Response& res) {
            auto who = auth(req, res);
            if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
            auto body = ReadJsonBody(req, res);
            if (!body) return;
            reply(res, service_.ReportTask(req.matches[1], req.matches[2], std::stoi(req.matches[3]), *body));
-         });
+         }, kNodeLane);
 
-  // Anything that reached no handler, and httplib's own refusals (413), get the JSON error shape.
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      SendError(res, 413, StatusCode::kInvalidArgument, "body: larger than the server's limit");
-    } else if (res.status == 404) {
-      SendError(res, 404, StatusCode::kNotFound,
-                fmt::format("no such endpoint: {} {}", req.method, req.path));
-    } else if (res.status == 405) {
-      SendError(res, 405, StatusCode::kInvalidArgument,
-                fmt::format("method {} not allowed on {}", req.method, req.path));
-    } else {
-      SendError(res, res.status, StatusCode::kInvalidArgument, "bad request");
+  // Every request with a body is authenticated from its head alone, before any of the body is read:
+  // without a valid token nobody can make the server buffer a byte of a body.
+  s.set_pre_body_check([auth](const http::Request& req, http::Response& res) { return auth(req, res).has_value(); });
+  // What the HTTP layer refuses itself (404, 405, 413, 414, 431, 400 for bytes that are not text,
+  // 503 when busy, 500 when a handler threw) gets the one error shape.
+  s.set_error_writer([](http::Response& res, int status, const std::string& message) {
+    const StatusCode code = status == 404   ? StatusCode::kNotFound
+                            : status >= 500 ? StatusCode::kInternal
+                                            : StatusCode::kInvalidArgument;
+    std::string field;
+    if (status == 400 || status == 413) {
+      const auto colon = message.find(": ");
+      if (colon != std::string::npos && message.find(' ') >= colon) field = message.substr(0, colon);
     }
-  });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    std::fprintf(stderr, "gpupool server: internal error: %s\n", what.c_str());
-    SendError(res, 500, StatusCode::kInternal, "internal error: " + what);
+    SendError(res, status, code, message, field);
   });
 }
 

@@ -1,17 +1,16 @@
-// The REST API of docs/api.md over HTTP (cpp-httplib): authentication, routing, content types,
-// size limits and the one error shape. All state lives in PoolService; this layer only
+// The REST API of docs/api.md over HTTP (the event-driven server of http/server.h, plain or TLS):
+// authentication, routing, content types, size limits and the one error shape. All state lives in PoolService; this layer only
 // translates.
 #pragma once
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "common/status.h"
 #include "server/config.h"
 #include "server/service.h"
 
-namespace httplib {
+namespace gpupool::http {
 class Server;
 }
 
@@ -25,7 +24,7 @@ class HttpApi {
   HttpApi(const HttpApi&) = delete;
   HttpApi& operator=(const HttpApi&) = delete;
 
-  // Binds host:port (port 0: any free port) and serves on a background thread. Returns the port.
+  // Binds host:port (port 0: any free port) and serves on background threads. Returns the port.
   Result<int> Start(const std::string& host, int port);
   // Stops accepting, finishes requests in flight, joins the thread.
   void Stop();
@@ -37,8 +36,7 @@ class HttpApi {
   void Routes();
   PoolService& service_;
   ServerConfig config_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<http::Server> server_;
 };
 
 }  // namespace gpupool

@@ -108,7 +108,7 @@ class HttpApiTest : public ::testing::Test {
     config_.max_body_bytes = kMaxBody;
     config_.reserve_after_seconds = 3600;
     config_.grace_period_seconds = 30;
-    config_.http_threads = 4;
+    config_.http.workers = 4;
     config_.tokens[kAdminToken] = Principal{"", Role::kAdmin};
     config_.tokens[kVisionToken] = Principal{"vision", Role::kTenant};
     config_.tokens[kNlpToken] = Principal{"nlp", Role::kTenant};
