@@ -43,6 +43,7 @@ std::string ErrorCodeName(int http, StatusCode code) {
     case 415: return "UnsupportedMediaType";
     case 502: return "BadGateway";
     case 422: return "QuotaExceeded";
+    case 507: return "InsufficientStorage";
     default: break;
   }
   if (code == StatusCode::kIoError) return "Internal";
@@ -208,6 +209,14 @@ void HttpApi::Routes() {
     }
   };
 
+  // New work while the store's disk is below its reserve: 507, before anything is parsed or stored.
+  auto store_full = [this](httplib::Response& res) {
+    const Status st = service_.CheckStoreSpace();
+    if (st.ok()) return false;
+    SendError(res, 507, st.code(), st.message());
+    return true;
+  };
+
   s.Get("/healthz",
         [this](const httplib::Request&, httplib::Response& res) { SendJson(res, 200, service_.Health()); });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -217,7 +226,7 @@ void HttpApi::Routes() {
   // ---- jobs ----
   s.Post("/api/v1/jobs", [=, this](const httplib::Request& req, httplib::Response& res) {
     auto who = auth(req, res);
-    if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
+    if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res) || store_full(res)) return;
     const std::string ct = MediaType(req);
     SpecFormat format;
     if (ct == "application/json") {
@@ -381,14 +390,14 @@ void HttpApi::Routes() {
   });
   s.Post("/api/v1/queues", [=, this](const httplib::Request& req, httplib::Response& res) {
     auto who = auth(req, res);
-    if (!who || !require(*who, {Role::kAdmin}, res)) return;
+    if (!who || !require(*who, {Role::kAdmin}, res) || store_full(res)) return;
     auto body = ReadJsonBody(req, res);
     if (!body) return;
     reply(res, service_.CreateQueue(*body), 201);
   });
   auto update_queue = [=, this](const httplib::Request& req, httplib::Response& res) {
     auto who = auth(req, res);
-    if (!who || !require(*who, {Role::kAdmin}, res)) return;
+    if (!who || !require(*who, {Role::kAdmin}, res) || store_full(res)) return;
     auto body = ReadJsonBody(req, res);
     if (!body) return;
     reply(res, service_.UpdateQueue(req.matches[1], *body));
