@@ -4,6 +4,7 @@
 # state directory so a restarted agent adopts what is still running.
 add_library(gpupool_agent_runtime
   src/agent/runtime_internal.cc
+  src/agent/log_pump.cc
   src/agent/process_runtime.cc
   src/agent/runc_runtime.cc
 )
@@ -13,6 +14,6 @@ target_link_libraries(gpupool_agent_runtime
 
 if(GPUPOOL_BUILD_TESTS)
   # Starts real processes and (when runc and /bin/busybox are installed) containers.
-  gpupool_test(runtime_test src/agent/runtime_test.cc)
+  gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc)
   target_link_libraries(runtime_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
 endif()

@@ -214,11 +214,15 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   }
   RuntimeOptions ro;
   ro.state_dir = o.state_dir + "/process";
+  ro.log_max_bytes = o.log_max_bytes;
+  ro.log_keep = o.log_keep;
+  if (!o.log_dir.empty()) ro.log_dir = o.log_dir + "/process";
   auto process = MakeProcessRuntime(ro);
   if (!process.ok()) return process.status().WithContext("the process runtime");
   agent->process_runtime_ = std::move(process).value();
   RuntimeOptions rc = ro;
   rc.state_dir = o.state_dir + "/runc";
+  if (!o.log_dir.empty()) rc.log_dir = o.log_dir + "/runc";
   auto runc = MakeRuncRuntime(rc);
   if (runc.ok()) {
     agent->runc_runtime_ = std::move(runc).value();

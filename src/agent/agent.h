@@ -47,6 +47,11 @@ struct AgentOptions {
   std::string nvml_library;         // empty: libnvidia-ml.so.1
   std::string mps_control_binary;   // real GPUs, isolation mps; empty: nvidia-cuda-mps-control in PATH
   std::string state_dir;            // task directories, logs, runtime state
+  // Task logs: <log_dir>/<process|runc>/<task>/stdout.log (empty: <state_dir>/<runtime>/<task>/),
+  // each stream capped at log_max_bytes per file with log_keep rotated files (RuntimeOptions).
+  std::string log_dir;
+  int64_t log_max_bytes = int64_t{64} << 20;
+  int log_keep = 1;
   std::string metrics_listen;       // "host:port" for /metrics and task logs; empty: none; port 0: any
   std::string advertise_host;       // host in the log endpoint sent to the server; empty: the listen
                                     // host, or the host name when listening on all addresses

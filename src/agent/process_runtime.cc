@@ -21,8 +21,8 @@ using namespace agent_internal;
 
 class ProcessRuntime final : public SupervisedRuntime {
  public:
-  ProcessRuntime(std::string state_dir, CgroupLayout cgroups)
-      : SupervisedRuntime(std::move(state_dir)), cgroups_(std::move(cgroups)) {
+  ProcessRuntime(std::string state_dir, const RuntimeOptions& options, CgroupLayout cgroups)
+      : SupervisedRuntime(std::move(state_dir), options), cgroups_(std::move(cgroups)) {
     AdoptExisting();
     // A process runtime adopts only its own kind of task.
     for (auto it = tasks_.begin(); it != tasks_.end();) {
@@ -53,8 +53,7 @@ class ProcessRuntime final : public SupervisedRuntime {
       req.envp.push_back(k + "=" + v);
     }
     req.workdir = spec.workdir.empty() ? TaskDir(spec.id) : spec.workdir;
-    req.stdout_path = StdoutPath(spec.id);
-    req.stderr_path = StderrPath(spec.id);
+    SetLogFiles(spec.id, &req);
     req.exit_path = ExitPath(spec.id);
     req.lease_path = spec.lease_path;
     if (cgroups_.kind != CgroupLayout::Kind::kNone && (spec.cpu_milli > 0 || spec.memory_bytes > 0)) {
@@ -103,7 +102,7 @@ Result<std::unique_ptr<Runtime>> MakeProcessRuntime(const RuntimeOptions& option
   char buf[PATH_MAX];
   if (::realpath(options.state_dir.c_str(), buf) != nullptr) state_dir = buf;
   std::unique_ptr<Runtime> rt =
-      std::make_unique<ProcessRuntime>(state_dir, agent_internal::DetectCgroups(options.cgroup_root));
+      std::make_unique<ProcessRuntime>(state_dir, options, agent_internal::DetectCgroups(options.cgroup_root));
   return rt;
 }
 

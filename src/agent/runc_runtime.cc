@@ -143,8 +143,8 @@ std::string AbsolutePath(const std::string& path) {
 
 class RuncRuntime final : public SupervisedRuntime {
  public:
-  RuncRuntime(std::string state_dir, std::string runc)
-      : SupervisedRuntime(std::move(state_dir)), runc_(std::move(runc)), runc_root_(state_dir_ + "/runc-root") {
+  RuncRuntime(std::string state_dir, const RuntimeOptions& options, std::string runc)
+      : SupervisedRuntime(std::move(state_dir), options), runc_(std::move(runc)), runc_root_(state_dir_ + "/runc-root") {
     AdoptExisting();
     for (auto it = tasks_.begin(); it != tasks_.end();) {
       if (!it->second.runc)
@@ -189,8 +189,7 @@ class RuncRuntime final : public SupervisedRuntime {
     req.argv = {runc_, "--root", runc_root_, "run", "--bundle", bundle, spec.id};
     req.envp = {"PATH=" + DefaultPath()};
     req.workdir = TaskDir(spec.id);
-    req.stdout_path = StdoutPath(spec.id);
-    req.stderr_path = StderrPath(spec.id);
+    SetLogFiles(spec.id, &req);
     req.exit_path = ExitPath(spec.id);
     req.lease_path = spec.lease_path;
     // Killing the group of `runc run` alone may leave the container running: fence through runc.
@@ -254,7 +253,7 @@ Result<std::unique_ptr<Runtime>> MakeRuncRuntime(const RuntimeOptions& options) 
                                                   options.runc_binary, runc.status().message()));
   RETURN_IF_ERROR(MakeDirs(options.state_dir).WithContext("runc runtime"));
   std::string state_dir = AbsolutePath(options.state_dir);
-  std::unique_ptr<Runtime> rt = std::make_unique<RuncRuntime>(state_dir, AbsolutePath(*runc));
+  std::unique_ptr<Runtime> rt = std::make_unique<RuncRuntime>(state_dir, options, AbsolutePath(*runc));
   return rt;
 }
 

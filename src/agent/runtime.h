@@ -73,6 +73,13 @@ struct RuntimeOptions {
   std::string state_dir;   // per-task directories, logs, pid files / bundles
   std::string cgroup_root; // empty: auto-detect a writable cgroup (v2 unified or v1 cpu+memory); none: no limits
   std::string runc_binary = "runc";
+  // Task logs: <log_dir>/<task id>/stdout.log and stderr.log (empty: in the task's directory under
+  // state_dir). The task writes into pipes its supervisor drains; each file holds at most
+  // log_max_bytes (<= 0: unbounded), rotated into log_keep previous files (stdout.log.1, ...;
+  // 0..9), so one stream takes at most log_max_bytes * (log_keep + 1) bytes.
+  std::string log_dir;
+  int64_t log_max_bytes = int64_t{64} << 20;
+  int log_keep = 1;
 };
 
 // Fails with a clear message when the runtime cannot work here (runc not installed, ...).

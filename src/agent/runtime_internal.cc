@@ -1,5 +1,7 @@
 #include "agent/runtime_internal.h"
 
+#include <sys/syscall.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -17,9 +19,12 @@
 #include <cstring>
 #include <ctime>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "agent/log_pump.h"
 
 namespace gpupool::agent_internal {
 
@@ -122,7 +127,24 @@ struct ChildPlan {
   const char* fence_exe;            // null: no fence command
   char* const* fence_argv;
   char* const* fence_envp;
+  LogSink log_out, log_err;         // fds filled in by the supervisor
 };
+
+// What the supervisor tracks while the task runs: the read ends of the task's output pipes and the
+// files they go to, and a pidfd of the task (-1 where the kernel has none) to wake on its exit.
+struct PumpState {
+  int pipes[2] = {-1, -1};
+  LogSink* sinks[2] = {nullptr, nullptr};
+  int pidfd = -1;
+};
+
+// Drains the task's output for up to `ms` milliseconds (returns early when the task exits).
+void Pump(PumpState* ps, int ms) {
+  if (PumpLogs(ps->pipes, ps->sinks, ps->pidfd, ms) == 0 && ps->pidfd < 0) {
+    struct timespec ts{ms / 1000, (ms % 1000) * 1000L * 1000L};
+    ::nanosleep(&ts, nullptr);
+  }
+}
 
 // The lease file's two deadlines, parsed without allocating. False when missing or malformed.
 bool SafeReadLease(const char* path, int64_t* term_ms, int64_t* kill_ms) {
@@ -162,15 +184,8 @@ int64_t SafeBootMs() {
 
 // Waits for the task; with a lease file, enforces it (see runtime_internal.h). Returns the
 // waitpid result and sets *fenced when the lease ran out.
-pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
+pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced, PumpState* ps) {
   *fenced = false;
-  if (p.lease_path == nullptr) {
-    pid_t r;
-    do {
-      r = ::waitpid(task, status, 0);
-    } while (r < 0 && errno == EINTR);
-    return r;
-  }
   bool term_sent = false;
   bool kill_sent = false;
   int64_t kill_at = 0;
@@ -184,6 +199,10 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
       return r;
     }
     if (helper > 0 && ::waitpid(helper, nullptr, WNOHANG) == helper) helper = -1;
+    if (p.lease_path == nullptr) {
+      Pump(ps, 100);
+      continue;
+    }
     const int64_t now = SafeBootMs();
     int64_t term_ms = 0, kill_ms = 0;
     if (!term_sent && SafeReadLease(p.lease_path, &term_ms, &kill_ms) && now >= term_ms) {
@@ -216,23 +235,27 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
               helper = -1;
               break;
             }
-            struct timespec ts{0, 100 * 1000 * 1000};
-            ::nanosleep(&ts, nullptr);
+            Pump(ps, 100);
           }
         }
       }
       ::kill(-task, SIGKILL);
     }
-    struct timespec ts{0, 100 * 1000 * 1000};
-    ::nanosleep(&ts, nullptr);
+    Pump(ps, 100);
   }
   if (helper > 0) ::waitpid(helper, nullptr, 0);
   return task;
 }
 
-[[noreturn]] void RunTask(const ChildPlan& p) {
-  // fd 3 is the status pipe (CLOEXEC), fd 4 the go pipe; 0..2 are the logs.
+[[noreturn]] void RunTask(const ChildPlan& p, int out_w, int err_w) {
+  // fd 3 is the status pipe (CLOEXEC), fd 4 the go pipe; 0 is /dev/null, and stdout/stderr become
+  // the write ends of the log pipes. Every other descriptor (the log files, the read ends) is
+  // CLOEXEC: the task never holds its log files.
   ::setpgid(0, 0);
+  if (::dup2(out_w, 1) < 0 || ::dup2(err_w, 2) < 0) {
+    SafeSend(3, kMsgStdio, errno);
+    ::_exit(127);
+  }
   // Wait until the agent has recorded the task: an agent that dies before that closes the pipe,
   // and the task must not run (a restarted agent, knowing nothing of it, starts it again).
   char go = 0;
@@ -284,13 +307,35 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
   CloseFrom(5, p.max_fd);
   // The agent may ignore SIGPIPE or SIGCHLD; the supervisor wants the defaults for waitpid.
   ResetSignals();
+  // The log files move to 5 and 6 (CLOEXEC); the task's output arrives on two pipes.
+  LogSink log_out = p.log_out;
+  LogSink log_err = p.log_err;
+  log_out.fd = ::fcntl(1, F_DUPFD_CLOEXEC, 5);
+  log_err.fd = ::fcntl(2, F_DUPFD_CLOEXEC, 5);
+  int out_pipe[2], err_pipe[2];
+  if (log_out.fd < 0 || log_err.fd < 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0 ||
+      ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    SafeSend(3, kMsgStdio, errno);
+    ::_exit(126);
+  }
 
   pid_t task = ::fork();
   if (task < 0) {
     SafeSend(3, kMsgFork, errno);
     ::_exit(126);
   }
-  if (task == 0) RunTask(p);
+  if (task == 0) RunTask(p, out_pipe[1], err_pipe[1]);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  PumpState ps;
+  ps.pipes[0] = out_pipe[0];
+  ps.pipes[1] = err_pipe[0];
+  ps.sinks[0] = &log_out;
+  ps.sinks[1] = &log_err;
+  for (int fd : ps.pipes) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+#ifdef SYS_pidfd_open
+  ps.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, task, 0));
+#endif
   ::close(4);
   ::setpgid(task, task);  // also done by the task: whichever runs first wins the race
   SafeSend(3, kMsgTaskPid, static_cast<int32_t>(task));
@@ -306,7 +351,15 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced) {
 
   int status = 0;
   bool fenced = false;
-  pid_t r = SuperviseTask(p, task, &status, &fenced);
+  pid_t r = SuperviseTask(p, task, &status, &fenced, &ps);
+  if (ps.pidfd >= 0) ::close(ps.pidfd);
+  ps.pidfd = -1;
+  // What the task wrote before it ended: drain until the pipes close, for at most a second (a
+  // process the task left behind may hold them open; it gets EPIPE once we are gone).
+  const int64_t drain_until = SafeBootMs() + 1000;
+  while ((ps.pipes[0] >= 0 || ps.pipes[1] >= 0) && SafeBootMs() < drain_until) Pump(&ps, 50);
+  if (log_out.fd >= 0) ::close(log_out.fd);
+  if (log_err.fd >= 0) ::close(log_err.fd);
 
   char buf[96];
   size_t len = 0;
@@ -742,7 +795,22 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
                  pipe_w.get(), max_fd, go_r.get(),
                  req.lease_path.empty() ? nullptr : req.lease_path.c_str(),
                  req.fence_kill_argv.empty() ? nullptr : req.fence_kill_argv[0].c_str(),
-                 fence_argv.data(), fence_envp};
+                 fence_argv.data(), fence_envp, LogSink{}, LogSink{}};
+  const int keep = std::clamp(req.log_keep, 0, kMaxLogKeep);
+  std::vector<std::string> rotated_out, rotated_err;
+  for (int i = 1; i <= keep; ++i) {
+    rotated_out.push_back(RotatedLogPath(req.stdout_path, i));
+    rotated_err.push_back(RotatedLogPath(req.stderr_path, i));
+  }
+  for (auto [sink, path, rotated] : {std::tuple{&plan.log_out, &req.stdout_path, &rotated_out},
+                                     std::tuple{&plan.log_err, &req.stderr_path, &rotated_err}}) {
+    sink->path = path->c_str();
+    sink->keep = keep;
+    sink->max_bytes = req.log_max_bytes;
+    for (int i = 0; i < keep; ++i) sink->rotated[i] = (*rotated)[static_cast<size_t>(i)].c_str();
+    // Files a previous run of the same id left behind are not this run's.
+    for (const auto& old_file : *rotated) ::unlink(old_file.c_str());
+  }
 
   ::unlink(req.exit_path.c_str());
   pid_t sup = ::fork();
@@ -961,13 +1029,34 @@ std::string SignalName(int sig) {
 
 }  // namespace
 
-SupervisedRuntime::SupervisedRuntime(std::string state_dir) : state_dir_(std::move(state_dir)) {}
+SupervisedRuntime::SupervisedRuntime(std::string state_dir, const RuntimeOptions& options)
+    : state_dir_(std::move(state_dir)),
+      log_dir_(options.log_dir),
+      log_max_bytes_(options.log_max_bytes),
+      log_keep_(std::clamp(options.log_keep, 0, kMaxLogKeep)) {
+  // Absolute, like the state dir; a directory that cannot be made fails each Start with its error.
+  if (!log_dir_.empty() && MakeDirs(log_dir_).ok()) {
+    char buf[PATH_MAX];
+    if (::realpath(log_dir_.c_str(), buf) != nullptr) log_dir_ = buf;
+  }
+}
+
+void SupervisedRuntime::SetLogFiles(const std::string& id, SpawnRequest* req) const {
+  req->stdout_path = StdoutPath(id);
+  req->stderr_path = StderrPath(id);
+  req->log_max_bytes = log_max_bytes_;
+  req->log_keep = log_keep_;
+}
 
 std::string SupervisedRuntime::TaskDir(const std::string& id) const { return state_dir_ + "/" + id; }
 std::string SupervisedRuntime::ExitPath(const std::string& id) const { return TaskDir(id) + "/exit.json"; }
 std::string SupervisedRuntime::RecordPath(const std::string& id) const { return TaskDir(id) + "/task.json"; }
-std::string SupervisedRuntime::StdoutPath(const std::string& id) const { return TaskDir(id) + "/stdout.log"; }
-std::string SupervisedRuntime::StderrPath(const std::string& id) const { return TaskDir(id) + "/stderr.log"; }
+std::string SupervisedRuntime::StdoutPath(const std::string& id) const {
+  return (log_dir_.empty() ? TaskDir(id) : log_dir_ + "/" + id) + "/stdout.log";
+}
+std::string SupervisedRuntime::StderrPath(const std::string& id) const {
+  return (log_dir_.empty() ? TaskDir(id) : log_dir_ + "/" + id) + "/stderr.log";
+}
 
 void SupervisedRuntime::AdoptExisting() {
   DIR* dir = ::opendir(state_dir_.c_str());
@@ -990,7 +1079,9 @@ Status SupervisedRuntime::PrepareTaskDir(const std::string& id) {
   RETURN_IF_ERROR(ValidateTaskId(id));
   if (tasks_.count(id) != 0 || PathExists(RecordPath(id)))
     return Status::AlreadyExists(fmt::format("task {} already exists; remove it first", id));
-  return MakeDirs(TaskDir(id));
+  RETURN_IF_ERROR(MakeDirs(TaskDir(id)));
+  if (!log_dir_.empty()) RETURN_IF_ERROR(MakeDirs(log_dir_ + "/" + id));
+  return Status::Ok();
 }
 
 Status SupervisedRuntime::Register(TaskRecord rec) {

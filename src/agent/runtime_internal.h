@@ -108,6 +108,10 @@ struct SpawnRequest {
   std::string workdir;
   std::string stdout_path;
   std::string stderr_path;
+  // The supervisor drains the task's output through pipes into these files, each at most
+  // log_max_bytes (<= 0: unbounded) with log_keep rotated files (see log_pump.h).
+  int64_t log_max_bytes = 0;
+  int log_keep = 0;
   std::vector<std::string> cgroup_dirs;  // T writes itself into each dir's cgroup.procs
   std::string exit_path;                 // where S writes exit.json
   std::string lease_path;                // empty: no fencing (see LaunchSpec::lease_path)
@@ -182,7 +186,8 @@ Result<TaskRecord> TaskRecordFromJson(const std::string& text);
 // Every public method takes `mu_`, so an agent may call from several threads.
 class SupervisedRuntime : public Runtime {
  public:
-  explicit SupervisedRuntime(std::string state_dir);
+  // `options`: only the log fields are read here (log_dir must be absolute or empty).
+  SupervisedRuntime(std::string state_dir, const RuntimeOptions& options);
 
   Result<TaskStatusInfo> Poll(const std::string& id) override;
   Status Stop(const std::string& id, std::chrono::seconds grace) override;
@@ -210,8 +215,14 @@ class SupervisedRuntime : public Runtime {
   // True while the supervisor lives; reaps it when it is our child.
   bool SupervisorAlive(TaskRecord& rec);
 
+  // Where the task's logs go, and their cap, for a SpawnRequest.
+  void SetLogFiles(const std::string& id, SpawnRequest* req) const;
+
   std::mutex mu_;
   std::string state_dir_;
+  std::string log_dir_;  // empty: the task directory
+  int64_t log_max_bytes_ = 0;
+  int log_keep_ = 0;
   std::map<std::string, TaskRecord> tasks_;
 };
 

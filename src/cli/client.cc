@@ -34,7 +34,8 @@ bool ValidHostChar(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
 }
 
-// Reads a whole token file; the token is its content without surrounding whitespace.
+}  // namespace
+
 Result<std::string> ReadTokenFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
@@ -44,16 +45,23 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   if (!in) {
     return Status::InvalidArgument(fmt::format("token file {}: {}", path, std::strerror(errno)));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Bounded: a token file is one short line, not whatever a path happens to name.
+  std::string text(kMaxTokenFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) return Status::InvalidArgument(fmt::format("token file {}: read failed", path));
-  std::string token(Trim(text.str()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxTokenFileBytes)
+    return Status::InvalidArgument(
+        fmt::format("token file {}: larger than {} bytes, not a token", path, kMaxTokenFileBytes));
+  std::string token(Trim(text));
   if (token.empty()) return Status::InvalidArgument(fmt::format("token file {} is empty", path));
   if (token.find_first_of("\r\n") != std::string::npos) {
     return Status::InvalidArgument(fmt::format("token file {} holds more than one line", path));
   }
   return token;
 }
+
+namespace {
 
 std::string FirstLine(std::string_view text, size_t max_chars) {
   text = Trim(text);
@@ -201,6 +209,7 @@ Result<ClientConfig> ResolveClientConfig(const ClientFlags& flags, const EnvLook
 
   if (!flags.token.empty()) {
     config.token = std::string(Trim(flags.token));
+    config.warning = std::string(kTokenOnCommandLineWarning);
     return config;
   }
   if (!flags.token_file.empty()) {

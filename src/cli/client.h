@@ -55,7 +55,21 @@ struct ClientConfig {
   std::string ca_file;
   int connect_timeout_s = 5;
   int read_timeout_s = 30;
+  // Something the user should hear about how the config was found (printed to stderr), e.g.
+  // kTokenOnCommandLineWarning.
+  std::string warning;
 };
+
+// What --token on a command line earns: it shows in `ps` and in the shell's history.
+inline constexpr std::string_view kTokenOnCommandLineWarning =
+    "warning: --token on the command line is visible to every user of this machine (ps, "
+    "/proc/<pid>/cmdline); use --token-file PATH or $GPUPOOL_TOKEN";
+
+// The most bytes a token file may hold.
+inline constexpr size_t kMaxTokenFileBytes = 4096;
+// Reads a token file: at most kMaxTokenFileBytes, the token is its content without surrounding
+// whitespace (a trailing newline); empty, a directory or more than one line is InvalidArgument.
+Result<std::string> ReadTokenFile(const std::string& path);
 
 // What the command line said; empty means not given.
 struct ClientFlags {

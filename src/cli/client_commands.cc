@@ -1017,6 +1017,7 @@ void OnRun(CLI::App* cmd, const std::shared_ptr<CliState>& s, int* exit_code,
     *exit_code = Guard(std::cerr, [&] {
       Result<ClientConfig> config = ResolveClientConfig(s->flags, ProcessEnv());
       if (!config.ok()) return Fail(std::cerr, kExitUsage, config.status().message()).exit;
+      if (!config->warning.empty()) std::cerr << "gpupool: " << config->warning << "\n";
       CommandOptions options;
       options.server = config->server;
       options.token = config->token;

@@ -293,6 +293,35 @@ TEST(ClientConfigTest, FlagsBeatTheEnvironment) {
   EXPECT_EQ(c->token, "from-env");
 }
 
+// A token on the command line shows in ps: it still works, with a warning; a token file is read
+// with a bound and trimmed of its newline.
+TEST(ClientConfigTest, TokenOnTheCommandLineWarnsAndTokenFilesAreBounded) {
+  TempDir dir;
+  auto c = ResolveClientConfig({"", "from-flag", ""}, FakeEnv({}));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->token, "from-flag");
+  EXPECT_NE(c->warning.find("visible"), std::string::npos) << c->warning;
+  EXPECT_NE(c->warning.find("--token-file"), std::string::npos) << c->warning;
+
+  c = ResolveClientConfig({"", "", dir.Write("t", "secret\n")}, FakeEnv({}));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->token, "secret");
+  EXPECT_EQ(c->warning, "");
+  c = ResolveClientConfig({}, FakeEnv({{"GPUPOOL_TOKEN", "env-token\n"}}));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->token, "env-token");
+  EXPECT_EQ(c->warning, "");
+
+  c = ResolveClientConfig({"", "", dir.Write("big", std::string(kMaxTokenFileBytes + 1, 'a'))}, FakeEnv({}));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("larger than 4096 bytes"), std::string::npos) << c.status().message();
+  // /dev/zero never ends: the bound is what stops the read.
+  c = ResolveClientConfig({"", "", "/dev/zero"}, FakeEnv({}));
+  EXPECT_FALSE(c.ok());
+  EXPECT_TRUE(ReadTokenFile(dir.Write("max", std::string(kMaxTokenFileBytes - 1, 'b') + "\n")).ok());
+}
+
 TEST(ClientConfigTest, DefaultsWithoutAnything) {
   auto c = ResolveClientConfig({}, FakeEnv({}));
   ASSERT_TRUE(c.ok());
@@ -1128,6 +1157,17 @@ TEST_F(ClientCommandTest, CliListAndQueueFlags) {
   r = RunCli({"queues", "create", "q2", "--server", server_.url(), "--weight", "0.5", "--limit", "gpu=4"});
   EXPECT_EQ(r.exit, 0) << r.err;
   EXPECT_EQ(server_.requests().back().body, R"({"name":"q2","weight":0.5,"limit":{"gpu":4}})");
+}
+
+TEST_F(ClientCommandTest, TokenFlagWarnsOnStderr) {
+  server_.On("GET", "/api/v1/nodes", 200, kNodes);
+  CliRun r = RunCli({"nodes", "--server", server_.url(), "--token", "tok"});
+  EXPECT_EQ(r.exit, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: --token on the command line is visible"), std::string::npos) << r.err;
+  TempDir dir;
+  r = RunCli({"nodes", "--server", server_.url(), "--token-file", dir.Write("t", "tok\n")});
+  EXPECT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
 }
 
 TEST(CliTest, UsageErrorsAreParseErrors) {

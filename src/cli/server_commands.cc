@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "agent/agent.h"
+#include "cli/client.h"
 #include "server/config.h"
 #include "server/http_api.h"
 #include "server/service.h"
@@ -50,6 +52,38 @@ Status MakeDirs(const std::string& path) {
         return Status::IoError(fmt::format("cannot create directory {}", partial));
     }
   }
+  return Status::Ok();
+}
+
+// "64Mi", "512Ki", "1Gi", "1048576" (also K, M, G as powers of 1000) -> bytes.
+Result<int64_t> ParseByteSize(const std::string& text, const std::string& what) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  const std::string suffix = text.substr(digits);
+  int64_t unit = 0;
+  if (suffix.empty()) unit = 1;
+  else if (suffix == "Ki") unit = int64_t{1} << 10;
+  else if (suffix == "Mi") unit = int64_t{1} << 20;
+  else if (suffix == "Gi") unit = int64_t{1} << 30;
+  else if (suffix == "K") unit = 1000;
+  else if (suffix == "M") unit = 1000 * 1000;
+  else if (suffix == "G") unit = 1000 * 1000 * 1000;
+  if (digits == 0 || digits > 12 || unit == 0)
+    return Status::InvalidArgument(fmt::format("{} '{}': want a size such as 64Mi, 512Ki or 1048576", what, text));
+  const int64_t n = std::stoll(text.substr(0, digits));
+  if (n > (int64_t{1} << 40) / unit)
+    return Status::InvalidArgument(fmt::format("{} '{}': at most 1Ti", what, text));
+  return n * unit;
+}
+
+// --log-max-bytes and --log-keep: a per-file cap of 0 (unbounded) or at least 4 KiB; 0..9 files kept.
+Status ParseLogFlags(const std::string& max, int keep, int64_t* max_bytes, int* keep_out) {
+  ASSIGN_OR_RETURN(int64_t bytes, ParseByteSize(max, "--log-max-bytes"));
+  if (bytes != 0 && bytes < 4096)
+    return Status::InvalidArgument(fmt::format("--log-max-bytes '{}': at least 4Ki (or 0: unbounded)", max));
+  if (keep < 0 || keep > 9) return Status::InvalidArgument(fmt::format("--log-keep {}: must be 0..9", keep));
+  *max_bytes = bytes;
+  *keep_out = keep;
   return Status::Ok();
 }
 
@@ -95,7 +129,11 @@ Result<std::unique_ptr<RunningServer>> StartServer(const ServerFlags& flags, con
   std::string host;
   int port = 0;
   RETURN_IF_ERROR(ParseListen(config.listen, &host, &port));
-  RETURN_IF_ERROR(MakeDirs(config.data_dir));
+  RETURN_IF_ERROR(MakeDirs(config.data_dir));  // created 0700
+  if (struct stat st; ::stat(config.data_dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+    std::cerr << fmt::format("{}: warning: the data directory {} is open to other users (mode {:o}); "
+                             "its files are 0600, but chmod 700 it\n",
+                             who, config.data_dir, st.st_mode & 07777);
   if (config.tokens.empty()) {
     ASSIGN_OR_RETURN(std::string token, EnsureAdminToken(config.data_dir));
     config.tokens[token] = Principal{"", Role::kAdmin};
@@ -137,6 +175,8 @@ struct AgentFlags {
   AgentOptions options;
   std::vector<std::string> labels;
   std::string token_file;
+  std::string log_max = "64Mi";
+  int log_keep = 1;
 };
 
 Status ApplyLabels(const std::vector<std::string>& labels, std::map<std::string, std::string>* out) {
@@ -153,19 +193,24 @@ int RunAgent(AgentFlags flags) {
   sigset_t stop_signals = BlockStopSignals();
   AgentOptions& o = flags.options;
   if (Status st = ApplyLabels(flags.labels, &o.labels); !st.ok()) return Fail(st);
-  if (o.token.empty()) {
-    if (const char* t = std::getenv("GPUPOOL_TOKEN"); t != nullptr) o.token = t;
-  }
-  if (!flags.token_file.empty()) {
-    std::ifstream in(flags.token_file);
-    if (!in) return Fail(Status::InvalidArgument(fmt::format("--token-file {}: cannot read it", flags.token_file)));
-    std::getline(in, o.token);
+  // The token, first found: --token (warned about: ps shows it), --token-file, $GPUPOOL_TOKEN.
+  if (!o.token.empty()) {
+    std::cerr << "gpupool agent: " << kTokenOnCommandLineWarning << "\n";
+  } else if (!flags.token_file.empty()) {
+    auto token = ReadTokenFile(flags.token_file);
+    if (!token.ok()) return Fail(token.status().WithContext("--token-file"));
+    o.token = *token;
+  } else if (const char* t = std::getenv("GPUPOOL_TOKEN"); t != nullptr) {
+    o.token = std::string(t);
+    while (!o.token.empty() && std::isspace(static_cast<unsigned char>(o.token.back()))) o.token.pop_back();
   }
   if (o.ca_file.empty()) {
     if (const char* t = std::getenv("GPUPOOL_CA_FILE"); t != nullptr) o.ca_file = t;
   }
   if (o.tls_cert_file.empty() != o.tls_key_file.empty())
     return Fail(Status::InvalidArgument("--tls-cert and --tls-key go together"));
+  if (Status st = ParseLogFlags(flags.log_max, flags.log_keep, &o.log_max_bytes, &o.log_keep); !st.ok())
+    return Fail(st);
   if (o.state_dir.empty()) o.state_dir = DefaultDataDir() + "/agent";
   if (Status st = MakeDirs(o.state_dir); !st.ok()) return Fail(st);
   auto agent = Agent::Create(o);
@@ -190,10 +235,16 @@ struct UpFlags {
   double heartbeat_seconds = 0;
   double assignment_poll_seconds = 0.25;
   std::string sim_faults;
+  std::string log_dir;
+  std::string log_max = "64Mi";
+  int log_keep = 1;
 };
 
 int RunUp(UpFlags flags) {
   if (flags.nodes < 1 || flags.nodes > 64) return Fail(Status::InvalidArgument("--nodes: must be 1..64"));
+  int64_t log_max_bytes = 0;
+  int log_keep = 0;
+  if (Status st = ParseLogFlags(flags.log_max, flags.log_keep, &log_max_bytes, &log_keep); !st.ok()) return Fail(st);
   sigset_t stop_signals = BlockStopSignals();
   auto running = StartServer(flags.server, "gpupool up");
   if (!running.ok()) return Fail(running.status());
@@ -216,6 +267,10 @@ int RunUp(UpFlags flags) {
     o.node = flags.nodes == 1 ? host : fmt::format("{}-{}", host, i);
     o.simulate = flags.simulate;
     o.state_dir = server.config.data_dir + "/agent/" + o.node;
+    // Task logs apart from the store and the agent's state: <data dir>/logs/<node> unless --log-dir.
+    o.log_dir = (flags.log_dir.empty() ? server.config.data_dir + "/logs" : flags.log_dir) + "/" + o.node;
+    o.log_max_bytes = log_max_bytes;
+    o.log_keep = log_keep;
     o.metrics_listen = fmt::format("{}:{}", metrics_host, metrics_port == 0 ? 0 : metrics_port + i);
     o.heartbeat_seconds = flags.heartbeat_seconds;
     o.assignment_poll_seconds = flags.assignment_poll_seconds;
@@ -270,8 +325,14 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   auto agent = std::make_shared<AgentFlags>();
   auto* agent_cmd = app.add_subcommand("agent", "Run a node agent: discover GPUs, run the tasks the server assigns");
   agent_cmd->add_option("--server", agent->options.server, "Server address (default http://127.0.0.1:8470)");
-  agent_cmd->add_option("--token", agent->options.token, "Bearer token (default: $GPUPOOL_TOKEN)");
-  agent_cmd->add_option("--token-file", agent->token_file, "Read the token from this file");
+  agent_cmd->add_option("--token", agent->options.token,
+                        "Bearer token (visible in ps: prefer --token-file or $GPUPOOL_TOKEN)");
+  agent_cmd->add_option("--token-file", agent->token_file, "Read the token from this file (default: $GPUPOOL_TOKEN)");
+  agent_cmd->add_option("--log-dir", agent->options.log_dir,
+                        "Task logs: <dir>/<runtime>/<task>/stdout.log (default: in the task's --state-dir directory)");
+  agent_cmd->add_option("--log-max-bytes", agent->log_max,
+                        "Cap of each task log file (stdout, stderr), e.g. 64Mi; 0: unbounded (default 64Mi)");
+  agent_cmd->add_option("--log-keep", agent->log_keep, "Rotated files kept per stream, 0..9 (default 1: stdout.log.1)");
   agent_cmd->add_option("--node", agent->options.node, "Node name (default: the host name)");
   agent_cmd->add_option("--simulate", agent->options.simulate,
                         "Simulate GPUs: 8xH100-80GB-SXM, 4xA100-80GB-PCIE, dgx-a100, or a YAML machine spec");
@@ -310,6 +371,9 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   up_cmd->add_option("--metrics-listen", up->metrics_listen,
                      "host:port of the first agent's /metrics; node i uses port+i (default 127.0.0.1:9400; port 0: any)");
   up_cmd->add_option("--heartbeat-interval", up->heartbeat_seconds, "Seconds between agent heartbeats");
+  up_cmd->add_option("--log-dir", up->log_dir, "Task logs, per node (default: <data dir>/logs)");
+  up_cmd->add_option("--log-max-bytes", up->log_max, "Cap of each task log file, e.g. 64Mi; 0: unbounded (default 64Mi)");
+  up_cmd->add_option("--log-keep", up->log_keep, "Rotated files kept per task stream, 0..9 (default 1)");
   up_cmd->add_option("--sim-faults", up->sim_faults,
                      "Simulated GPUs: JSON file of injected GPU faults/telemetry for every agent (per node: "
                      "\"nodes\": {NAME: {\"gpus\": ...}})");

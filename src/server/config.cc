@@ -305,7 +305,7 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
     }
     if (j.contains("store")) {
       const auto& s = j["store"];
-      if (Status st = CheckKeys(s, "store", {"synchronous", "finishedJobRetentionSeconds"}); !st.ok())
+      if (Status st = CheckKeys(s, "store", {"synchronous", "finishedJobRetentionSeconds", "minFreeBytes"}); !st.ok())
         return fail(st);
       if (s.contains("synchronous")) {
         auto v = GetString(s["synchronous"], "store.synchronous");
@@ -319,6 +319,11 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
                         int64_t{3650} * 86400);
         if (!v.ok()) return fail(v.status());
         c.finished_job_retention_seconds = *v;
+      }
+      if (s.contains("minFreeBytes")) {
+        auto v = GetInt(s["minFreeBytes"], "store.minFreeBytes", 0, int64_t{1} << 50);
+        if (!v.ok()) return fail(v.status());
+        c.store_min_free_bytes = *v;
       }
     }
     if (j.contains("httpThreads")) {  // the older name of http.workers

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "server/disk_guard.h"
 #include "sched/queueing.h"
 
 namespace gpupool {
@@ -66,6 +67,12 @@ struct ServerConfig {
   // with its tasks and events, from memory and from the store, so a long-running server neither
   // grows without bound nor slows its restarts. 0 keeps every job forever.
   int64_t finished_job_retention_seconds = 7 * 86400;
+  // Below this much free space on the data directory's filesystem, the server refuses new work
+  // (submissions, queue changes: HTTP 507) while heartbeats, status reports, placements and
+  // cancellations go on. 0: no guard. (store.minFreeBytes)
+  int64_t store_min_free_bytes = int64_t{256} << 20;
+  // Tests: how free space is measured (empty: statvfs of data_dir).
+  FreeSpaceProbe free_space_probe;
   // The HTTP layer (http/server.h): connections cost no thread; handlers run on `workers`, the
   // node side (register, heartbeats, assignments, task reports) and /healthz on their own
   // `priority_workers`, so no load on the rest of the API can starve them.

@@ -48,6 +48,7 @@ std::string ErrorCodeName(int http, StatusCode code) {
     case 414: return "UriTooLong";
     case 431: return "HeaderTooLarge";
     case 503: return "Unavailable";
+    case 507: return "InsufficientStorage";
     default: break;
   }
   if (code == StatusCode::kIoError) return "Internal";
@@ -205,6 +206,14 @@ void HttpApi::Routes() {
 
   // Health and the node side run on their own workers: no load on the rest of the API can make a
   // healthy node look dead.
+  // New work while the store's disk is below its reserve: 507, before anything is parsed or stored.
+  auto store_full = [this](http::Response& res) {
+    const Status st = service_.CheckStoreSpace();
+    if (st.ok()) return false;
+    SendError(res, 507, st.code(), st.message());
+    return true;
+  };
+
   s.Get("/healthz",
         [this](const http::Request&, http::Response& res) { SendJson(res, 200, service_.Health()); }, kNodeLane);
   s.Get("/metrics", [this](const http::Request&, http::Response& res) {
@@ -215,7 +224,7 @@ void HttpApi::Routes() {
   // ---- jobs ----
   s.Post("/api/v1/jobs", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
-    if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res)) return;
+    if (!who || !require(*who, {Role::kAdmin, Role::kTenant}, res) || store_full(res)) return;
     const std::string ct = MediaType(req);
     SpecFormat format;
     if (ct == "application/json") {
@@ -383,14 +392,14 @@ void HttpApi::Routes() {
   });
   s.Post("/api/v1/queues", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
-    if (!who || !require(*who, {Role::kAdmin}, res)) return;
+    if (!who || !require(*who, {Role::kAdmin}, res) || store_full(res)) return;
     auto body = ReadJsonBody(req, res);
     if (!body) return;
     reply(res, service_.CreateQueue(*body), 201);
   });
   auto update_queue = [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
-    if (!who || !require(*who, {Role::kAdmin}, res)) return;
+    if (!who || !require(*who, {Role::kAdmin}, res) || store_full(res)) return;
     auto body = ReadJsonBody(req, res);
     if (!body) return;
     reply(res, service_.UpdateQueue(req.matches[1], *body));

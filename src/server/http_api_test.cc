@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -690,6 +691,10 @@ TEST_F(HttpApiTest, MetricsAndHealth) {
   }
   Reply h = Get("/healthz", "");
   ASSERT_EQ(h.status, 200);
+  ASSERT_TRUE(h.body.contains("store")) << h.raw;
+  EXPECT_EQ(h.body["store"]["disk"]["path"], dir_);
+  EXPECT_EQ(h.body["store"]["disk"]["ok"], true);
+  h.body.erase("store");  // free space is the machine's
   EXPECT_EQ(h.body, (json{{"status", "ok"}, {"nodes", 1}, {"jobs", {{"pending", 1}, {"running", 1}}}}));
   // Tokens are not needed, and a bad one does not hurt.
   EXPECT_EQ(Get("/healthz", "not-a-token-0123456789").status, 200);
@@ -828,6 +833,57 @@ TEST_F(HttpApiTest, TaskLogsAreReadFromTheAgentOfTheNodeTheTaskRanOn) {
   r = Get(logs);
   EXPECT_TRUE(IsError(r, 502, "BadGateway"));
   EXPECT_NE(r.raw.find("n1"), std::string::npos) << r.raw;
+}
+
+// The store's disk guard: below store.minFreeBytes new work gets 507 with the path, the free bytes
+// and the reserve, and nothing is stored; heartbeats, status reports and cancellations go on, and
+// /healthz says why.
+TEST_F(HttpApiTest, ALowDiskRefusesNewWorkWith507AndKeepsAgentsWorking) {
+  auto free_bytes = std::make_shared<std::atomic<uint64_t>>(uint64_t{10} << 30);
+  config_.store_min_free_bytes = int64_t{256} << 20;
+  config_.free_space_probe = [free_bytes](const std::string&) -> Result<DiskSpace> {
+    return DiskSpace{free_bytes->load(), uint64_t{100} << 30};
+  };
+  Open();
+  AddNode("n1", 4);
+  const std::string running = Submit(OneTaskJson("r", R"({"gpu": 1})"));
+  service_->RunCycle();
+  ASSERT_EQ(State(running), "running");
+  Reply h = Get("/healthz", "");
+  EXPECT_EQ(h.body["status"], "ok") << h.raw;
+  EXPECT_EQ(h.body["store"]["disk"]["ok"], true) << h.raw;
+
+  free_bytes->store(uint64_t{100} << 20);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the guard's 1 s cache
+  const json before = Stored();
+  Reply r = Post("/api/v1/jobs", OneTaskJson("x", R"({"gpu": 1})"));
+  ASSERT_TRUE(IsError(r, 507, "InsufficientStorage")) << r.raw;
+  const std::string msg = r.body["error"]["message"];
+  EXPECT_NE(msg.find(dir_), std::string::npos) << msg;
+  EXPECT_NE(msg.find("104857600 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("268435456 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("store.minFreeBytes"), std::string::npos) << msg;
+  EXPECT_TRUE(IsError(Post("/api/v1/queues", R"({"name": "q2", "weight": 1})"), 507, "InsufficientStorage"));
+  EXPECT_TRUE(IsError(Put("/api/v1/queues/default", R"({"name": "default", "weight": 2})"), 507, "InsufficientStorage"));
+  EXPECT_EQ(Stored(), before);
+  h = Get("/healthz", "");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.body["status"], "degraded") << h.raw;
+  EXPECT_EQ(h.body["store"]["disk"]["ok"], false) << h.raw;
+  EXPECT_EQ(h.body["store"]["disk"]["freeBytes"], uint64_t{100} << 20) << h.raw;
+  EXPECT_EQ(h.body["store"]["disk"]["reserveBytes"], int64_t{256} << 20) << h.raw;
+  EXPECT_NE(h.body.value("reason", "").find("store.minFreeBytes"), std::string::npos) << h.raw;
+
+  // The running job still ends cleanly.
+  ASSERT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", kAgentToken).status, 200);
+  Report(running, 0, "succeeded");
+  EXPECT_EQ(State(running), "succeeded");
+
+  // Space again: work is accepted again (after the cache).
+  free_bytes->store(uint64_t{10} << 30);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_FALSE(Submit(OneTaskJson("y", R"({"gpu": 1})")).empty());
+  EXPECT_EQ(Get("/healthz", "").body["status"], "ok");
 }
 
 }  // namespace

@@ -166,6 +166,8 @@ int64_t PoolService::NowMs() const {
 
 Result<std::unique_ptr<PoolService>> PoolService::Open(ServerConfig config, std::unique_ptr<Store> store) {
   std::unique_ptr<PoolService> svc(new PoolService(std::move(config), std::move(store)));
+  svc->disk_guard_ = std::make_unique<DiskGuard>(svc->config_.data_dir.empty() ? "." : svc->config_.data_dir,
+                                                 svc->config_.store_min_free_bytes, svc->config_.free_space_probe);
   std::lock_guard<std::mutex> lock(svc->mu_);
   RETURN_IF_ERROR(svc->Recover());
   return svc;
@@ -857,6 +859,7 @@ json PoolService::QueueJson(const QueueSpec& q) const {
 
 Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body, SpecFormat format) {
   if (who.role == Role::kAgent) return Status::PermissionDenied("agent tokens cannot submit jobs");
+  RETURN_IF_ERROR(disk_guard_->Check());
   JobSpecLimits limits;
   limits.max_bytes = config_.max_body_bytes;
   auto parsed = ParseJobSpec(body, format, limits);
@@ -1189,6 +1192,7 @@ Result<json> PoolService::GetQueueLocked(const std::string& name) {
 }
 
 Result<json> PoolService::CreateQueue(const json& body) {
+  RETURN_IF_ERROR(disk_guard_->Check());
   auto q = ParseQueueJson(body, "queue");
   if (!q.ok()) return q.status();
   std::lock_guard<std::mutex> lock(mu_);
@@ -1211,6 +1215,7 @@ Result<json> PoolService::CreateQueue(const json& body) {
 }
 
 Result<json> PoolService::UpdateQueue(const std::string& name, const json& body) {
+  RETURN_IF_ERROR(disk_guard_->Check());
   std::lock_guard<std::mutex> lock(mu_);
   const auto& all = order_->options().queues;
   auto it = std::find_if(all.begin(), all.end(), [&](const QueueSpec& q) { return q.name == name; });
@@ -2108,10 +2113,17 @@ json PoolService::Health() {
     pending += j->phase == JobPhase::kPending;
     running += j->phase == JobPhase::kRunning;
   }
-  return {{"status", "ok"},
-          {"nodes", ledger_.node_count()},
-          {"jobs", {{"pending", pending}, {"running", running}}}};
+  json disk = disk_guard_->Health();
+  const bool disk_ok = disk.value("ok", true);
+  json h = {{"status", disk_ok ? "ok" : "degraded"},
+            {"nodes", ledger_.node_count()},
+            {"jobs", {{"pending", pending}, {"running", running}}},
+            {"store", {{"disk", std::move(disk)}}}};
+  if (!disk_ok) h["reason"] = disk_guard_->Check().message();
+  return h;
 }
+
+Status PoolService::CheckStoreSpace() { return disk_guard_->Check(); }
 
 std::string PoolService::MetricsText() {
   std::string out;

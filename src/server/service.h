@@ -117,6 +117,10 @@ class PoolService {
                                     const nlohmann::json& body);
 
   nlohmann::json Health();
+  // Ok while the store's filesystem has more free space than store.minFreeBytes; otherwise
+  // ResourceExhausted naming the path, the free bytes and the reserve (see disk_guard.h). New work
+  // checks it first; heartbeats and status reports do not.
+  Status CheckStoreSpace();
   std::string MetricsText();
 
   // Ledger invariants, and that the ledger holds exactly the allocations of the live tasks.
@@ -235,6 +239,7 @@ class PoolService {
   int64_t NowMs() const;
 
   ServerConfig config_;
+  std::unique_ptr<DiskGuard> disk_guard_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<GroupCommitter> committer_;
 

@@ -1,7 +1,13 @@
 #include "store/sqlite_store.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdint>
 #include <iterator>
@@ -351,7 +357,26 @@ Status SqliteStore::ReadAll(sqlite3_stmt* s, std::string_view doing, RowFn row) 
   }
 }
 
+// The store holds every tenant's job specs (commands, environments): owner-only. The file is
+// created 0600 (and an older 0644 one tightened) before sqlite opens it; sqlite gives its -wal and
+// -shm files the mode of the database file. No umask games: the server is multi-threaded.
+static Status RestrictStoreFiles(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  const int rc = ::fchmod(fd, 0600);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::IoError(fmt::format("cannot chmod 0600 {}: {}", path, std::strerror(err)));
+  for (const char* suffix : {"-wal", "-shm", "-journal"}) {
+    const std::string side = path + suffix;
+    if (::chmod(side.c_str(), 0600) != 0 && errno != ENOENT)
+      return Status::IoError(fmt::format("cannot chmod 0600 {}: {}", side, std::strerror(errno)));
+  }
+  return Status::Ok();
+}
+
 Status SqliteStore::Open(bool synchronous_full) {
+  RETURN_IF_ERROR(RestrictStoreFiles(path_));
   const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
   const int rc = sqlite3_open_v2(path_.c_str(), &db_, flags, nullptr);
   if (rc != SQLITE_OK) {

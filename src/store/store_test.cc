@@ -1,6 +1,8 @@
 #include "store/store.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -259,6 +261,41 @@ TEST_F(SqliteStoreTest, RoundTripsEveryRecordTypeAcrossReopen) {
     EXPECT_GT((*cluster)[0].id, want.id);
     Reopen();
   }
+}
+
+// The store holds every tenant's specs: its files are the owner's only, whatever the umask, and a
+// database left 0644 by an older version is tightened on open.
+TEST_F(SqliteStoreTest, DatabaseFilesAreOwnerOnly) {
+  auto mode = [](const std::string& p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+  };
+  WriteBatch b;
+  b.Add(PutMeta{"k", "v"});
+  ASSERT_TRUE(store_->Apply(b).ok());
+  EXPECT_EQ(mode(path_), 0600);
+  EXPECT_EQ(mode(path_ + "-wal"), 0600);
+  EXPECT_EQ(mode(path_ + "-shm"), 0600);
+
+  store_.reset();
+  ASSERT_EQ(::chmod(path_.c_str(), 0644), 0);
+  const mode_t old_umask = ::umask(0);  // the test is single-threaded here
+  Reopen();
+  ::umask(old_umask);
+  ASSERT_TRUE(store_->Apply(b).ok());
+  EXPECT_EQ(mode(path_), 0600);
+  EXPECT_EQ(mode(path_ + "-wal"), 0600);
+  EXPECT_EQ(mode(path_ + "-shm"), 0600);
+
+  // A fresh database under a permissive umask.
+  const std::string fresh = dir_.File("fresh.db");
+  const mode_t saved = ::umask(0);
+  auto other = OpenOrDie(fresh);
+  ::umask(saved);
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->Apply(b).ok());
+  EXPECT_EQ(mode(fresh), 0600);
+  EXPECT_EQ(mode(fresh + "-wal"), 0600);
 }
 
 TEST_F(SqliteStoreTest, EmptyBatchSucceedsAndChangesNothing) {
