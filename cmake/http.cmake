@@ -11,3 +11,11 @@ if(GPUPOOL_BUILD_TESTS)
   gpupool_test(http_test src/http/server_test.cc)
   target_link_libraries(http_test PRIVATE gpupool_http PkgConfig::HTTPLIB OpenSSL::SSL OpenSSL::Crypto)
 endif()
+
+if(GPUPOOL_FUZZ)
+  # The request path: the HTTP parser with the server's limits, the guarded JSON parse, the node codec.
+  add_executable(http_fuzz fuzz/http_fuzz.cc)
+  target_compile_options(http_fuzz PRIVATE -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer)
+  target_link_options(http_fuzz PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(http_fuzz PRIVATE gpupool_http gpupool_api)
+endif()

@@ -9,6 +9,7 @@ PACKAGES=(
   libfmt-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev libcpp-httplib-dev sqlite3 curl python3 python3-yaml
+  libboost-dev libssl-dev openssl ccache
   libglpk-dev
   clang libclang-rt-14-dev
   runc busybox-static prometheus

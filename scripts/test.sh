@@ -39,8 +39,8 @@ echo "== chaos end to end: 4 agents, ~45 checkpointing jobs, seeded agent/server
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py
 
-echo "== job spec parser fuzzing (bounded)"
-bash scripts/fuzz.sh 60
+echo "== fuzzing (bounded): job spec codec, HTTP request path and JSON bodies"
+bash scripts/fuzz.sh 45
 
 echo "== simulator smoke"
 ./build/gpupool sim run --nodes data/alibaba/openb_node_list_gpu_node.csv \

@@ -146,6 +146,79 @@ bool ValidText(std::string_view s) {
   return true;
 }
 
+Status ParseTarget(std::string_view t, Request* req) {
+  if (t.empty() || t[0] != '/') return Status::InvalidArgument("request target: must start with '/'");
+  const auto q = t.find('?');
+  std::string_view raw_path = t.substr(0, q);
+  if (!PercentDecode(raw_path, false, &req->path)) return Status::InvalidArgument("path: bad percent escape");
+  if (!ValidText(req->path)) return Status::InvalidArgument("path: not valid UTF-8 text");
+  if (q == std::string_view::npos) return Status::Ok();
+  std::string_view query = t.substr(q + 1);
+  size_t count = 0;
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (pair.empty()) continue;
+    if (++count > 64) return Status::InvalidArgument("query: more than 64 parameters");
+    const auto eq = pair.find('=');
+    std::string k, v;
+    if (!PercentDecode(pair.substr(0, eq), true, &k) ||
+        (eq != std::string_view::npos && !PercentDecode(pair.substr(eq + 1), true, &v)))
+      return Status::InvalidArgument("query: bad percent escape");
+    if (!ValidText(k)) return Status::InvalidArgument("query: a parameter name is not valid UTF-8 text");
+    if (!ValidText(v)) return Status::InvalidArgument(fmt::format("{}: not valid UTF-8 text", k));
+    req->params.emplace(std::move(k), std::move(v));
+  }
+  return Status::Ok();
+}
+
+
+Status ParseRequestBytes(std::string_view bytes, const ServerOptions& options, Request* req, int* http_status) {
+  *http_status = 400;
+  bhttp::request_parser<bhttp::string_body> parser;
+  parser.header_limit(static_cast<uint32_t>(options.max_header_bytes));
+  parser.body_limit(options.max_body_bytes);
+  parser.eager(true);
+  beast::error_code ec;
+  size_t used = 0;
+  while (used < bytes.size() && !parser.is_done()) {
+    const size_t n = parser.put(net::buffer(bytes.data() + used, bytes.size() - used), ec);
+    if (ec == bhttp::error::need_more) break;
+    if (ec) break;
+    if (n == 0) break;
+    used += n;
+  }
+  if (ec == bhttp::error::body_limit) {
+    *http_status = 413;
+    return Status::InvalidArgument("body: larger than the server's limit");
+  }
+  if (ec == bhttp::error::header_limit) {
+    *http_status = 431;
+    return Status::InvalidArgument("request head: larger than the server's limit");
+  }
+  if (ec && ec != bhttp::error::need_more) return Status::InvalidArgument(fmt::format("malformed HTTP request: {}", ec.message()));
+  if (!parser.is_header_done()) return Status::InvalidArgument("malformed HTTP request: incomplete head");
+  const auto& h = parser.get();
+  *req = Request{};
+  req->method = std::string(h.method_string());
+  req->target = std::string(h.target());
+  for (const auto& f : h) req->headers.emplace(Lower(std::string(f.name_string())), std::string(f.value()));
+  if (req->target.size() > options.max_target_bytes) {
+    *http_status = 414;
+    return Status::InvalidArgument(fmt::format("request target: longer than {} bytes", options.max_target_bytes));
+  }
+  RETURN_IF_ERROR(ParseTarget(req->target, req));
+  if (const auto len = parser.content_length(); len && *len > options.max_body_bytes) {
+    *http_status = 413;
+    return Status::InvalidArgument("body: larger than the server's limit");
+  }
+  if (!parser.is_done()) return Status::InvalidArgument("malformed HTTP request: incomplete body");
+  req->body = parser.get().body();
+  *http_status = 200;
+  return Status::Ok();
+}
+
 // ---- the server -----------------------------------------------------------------------------------
 
 namespace {
@@ -387,33 +460,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     return Refuse(400, fmt::format("malformed HTTP request: {}", ec.message()));
   }
 
-  Status ParseTarget() {
-    std::string_view t = req_.target;
-    if (t.empty() || t[0] != '/') return Status::InvalidArgument("request target: must start with '/'");
-    const auto q = t.find('?');
-    std::string_view raw_path = t.substr(0, q);
-    if (!PercentDecode(raw_path, false, &req_.path)) return Status::InvalidArgument("path: bad percent escape");
-    if (!ValidText(req_.path)) return Status::InvalidArgument("path: not valid UTF-8 text");
-    if (q == std::string_view::npos) return Status::Ok();
-    std::string_view query = t.substr(q + 1);
-    size_t count = 0;
-    while (!query.empty()) {
-      const auto amp = query.find('&');
-      std::string_view pair = query.substr(0, amp);
-      query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-      if (pair.empty()) continue;
-      if (++count > 64) return Status::InvalidArgument("query: more than 64 parameters");
-      const auto eq = pair.find('=');
-      std::string k, v;
-      if (!PercentDecode(pair.substr(0, eq), true, &k) ||
-          (eq != std::string_view::npos && !PercentDecode(pair.substr(eq + 1), true, &v)))
-        return Status::InvalidArgument("query: bad percent escape");
-      if (!ValidText(k)) return Status::InvalidArgument("query: a parameter name is not valid UTF-8 text");
-      if (!ValidText(v)) return Status::InvalidArgument(fmt::format("{}: not valid UTF-8 text", k));
-      req_.params.emplace(std::move(k), std::move(v));
-    }
-    return Status::Ok();
-  }
+  Status ParseTarget() { return http::ParseTarget(req_.target, &req_); }
 
   // Answers an error the server found itself. A body still unread means the connection cannot be
   // reused.

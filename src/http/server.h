@@ -142,5 +142,12 @@ class Server {
 bool PercentDecode(std::string_view in, bool plus_is_space, std::string* out);
 // Valid UTF-8 (no overlongs, no surrogates) without control bytes (< 0x20, 0x7f).
 bool ValidText(std::string_view s);
+// Splits a request target into the decoded path and query parameters of `req` (at most 64),
+// refusing bad escapes and anything that is not text. The server applies it to every request.
+Status ParseTarget(std::string_view target, Request* req);
+// One request from raw bytes with the server's parser and limits (head, target, body; no
+// routing), as a connection would read it: OK with `req` filled, or the status and message the
+// server would answer (`*http_status` 400, 413, 414 or 431). For fuzzing and tests.
+Status ParseRequestBytes(std::string_view bytes, const ServerOptions& options, Request* req, int* http_status);
 
 }  // namespace gpupool::http

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -369,6 +370,96 @@ TEST_F(HttpServerTest, KeepAliveServesManyRequestsOnOneConnection) {
     EXPECT_EQ(r->body, "hello " + std::to_string(i));
   }
   EXPECT_EQ(server_->stats().accepted_total, 1);
+}
+
+// TLS with certificates made by the openssl command line, as docs/server.md tells operators to:
+// a CA, a server certificate for 127.0.0.1 signed by it, a client certificate signed by it.
+class HttpTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/gpupool-tls-" + std::to_string(::getpid());
+    const std::string d = dir_;
+    const std::string script =
+        "set -e; rm -rf " + d + "; mkdir -p " + d + "; cd " + d + ";"
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.pem"
+        " -days 2 -subj /CN=gpupool-test-ca 2>/dev/null;"
+        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key -out server.csr"
+        " -subj /CN=127.0.0.1 2>/dev/null;"
+        "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext;"
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2"
+        " -extfile san.ext 2>/dev/null;"
+        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout client.key -out client.csr"
+        " -subj /CN=node-1 2>/dev/null;"
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2 2>/dev/null;"
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout other.key -out other.pem"
+        " -days 2 -subj /CN=127.0.0.1 2>/dev/null";
+    ASSERT_EQ(std::system(("bash -c \"" + script + "\"").c_str()), 0) << "openssl failed";
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    std::system(("rm -rf " + dir_).c_str());
+  }
+  void Start(bool client_ca) {
+    ServerOptions o;
+    o.tls.cert_file = dir_ + "/server.pem";
+    o.tls.key_file = dir_ + "/server.key";
+    if (client_ca) o.tls.client_ca_file = dir_ + "/ca.pem";
+    server_ = std::make_unique<Server>(o);
+    server_->Get("/hello", [](const Request&, Response& res) { res.set_content("hello over tls", "text/plain"); });
+    auto port = server_->Listen("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    port_ = *port;
+  }
+  std::string dir_;
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+};
+
+TEST_F(HttpTlsTest, ServesTlsToAClientThatVerifiesTheServer) {
+  Start(false);
+  httplib::SSLClient c("127.0.0.1", port_);
+  c.set_ca_cert_path((dir_ + "/ca.pem").c_str());
+  c.enable_server_certificate_verification(true);
+  auto r = c.Get("/hello");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->body, "hello over tls");
+  // A client that trusts another CA refuses the server; a plain HTTP client gets nothing.
+  httplib::SSLClient wrong("127.0.0.1", port_);
+  wrong.set_ca_cert_path((dir_ + "/other.pem").c_str());
+  wrong.enable_server_certificate_verification(true);
+  EXPECT_FALSE(wrong.Get("/hello"));
+  httplib::Client plain("127.0.0.1", port_);
+  plain.set_read_timeout(3, 0);
+  auto p = plain.Get("/hello");
+  EXPECT_TRUE(!p || p->status != 200);
+  // The server goes on serving after both.
+  auto again = c.Get("/hello");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200);
+}
+
+TEST_F(HttpTlsTest, AClientCaRequiresAClientCertificate) {
+  Start(true);
+  httplib::SSLClient anonymous("127.0.0.1", port_);
+  anonymous.set_ca_cert_path((dir_ + "/ca.pem").c_str());
+  anonymous.enable_server_certificate_verification(true);
+  EXPECT_FALSE(anonymous.Get("/hello"));
+  httplib::SSLClient c("127.0.0.1", port_, dir_ + "/client.pem", dir_ + "/client.key");
+  c.set_ca_cert_path((dir_ + "/ca.pem").c_str());
+  c.enable_server_certificate_verification(true);
+  auto r = c.Get("/hello");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->body, "hello over tls");
+}
+
+TEST_F(HttpTlsTest, BadCertificateFilesAreNamed) {
+  ServerOptions o;
+  o.tls.cert_file = dir_ + "/missing.pem";
+  o.tls.key_file = dir_ + "/server.key";
+  Server s(o);
+  auto port = s.Listen("127.0.0.1", 0);
+  ASSERT_FALSE(port.ok());
+  EXPECT_NE(port.status().message().find("missing.pem"), std::string::npos) << port.status().ToString();
 }
 
 TEST(HttpTextTest, PercentDecodingAndUtf8) {
