@@ -5,10 +5,11 @@ add_library(gpupool_server
   src/server/metrics.cc
   src/server/service.cc
   src/server/http_api.cc
+  src/server/node_credentials.cc
 )
 target_link_libraries(gpupool_server
   PUBLIC gpupool_api gpupool_store gpupool_config nlohmann_json::nlohmann_json Threads::Threads
-  PRIVATE PkgConfig::HTTPLIB yaml-cpp)
+  PRIVATE PkgConfig::HTTPLIB yaml-cpp OpenSSL::Crypto)
 
 if(GPUPOOL_BUILD_TESTS)
   gpupool_test(server_test

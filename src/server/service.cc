@@ -56,6 +56,10 @@ constexpr size_t kRecentTasks = 10000;
 constexpr int kMaxRemovalsPerPass = 5000;
 // Meta key: the highest sequence number of a job that retention removed (so its id is never reused).
 constexpr char kRemovedMaxSeqKey[] = "removed_max_seq";
+constexpr char kClusterIdKey[] = "cluster_id";
+// A node credential's last use is written to the store when it moved this much (it is kept in
+// memory to the millisecond).
+constexpr int64_t kCredentialLastUsedStepMs = 60 * 1000;
 constexpr uint64_t kLearnEvery = 512;
 constexpr int kMinCycleGapMs = 5;
 
@@ -251,6 +255,15 @@ Status PoolService::Recover() {
     jobs_[r.id] = std::move(state);
     if (raw->phase == JobPhase::kPending) pending_.insert(r.seq);
   }
+  RETURN_IF_ERROR(credentials_.Load(snap->meta));
+  for (const auto& [key, value] : snap->meta) {
+    if (key == kClusterIdKey) cluster_id_ = value;
+  }
+  if (cluster_id_.empty()) {
+    // A new store (or one from before cluster ids): the pool gets its identity now, once.
+    cluster_id_ = "c-" + RandomHex(16);
+    batch.Add(PutMeta{kClusterIdKey, cluster_id_});
+  }
   // Retention may have removed the newest jobs; their ids are never handed out again.
   for (const auto& [key, value] : snap->meta) {
     if (key != kRemovedMaxSeqKey) continue;
@@ -368,7 +381,8 @@ PoolService::JobState* PoolService::FindJob(const std::string& id) {
 }
 
 Result<PoolService::JobState*> PoolService::VisibleJob(const Principal& who, const std::string& id) {
-  if (who.role == Role::kAgent) return Status::PermissionDenied("agent tokens cannot read jobs");
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot read jobs");
   JobState* j = FindJob(id);
   // Another tenant's job looks exactly like a missing one.
   if (j == nullptr || (who.role == Role::kTenant && j->rec.tenant != who.tenant))
@@ -856,7 +870,8 @@ json PoolService::QueueJson(const QueueSpec& q) const {
 // ---- jobs --------------------------------------------------------------------------------------
 
 Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body, SpecFormat format) {
-  if (who.role == Role::kAgent) return Status::PermissionDenied("agent tokens cannot submit jobs");
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot submit jobs");
   JobSpecLimits limits;
   limits.max_bytes = config_.max_body_bytes;
   auto parsed = ParseJobSpec(body, format, limits);
@@ -987,7 +1002,8 @@ Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
 }
 
 Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q) {
-  if (who.role == Role::kAgent) return Status::PermissionDenied("agent tokens cannot list jobs");
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot list jobs");
   if (q.limit < 1 || q.limit > 1000) return Status::InvalidArgument("limit: must be between 1 and 1000");
   std::lock_guard<std::mutex> lock(mu_);
   json items = json::array();
@@ -1257,6 +1273,20 @@ Result<json> PoolService::UpdateQueue(const std::string& name, const json& body)
 
 namespace {
 
+// Exit codes an agent may report: a process's own (0..255), a shell's 128+signal, and negative
+// values some runtimes use for "killed"; anything else is a broken or hostile agent.
+constexpr int64_t kMinExitCode = -255;
+constexpr int64_t kMaxExitCode = 255;
+
+// An integer JSON value within [lo, hi] (an unsigned value above INT64_MAX is out of range).
+bool InIntRange(const json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= static_cast<uint64_t>(std::max<int64_t>(hi, 0)) &&
+                                     static_cast<int64_t>(v.get<uint64_t>()) >= lo;
+  const int64_t x = v.get<int64_t>();
+  return x >= lo && x <= hi;
+}
+
 struct AgentInfo {
   std::string endpoint;
   std::string log_token;
@@ -1289,7 +1319,7 @@ Result<AgentInfo> ParseAgentInfo(const json& v) {
 
 }  // namespace
 
-Result<json> PoolService::RegisterNode(const json& body_in) {
+Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in) {
   std::optional<AgentInfo> agent;
   json body = body_in;
   if (body.is_object() && body.contains("agent")) {
@@ -1298,12 +1328,38 @@ Result<json> PoolService::RegisterNode(const json& body_in) {
     agent = *a;
     body.erase("agent");
   }
+  // The cluster the agent belongs to, when it has been in one: a different one is refused, so a
+  // node of an old pool never joins a new one (with the old pool's tasks still on it).
+  if (body.is_object() && body.contains("clusterId")) {
+    if (!body["clusterId"].is_string() || body["clusterId"].get<std::string>().size() > 64)
+      return Status::InvalidArgument("clusterId: must be a string of at most 64 characters");
+    const std::string theirs = body["clusterId"].get<std::string>();
+    body.erase("clusterId");
+    if (!theirs.empty() && theirs != cluster_id_)
+      return Status::FailedPrecondition(fmt::format(
+          "clusterId: the agent belongs to cluster {}, this server is cluster {} (its store was created "
+          "anew); the agent does not join another pool: see docs/agent.md#cluster-identity",
+          theirs, cluster_id_));
+  }
   auto spec = ParseNodeSpec(body, ledger_.catalog());
   if (!spec.ok()) return spec.status();
   const json canonical = NodeSpecToJson(*spec);
+  if (who.role == Role::kNode && who.node != spec->name)
+    return Status::PermissionDenied(fmt::format(
+        "the credential of node '{}' may not register node '{}'", who.node, spec->name));
+  if (who.role != Role::kAdmin && who.role != Role::kAgent && who.role != Role::kNode)
+    return Status::PermissionDenied("only an agent or an admin registers nodes");
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();
   auto existing = ledger_.FindNode(spec->name);
+  if (who.role == Role::kAgent && existing && nodes_[*existing].state == "ready" &&
+      credentials_.Live(spec->name)) {
+    // Someone holding the bootstrap token could otherwise take over a live node's assignments.
+    return Status::FailedPrecondition(fmt::format(
+        "node '{}' is ready and its node credential is live: its agent registers with that credential; "
+        "to replace the agent, an admin revokes it first (gpupool nodes revoke {})",
+        spec->name, spec->name));
+  }
   NodeIndex n;
   if (existing) {
     n = *existing;
@@ -1331,12 +1387,37 @@ Result<json> PoolService::RegisterNode(const json& body_in) {
   batch.Add(PutNode{
       MakeNodeRecord(spec->name, canonical, ledger_.state(n).cordoned, info.draining, info.state, now)});
   Event("", existing ? (was_lost ? "NodeReady" : "NodeReregistered") : "NodeRegistered", spec->name, batch);
-  RETURN_IF_ERROR(CommitLocked(batch));
+  std::string secret;
+  if (who.role != Role::kNode) secret = credentials_.Issue(spec->name, now, batch);
+  if (Status st = CommitLocked(batch); !st.ok()) {
+    if (!secret.empty()) credentials_.Forget(spec->name);
+    return st;
+  }
   wake_pending_ = true;
   wake_.notify_one();
-  return json{{"node", NodeJson(n)},
+  json out = {{"node", NodeJson(n)},
+              {"clusterId", cluster_id_},
               {"heartbeatIntervalSeconds", config_.heartbeat_interval_seconds},
               {"heartbeatTimeoutSeconds", config_.heartbeat_timeout_seconds}};
+  if (!secret.empty()) out["credential"] = secret;
+  return out;
+}
+
+std::optional<Principal> PoolService::AuthenticateNode(std::string_view secret) {
+  auto node = credentials_.Authenticate(secret, NowMs());
+  if (!node) return std::nullopt;
+  return Principal{"", Role::kNode, *node};
+}
+
+json PoolService::ListNodeCredentials() { return credentials_.List(); }
+
+Result<json> PoolService::RevokeNodeCredential(const std::string& node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  RETURN_IF_ERROR(credentials_.Revoke(node, NowMs(), batch));
+  Event("", "NodeCredentialRevoked", node, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return json{{"node", node}, {"state", "revoked"}};
 }
 
 Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
@@ -1363,8 +1444,10 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
         const std::string where = fmt::format("gpus[{}]", i);
         if (!g.is_object() || !g.contains("index") || !g["index"].is_number_integer())
           return Status::InvalidArgument(where + ": needs index (integer)");
+        if (!InIntRange(g["index"], 0, 1023))
+          return Status::InvalidArgument(where + ".index: must be a GPU index of the node (0 to 1023)");
         GpuReport r;
-        r.index = g["index"].get<int>();
+        r.index = static_cast<int>(g["index"].get<int64_t>());
         for (auto it = g.begin(); it != g.end(); ++it) {
           const std::string& k = it.key();
           const json& v = it.value();
@@ -1392,14 +1475,37 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
         gpu_reports.push_back(std::move(r));
       }
     }
+    // Every number is checked before anything of the heartbeat is applied: a bad one is a 400
+    // naming the field, with nothing stored.
+    if (!gpu_reports.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto n = ledger_.FindNode(node);
+      if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+      const size_t count = ledger_.spec(*n).gpus.size();
+      for (size_t i = 0; i < gpu_reports.size(); ++i) {
+        if (static_cast<size_t>(gpu_reports[i].index) >= count)
+          return Status::InvalidArgument(fmt::format("gpus[{}].index: node '{}' has {} GPU(s), there is no GPU {}",
+                                                     i, node, count, gpu_reports[i].index));
+      }
+    }
     if (body.contains("tasks")) {
       if (!body["tasks"].is_array()) return Status::InvalidArgument("tasks: must be a list");
+      if (body["tasks"].size() > 4096) return Status::InvalidArgument("tasks: at most 4096 entries");
       for (size_t i = 0; i < body["tasks"].size(); ++i) {
         const json& t = body["tasks"][i];
         const std::string where = fmt::format("tasks[{}]", i);
         if (!t.is_object() || !t.contains("jobId") || !t["jobId"].is_string() || !t.contains("index") ||
             !t["index"].is_number_integer())
           return Status::InvalidArgument(where + ": needs jobId (string) and index (integer)");
+        if (!InIntRange(t["index"], 0, 999999))
+          return Status::InvalidArgument(where + ".index: must be a task index, 0 to 999999");
+        if (t.contains("exitCode") && !InIntRange(t["exitCode"], kMinExitCode, kMaxExitCode))
+          return Status::InvalidArgument(
+              fmt::format("{}.exitCode: must be an integer from {} to {}", where, kMinExitCode, kMaxExitCode));
+      }
+      for (size_t i = 0; i < body["tasks"].size(); ++i) {
+        const json& t = body["tasks"][i];
+        const std::string where = fmt::format("tasks[{}]", i);
         json status = t;
         status.erase("jobId");
         status.erase("index");
@@ -1433,10 +1539,12 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
       info.agent_log_token = agent->log_token;
     }
     ApplyGpuReports(*n, gpu_reports, batch);
+    credentials_.FlushLastUsed(kCredentialLastUsedStepMs, batch);
     if (!batch.empty()) RETURN_IF_ERROR(CommitLocked(batch));
   }
   auto out = Assignments(node);
   if (out.ok()) {
+    (*out)["clusterId"] = cluster_id_;
     (*out)["heartbeatIntervalSeconds"] = config_.heartbeat_interval_seconds;
     (*out)["heartbeatTimeoutSeconds"] = config_.heartbeat_timeout_seconds;
   }
@@ -1498,16 +1606,17 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
       if (!it.value().is_string()) return Status::InvalidArgument("state: must be a string");
       state = it.value().get<std::string>();
     } else if (k == "exitCode") {
-      if (!it.value().is_number_integer()) return Status::InvalidArgument("exitCode: must be an integer");
-      exit_code = it.value().get<int>();
+      if (!InIntRange(it.value(), kMinExitCode, kMaxExitCode))
+        return Status::InvalidArgument(
+            fmt::format("exitCode: must be an integer from {} to {}", kMinExitCode, kMaxExitCode));
+      exit_code = static_cast<int>(it.value().get<int64_t>());
     } else if (k == "message") {
       if (!it.value().is_string()) return Status::InvalidArgument("message: must be a string");
       message = it.value().get<std::string>().substr(0, 4096);
     } else if (k == "restarts") {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-          it.value().get<int64_t>() > std::numeric_limits<int>::max())
+      if (!InIntRange(it.value(), 0, std::numeric_limits<int>::max()))
         return Status::InvalidArgument("restarts: must be a non-negative integer");
-      run = it.value().get<int>();
+      run = static_cast<int>(it.value().get<int64_t>());
     } else {
       return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts)");
     }
