@@ -91,6 +91,10 @@ class Agent {
   // Where the lease lives (<state dir>/lease) and whether it is still good for starting tasks.
   const std::string& lease_path() const { return lease_path_; }
   bool LeaseValid();
+  // Non-empty while the agent refuses to serve the server it talks to, because that server is
+  // another cluster than the one this node belongs to (docs/agent.md#cluster-identity): it then
+  // starts, adopts and reports nothing.
+  std::string cluster_refusal();
 
  private:
   struct LocalTask {
@@ -139,11 +143,25 @@ class Agent {
   bool AdoptableTask(const std::string& id);  // a runtime still knows it (left by an earlier agent)
   std::string FencedMessage(const std::string& runtime_message);
 
+  // The client for node-side calls: the node credential when the agent has one, else the
+  // bootstrap token (a server of before node credentials).
+  ApiClient& NodeApi();
+  Status UseCredential(const std::string& secret, bool store);
+  void DropCredential();
+  // Checks the clusterId of a register or heartbeat answer: the first one is kept in the state
+  // dir; a different one makes the agent refuse (and returns false).
+  bool AcceptCluster(const HttpReply& r);
+  void RefuseCluster(const std::string& why);
+
   AgentOptions options_;
   Inventory inventory_;
   std::unique_ptr<Nvml> nvml_;
   std::string summary_;
-  std::unique_ptr<ApiClient> client_;
+  std::unique_ptr<ApiClient> client_;       // the bootstrap (agent) token: registration
+  std::unique_ptr<ApiClient> node_client_;  // the node credential; null: none yet
+  std::string cluster_id_;                  // the pool this node belongs to; "": none yet
+  std::string cluster_refusal_;             // guarded by mu_
+  std::chrono::steady_clock::time_point next_refused_retry_{};
   std::unique_ptr<Runtime> process_runtime_;
   std::unique_ptr<Runtime> runc_runtime_;
   std::string runc_error_;
