@@ -17,8 +17,9 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/service_test.cc
     src/server/http_api_test.cc
     src/server/e2e_test.cc
+    src/server/agent_identity_test.cc
   )
-  target_link_libraries(server_test PRIVATE gpupool_server PkgConfig::HTTPLIB)
+  target_link_libraries(server_test PRIVATE gpupool_server gpupool_agent PkgConfig::HTTPLIB)
   # The kill -9 test runs the real binary.
   target_compile_definitions(server_test PRIVATE GPUPOOL_BINARY="$<TARGET_FILE:gpupool>")
   add_dependencies(server_test gpupool)
