@@ -560,6 +560,7 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
           lt.stop_requested = true;
           (void)lt.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
         } else {
+          if (AdoptableTask(id)) ClearStray(id);
           lt.exited = true;
           lt.final_state = "stopped";
           lt.final_message = "not running on this node";
@@ -568,6 +569,12 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
       }
       // An expired lease: the server may have given up on this node; start nothing new (the task
       // is still listed on the next good answer, which renews the lease).
+      // A process under this id that was started for another placement is nobody's now: it is
+      // stopped and removed first; this placement's run starts on a later pass.
+      if (AdoptableTask(id) && StrayOfAnotherPlacement(a)) {
+        ClearStray(id);
+        continue;
+      }
       if (!LeaseValid() && !AdoptableTask(id)) continue;
       auto inserted = tasks_.emplace(id, std::move(t));
       StartTask(inserted.first->second);
@@ -682,6 +689,10 @@ void Agent::StartTask(LocalTask& t) {
       spec.devices.insert(spec.devices.end(), caps->begin(), caps->end());
     }
   }
+  // Recorded before the start: whatever runs under this id afterwards is this placement's.
+  if (!a.placement_run.empty()) {
+    if (Status st = WritePlacementRun(options_.state_dir, id, a.placement_run); !st.ok()) return fail(st);
+  }
   if (Status st = t.runtime->Start(spec); !st.ok()) return fail(st);
   ++starts_;
   t.started = true;
@@ -694,6 +705,7 @@ bool Agent::Adopt(LocalTask& t) {
   if (!rt.ok()) return false;
   const auto known = (*rt)->List();
   if (std::find(known.begin(), known.end(), id) == known.end()) return false;
+  if (StrayOfAnotherPlacement(t.assignment)) return false;  // not this placement's: never adopted
   // This very run was started by an earlier agent (run ids differ between restarts of a task):
   // running, it is adopted; ended while no agent watched, its outcome is reported, never rerun.
   t.runtime = *rt;
@@ -705,6 +717,33 @@ bool Agent::Adopt(LocalTask& t) {
       std::cerr << fmt::format("gpupool agent {}: adopted task {}: {}\n", options_.node, id, ms.ToString());
   }
   return true;
+}
+
+bool Agent::StrayOfAnotherPlacement(const Assignment& a) {
+  if (a.placement_run.empty()) return false;  // a server of before run ids: by task id, as before
+  return ReadPlacementRun(options_.state_dir, a.run_id()) != a.placement_run;
+}
+
+void Agent::ClearStray(const std::string& id) {
+  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
+    if (rt == nullptr) continue;
+    const auto known = rt->List();
+    if (std::find(known.begin(), known.end(), id) == known.end()) continue;
+    auto st = rt->Poll(id);
+    if (st.ok() && st->state == RunState::kRunning) {
+      std::cerr << fmt::format("gpupool agent {}: task {} runs here for another placement (an earlier one, or "
+                               "another pool's): stopping it, not adopting it\n",
+                               options_.node, id);
+      (void)rt->Stop(id, std::chrono::seconds(0));
+      continue;
+    }
+    // Ended: free the id for this placement's run (the old logs are moved aside, not served).
+    (void)rt->Remove(id);
+    std::error_code ec;
+    for (const std::string& path : {rt->StdoutPath(id), rt->StderrPath(id)}) {
+      if (std::filesystem::exists(path, ec)) std::filesystem::rename(path, path + ".stray", ec);
+    }
+  }
 }
 
 // Polls every started task and sends the reports that are due. Takes mu_.
@@ -744,6 +783,7 @@ void Agent::PollTasks() {
     const bool final = copy.exited;
     // The run it is about: the server ignores a late report of an earlier run of the task.
     json body = {{"state", final ? copy.final_state : "running"}, {"restarts", copy.assignment.restarts}};
+    if (!copy.assignment.placement_run.empty()) body["runId"] = copy.assignment.placement_run;
     if (final) {
       body["exitCode"] = copy.exit_code;
       if (!copy.final_message.empty()) body["message"] = copy.final_message;

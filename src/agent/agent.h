@@ -140,7 +140,12 @@ class Agent {
   // True when a TCP connect to the server is refused (nobody listens there).
   bool ServerPortClosed() const;
   void ReloadSimFaults();  // REQUIRES: sim_mu_ held
-  bool AdoptableTask(const std::string& id);  // a runtime still knows it (left by an earlier agent)
+  bool AdoptableTask(const std::string& id);
+  // A process a runtime knows under a's task id was started for another placement than a's.
+  bool StrayOfAnotherPlacement(const Assignment& a);
+  // Stops such a process (no grace: it is nobody's), or once it has ended removes it and moves its
+  // logs aside, so that this placement's run can start under the id. REQUIRES: mu_ held.
+  void ClearStray(const std::string& id);  // a runtime still knows it (left by an earlier agent)
   std::string FencedMessage(const std::string& runtime_message);
 
   // The client for node-side calls: the node credential when the agent has one, else the

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -75,6 +76,20 @@ Status WriteNodeCredential(const std::string& state_dir, const std::string& node
 }
 
 void RemoveNodeCredential(const std::string& state_dir) { ::unlink(NodeCredentialPath(state_dir).c_str()); }
+
+Status WritePlacementRun(const std::string& state_dir, const std::string& task, const std::string& run) {
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir + "/runs", ec);
+  return WriteAtomic(state_dir + "/runs/" + task, run + "\n", 0600);
+}
+
+std::string ReadPlacementRun(const std::string& state_dir, const std::string& task) {
+  auto text = Slurp(state_dir + "/runs/" + task);
+  if (!text) return "";
+  std::string s = *text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
 
 std::string ReadClusterId(const std::string& state_dir) {
   auto text = Slurp(ClusterIdPath(state_dir));

@@ -26,6 +26,11 @@ void RemoveNodeCredential(const std::string& state_dir);
 std::string ReadClusterId(const std::string& state_dir);
 Status WriteClusterId(const std::string& state_dir, const std::string& id);
 
+// The server's placement run id a task of this node was started for (<state dir>/runs/<task>):
+// written before the task starts; "" when none was recorded.
+Status WritePlacementRun(const std::string& state_dir, const std::string& task, const std::string& run);
+std::string ReadPlacementRun(const std::string& state_dir, const std::string& task);
+
 // A credential as the server issues them: 64 lowercase hex digits.
 bool LooksLikeNodeCredential(const std::string& s);
 

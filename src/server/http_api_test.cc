@@ -1019,5 +1019,31 @@ TEST_F(HttpApiTest, AgentNumbersOutOfRangeAre400NamingTheField) {
   EXPECT_EQ(Job(job)["tasks"][0]["exitCode"], 255);
 }
 
+TEST_F(HttpApiTest, ReportsOfAnotherRunIdAreRefusedAndRunIdsSurviveARestart) {
+  AddNode("n1", 1);
+  const std::string job = Submit(OneTaskJson("a", R"({"cpu": "1", "gpu": 1})"), kVisionToken);
+  service_->RunCycle();
+  Reply a = Get("/api/v1/agent/nodes/n1/assignments", Cred("n1"));
+  ASSERT_EQ(a.status, 200) << a.raw;
+  const std::string run = a.body["assignments"][0].value("runId", "");
+  ASSERT_EQ(run.size(), 34u) << a.raw;  // "r-" + 128 random bits
+  // Not shown to the tenant: it is the agent's business.
+  EXPECT_EQ(Get("/api/v1/jobs/" + job, kVisionToken).raw.find(run), std::string::npos);
+  const std::string status = "/api/v1/agent/nodes/n1/tasks/" + job + "/0/status";
+  Reply r = Post(status, R"({"state": "succeeded", "exitCode": 0, "runId": "r-00000000000000000000000000000000"})",
+                 Cred("n1"));
+  EXPECT_TRUE(IsError(r, 409, "FailedPrecondition"));
+  EXPECT_NE(r.raw.find("runId"), std::string::npos) << r.raw;
+  EXPECT_TRUE(IsError(Post(status, R"({"state": "running", "runId": 5})", Cred("n1")), 400, "InvalidArgument", "runId"));
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "assigned");
+  Open();
+  a = Get("/api/v1/agent/nodes/n1/assignments", Cred("n1"));
+  ASSERT_EQ(a.status, 200) << a.raw;
+  EXPECT_EQ(a.body["assignments"][0].value("runId", ""), run);
+  r = Post(status, json{{"state", "running"}, {"runId", run}}.dump(), Cred("n1"));
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "running");
+}
+
 }  // namespace
 }  // namespace gpupool

@@ -288,6 +288,7 @@ Status PoolService::Recover() {
     ts.phase = *phase;
     ts.exit_code = r.exit_code;
     ts.restarts = r.restarts;
+    ts.run_id = r.run_id;
     ts.updated_ms = r.updated_ms;
     ts.last_node = r.node;
     if (IsLive(ts.phase)) {
@@ -411,6 +412,7 @@ void PoolService::PutTaskOp(const JobState& j, int index, WriteBatch& batch) {
   r.exit_code = ts.exit_code;
   r.restarts = ts.restarts;
   r.updated_ms = ts.updated_ms;
+  r.run_id = ts.run_id;
   batch.Add(PutTask{r});
 }
 
@@ -1273,6 +1275,10 @@ Result<json> PoolService::UpdateQueue(const std::string& name, const json& body)
 
 namespace {
 
+// A placement's run id: 128 random bits. Unguessable, and never the same twice, not even in a
+// pool whose store was created anew (job ids start again there; run ids do not).
+std::string NewRunId() { return "r-" + RandomHex(16); }
+
 // Exit codes an agent may report: a process's own (0..255), a shell's 128+signal, and negative
 // values some runtimes use for "killed"; anything else is a broken or hostile agent.
 constexpr int64_t kMinExitCode = -255;
@@ -1584,6 +1590,7 @@ Result<json> PoolService::Assignments(const std::string& node) {
     a["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
                        {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
     a["restarts"] = ts.restarts;
+    a["runId"] = ts.run_id;
     json p = PlacementToJson(ts.placement, ledger_);
     a["cpu"] = p["cpu"];
     a["memory"] = p["memory"];
@@ -1600,6 +1607,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   int exit_code = 0;
   std::string message;
   int run = -1;  // the run (restart count) the report is about; -1: not said
+  std::optional<std::string> run_id;  // the placement's run id the report is about
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& k = it.key();
     if (k == "state") {
@@ -1617,8 +1625,12 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
       if (!InIntRange(it.value(), 0, std::numeric_limits<int>::max()))
         return Status::InvalidArgument("restarts: must be a non-negative integer");
       run = static_cast<int>(it.value().get<int64_t>());
+    } else if (k == "runId") {
+      if (!it.value().is_string() || it.value().get<std::string>().size() > 64)
+        return Status::InvalidArgument("runId: must be a string of at most 64 characters");
+      run_id = it.value().get<std::string>();
     } else {
-      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts)");
+      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts, runId)");
     }
   }
   if (state != "running" && state != "succeeded" && state != "failed" && state != "stopped")
@@ -1631,6 +1643,11 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   if (index < 0 || static_cast<size_t>(index) >= j->tasks.size())
     return Status::NotFound(fmt::format("job '{}' has no task {}", job_id, index));
   TaskState& ts = j->tasks[static_cast<size_t>(index)];
+  if (run_id && ts.placed && ts.placement.node == *n && !ConstantTimeEqual(*run_id, ts.run_id))
+    return Status::FailedPrecondition(fmt::format(
+        "runId: task {}[{}] is at another run than the report's (a process of an earlier placement, or of "
+        "another pool): ignored",
+        job_id, index));
   if (!ts.placed || ts.placement.node != *n || (run >= 0 && run != ts.restarts)) {
     // A late report for a task that has moved on (released, requeued): harmless, say so.
     if (run >= 0 && run != ts.restarts && ts.placed && ts.placement.node == *n)
@@ -1974,6 +1991,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
           TaskState& ts = j.tasks[static_cast<size_t>(b.task)];
           ts.phase = TaskPhase::kAssigned;
           ts.placed = true;
+          ts.run_id = NewRunId();
           ts.placement = b.placement;
           ts.last_node = ledger_.spec(b.placement.node).name;
           ts.allocation = b.allocation;
@@ -2050,6 +2068,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       }
       ts.phase = TaskPhase::kAssigned;
       ts.placed = true;
+      ts.run_id = NewRunId();
       ts.placement = d.placement;
       ts.last_node = ledger_.spec(d.placement.node).name;
       ts.allocation = *id;

@@ -159,6 +159,7 @@ class PoolService {
     AllocationId allocation = 0;
     int exit_code = 0;
     int restarts = 0;
+    std::string run_id;  // of the current (or last) placement; see TaskRecord::run_id
     int64_t updated_ms = 0;
     int64_t stop_deadline_ms = 0;
     std::string last_node;  // where the task last ran (kept after release: its logs are there)
