@@ -3,6 +3,7 @@ add_library(gpupool_agent
   src/agent/agent.cc
   src/agent/task_env.cc
   src/agent/mps.cc
+  src/agent/node_identity.cc
 )
 target_link_libraries(gpupool_agent
   PUBLIC gpupool_agent_gpu gpupool_agent_runtime gpupool_common nlohmann_json::nlohmann_json

@@ -6,10 +6,11 @@ add_library(gpupool_server
   src/server/metrics.cc
   src/server/service.cc
   src/server/http_api.cc
+  src/server/node_credentials.cc
 )
 target_link_libraries(gpupool_server
   PUBLIC gpupool_api gpupool_store gpupool_config gpupool_http nlohmann_json::nlohmann_json Threads::Threads
-  PRIVATE PkgConfig::HTTPLIB yaml-cpp)
+  PRIVATE PkgConfig::HTTPLIB yaml-cpp OpenSSL::Crypto)
 
 if(GPUPOOL_BUILD_TESTS)
   gpupool_test(server_test
@@ -17,8 +18,9 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/service_test.cc
     src/server/http_api_test.cc
     src/server/e2e_test.cc
+    src/server/agent_identity_test.cc
   )
-  target_link_libraries(server_test PRIVATE gpupool_server PkgConfig::HTTPLIB)
+  target_link_libraries(server_test PRIVATE gpupool_server gpupool_agent PkgConfig::HTTPLIB)
   # The kill -9 test runs the real binary.
   target_compile_definitions(server_test PRIVATE GPUPOOL_BINARY="$<TARGET_FILE:gpupool>")
   add_dependencies(server_test gpupool)

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "agent/gpu_metrics.h"
+#include "agent/node_identity.h"
 #include "agent/runtime_internal.h"
 #include "cli/client.h"
 #include "common/quantity.h"
@@ -238,16 +239,106 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   auto client = ApiClient::Create(cc);
   if (!client.ok()) return client.status().WithContext("--server");
   agent->client_ = std::make_unique<ApiClient>(std::move(client).value());
+  agent->cluster_id_ = ReadClusterId(o.state_dir);
+  if (auto cred = ReadNodeCredential(o.state_dir, o.node)) {
+    if (Status st = agent->UseCredential(*cred, false); !st.ok()) return st;
+  }
   return agent;
+}
+
+ApiClient& Agent::NodeApi() { return node_client_ ? *node_client_ : *client_; }
+
+Status Agent::UseCredential(const std::string& secret, bool store) {
+  if (store) RETURN_IF_ERROR(WriteNodeCredential(options_.state_dir, options_.node, secret));
+  ClientConfig cc = client_->config();
+  cc.token = secret;
+  auto client = ApiClient::Create(cc);
+  if (!client.ok()) return client.status();
+  node_client_ = std::make_unique<ApiClient>(std::move(client).value());
+  return Status::Ok();
+}
+
+void Agent::DropCredential() {
+  if (!node_client_) return;
+  std::cerr << fmt::format("gpupool agent {}: the server does not know this node's credential (revoked, or a "
+                           "new store); registering again with the bootstrap token\n",
+                           options_.node);
+  node_client_.reset();
+  RemoveNodeCredential(options_.state_dir);
+}
+
+bool Agent::AcceptCluster(const HttpReply& r) {
+  if (!r.is_json || !r.json.is_object() || !r.json.contains("clusterId") || !r.json["clusterId"].is_string())
+    return true;  // a server that has no cluster id: nothing to check
+  const std::string theirs = r.json["clusterId"].get<std::string>();
+  if (theirs.empty() || theirs.size() > 64) return true;
+  if (cluster_id_.empty()) {
+    if (Status st = WriteClusterId(options_.state_dir, theirs); !st.ok())
+      std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
+    cluster_id_ = theirs;
+    return true;
+  }
+  if (theirs == cluster_id_) return true;
+  RefuseCluster(fmt::format("the server at {} is cluster {}, but this node belongs to cluster {} (the server's "
+                            "store was created anew?)",
+                            options_.server, theirs, cluster_id_));
+  return false;
+}
+
+void Agent::RefuseCluster(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cluster_refusal_ == why) return;
+    cluster_refusal_ = why;
+  }
+  std::cerr << fmt::format(
+      "gpupool agent {}: ************************************************************\n"
+      "gpupool agent {}: REFUSING TO SERVE THIS SERVER: {}.\n"
+      "gpupool agent {}: This agent starts, adopts and reports nothing for it; its tasks of the old pool are\n"
+      "gpupool agent {}: fenced when their lease ends. If the new pool is meant, remove {} and restart the agent.\n"
+      "gpupool agent {}: ************************************************************\n",
+      options_.node, options_.node, why, options_.node, options_.node, ClusterIdPath(options_.state_dir),
+      options_.node);
+}
+
+std::string Agent::cluster_refusal() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cluster_refusal_;
 }
 
 Status Agent::Register() {
   json body = NodeRegistration(inventory_, options_.node, options_.cpu, options_.memory, options_.labels);
   if (!endpoint_.empty()) body["agent"] = AgentInfoJson();
+  if (!cluster_id_.empty()) body["clusterId"] = cluster_id_;
   const int64_t start_ms = agent_internal::BootTimeMs();
-  auto r = client_->Post("/api/v1/agent/register", body.dump());
+  // With the node credential when there is one; the bootstrap token when there is none, or the
+  // server no longer knows it.
+  const bool with_credential = node_client_ != nullptr;
+  auto r = NodeApi().Post("/api/v1/agent/register", body.dump());
+  if (with_credential && r.ok() && r->status == 401) {
+    DropCredential();
+    r = client_->Post("/api/v1/agent/register", body.dump());
+  }
+  const std::string what = fmt::format("registering node '{}'", options_.node);
+  if (r.ok() && r->status == 409 && r->is_json && r->json.contains("error") && r->json["error"].is_object() &&
+      r->json["error"].value("message", "").starts_with("clusterId:")) {
+    RefuseCluster(r->json["error"].value("message", ""));
+    return ReplyError(r, what);
+  }
+  if (Ok2xx(r) && !AcceptCluster(*r))
+    return Status::FailedPrecondition(fmt::format("{}: {}", what, cluster_refusal()));
   AfterContact(start_ms, r);
-  if (!Ok2xx(r)) return ReplyError(r, fmt::format("registering node '{}'", options_.node));
+  if (!Ok2xx(r)) return ReplyError(r, what);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cluster_refusal_.clear();
+  }
+  if (r->is_json && r->json.contains("credential")) {
+    const json& c = r->json["credential"];
+    if (!c.is_string() || !LooksLikeNodeCredential(c.get<std::string>()))
+      return Status::FailedPrecondition(what + ": the server answered a malformed node credential");
+    RETURN_IF_ERROR(UseCredential(c.get<std::string>(), true).WithContext(what));
+  }
   double interval = 5;
   if (r->is_json && r->json.contains("heartbeatIntervalSeconds") && r->json["heartbeatIntervalSeconds"].is_number())
     interval = r->json["heartbeatIntervalSeconds"].get<double>();
@@ -403,12 +494,21 @@ void Agent::Loop() {
 }
 
 void Agent::Tick() {
-  PollTasks();
   const auto now = std::chrono::steady_clock::now();
+  if (!cluster_refusal().empty()) {
+    // Another cluster: act on nothing, report nothing. Try again now and then, in case the
+    // operator removed the cluster-id file (joining the new pool on purpose).
+    if (now < next_refused_retry_) return;
+    next_refused_retry_ = now + std::chrono::seconds(10);
+    cluster_id_ = ReadClusterId(options_.state_dir);
+    if (Status st = Register(); !st.ok()) return;
+    next_heartbeat_ = now;
+  }
+  PollTasks();
   if (now < next_heartbeat_) {
     if (options_.assignment_poll_seconds <= 0 || now < next_assignments_) return;
     next_assignments_ = now + std::chrono::milliseconds(static_cast<int64_t>(options_.assignment_poll_seconds * 1000));
-    auto r = client_->Get(fmt::format("/api/v1/agent/nodes/{}/assignments", PercentEncode(options_.node)));
+    auto r = NodeApi().Get(fmt::format("/api/v1/agent/nodes/{}/assignments", PercentEncode(options_.node)));
     // Anything but a good answer waits for the heartbeat, which also handles a lost registration.
     if (Ok2xx(r) && r->is_json) ApplyAssignments(r->json.dump());
     return;
@@ -419,15 +519,18 @@ void Agent::Tick() {
   json beat = endpoint_.empty() ? json::object() : json{{"agent", AgentInfoJson()}};
   beat["gpus"] = GpuStatusJson();
   const int64_t start_ms = agent_internal::BootTimeMs();
-  auto r = client_->Post(fmt::format("/api/v1/agent/nodes/{}/heartbeat", PercentEncode(options_.node)), beat.dump());
+  auto r = NodeApi().Post(fmt::format("/api/v1/agent/nodes/{}/heartbeat", PercentEncode(options_.node)), beat.dump());
+  if (Ok2xx(r) && !AcceptCluster(*r)) return;  // no lease renewal either: the old pool is gone
   AfterContact(start_ms, r);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++heartbeats_;
     if (!Ok2xx(r)) ++heartbeat_failures_;
   }
-  if (r.ok() && r->status == 404) {
-    // The server does not know the node (a new store): register again, then carry on.
+  if (r.ok() && r->status == 401 && node_client_) DropCredential();
+  if (r.ok() && (r->status == 404 || r->status == 401)) {
+    // The server does not know the node or its credential (a new store, a revoked credential):
+    // register again, then carry on.
     if (Status st = Register(); !st.ok())
       std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
     return;
@@ -473,6 +576,7 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
           lt.stop_requested = true;
           (void)lt.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
         } else {
+          if (AdoptableTask(id)) ClearStray(id);
           lt.exited = true;
           lt.final_state = "stopped";
           lt.final_message = "not running on this node";
@@ -481,6 +585,12 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
       }
       // An expired lease: the server may have given up on this node; start nothing new (the task
       // is still listed on the next good answer, which renews the lease).
+      // A process under this id that was started for another placement is nobody's now: it is
+      // stopped and removed first; this placement's run starts on a later pass.
+      if (AdoptableTask(id) && StrayOfAnotherPlacement(a)) {
+        ClearStray(id);
+        continue;
+      }
       if (!LeaseValid() && !AdoptableTask(id)) continue;
       auto inserted = tasks_.emplace(id, std::move(t));
       StartTask(inserted.first->second);
@@ -595,6 +705,10 @@ void Agent::StartTask(LocalTask& t) {
       spec.devices.insert(spec.devices.end(), caps->begin(), caps->end());
     }
   }
+  // Recorded before the start: whatever runs under this id afterwards is this placement's.
+  if (!a.placement_run.empty()) {
+    if (Status st = WritePlacementRun(options_.state_dir, id, a.placement_run); !st.ok()) return fail(st);
+  }
   if (Status st = t.runtime->Start(spec); !st.ok()) return fail(st);
   ++starts_;
   t.started = true;
@@ -607,6 +721,7 @@ bool Agent::Adopt(LocalTask& t) {
   if (!rt.ok()) return false;
   const auto known = (*rt)->List();
   if (std::find(known.begin(), known.end(), id) == known.end()) return false;
+  if (StrayOfAnotherPlacement(t.assignment)) return false;  // not this placement's: never adopted
   // This very run was started by an earlier agent (run ids differ between restarts of a task):
   // running, it is adopted; ended while no agent watched, its outcome is reported, never rerun.
   t.runtime = *rt;
@@ -618,6 +733,33 @@ bool Agent::Adopt(LocalTask& t) {
       std::cerr << fmt::format("gpupool agent {}: adopted task {}: {}\n", options_.node, id, ms.ToString());
   }
   return true;
+}
+
+bool Agent::StrayOfAnotherPlacement(const Assignment& a) {
+  if (a.placement_run.empty()) return false;  // a server of before run ids: by task id, as before
+  return ReadPlacementRun(options_.state_dir, a.run_id()) != a.placement_run;
+}
+
+void Agent::ClearStray(const std::string& id) {
+  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
+    if (rt == nullptr) continue;
+    const auto known = rt->List();
+    if (std::find(known.begin(), known.end(), id) == known.end()) continue;
+    auto st = rt->Poll(id);
+    if (st.ok() && st->state == RunState::kRunning) {
+      std::cerr << fmt::format("gpupool agent {}: task {} runs here for another placement (an earlier one, or "
+                               "another pool's): stopping it, not adopting it\n",
+                               options_.node, id);
+      (void)rt->Stop(id, std::chrono::seconds(0));
+      continue;
+    }
+    // Ended: free the id for this placement's run (the old logs are moved aside, not served).
+    (void)rt->Remove(id);
+    std::error_code ec;
+    for (const std::string& path : {rt->StdoutPath(id), rt->StderrPath(id)}) {
+      if (std::filesystem::exists(path, ec)) std::filesystem::rename(path, path + ".stray", ec);
+    }
+  }
 }
 
 // Polls every started task and sends the reports that are due. Takes mu_.
@@ -657,16 +799,19 @@ void Agent::PollTasks() {
     const bool final = copy.exited;
     // The run it is about: the server ignores a late report of an earlier run of the task.
     json body = {{"state", final ? copy.final_state : "running"}, {"restarts", copy.assignment.restarts}};
+    if (!copy.assignment.placement_run.empty()) body["runId"] = copy.assignment.placement_run;
     if (final) {
       body["exitCode"] = copy.exit_code;
       if (!copy.final_message.empty()) body["message"] = copy.final_message;
     }
-    auto r = client_->Post(fmt::format("/api/v1/agent/nodes/{}/tasks/{}/{}/status", PercentEncode(options_.node),
+    if (!cluster_refusal().empty()) return;  // nothing of the old pool goes to another one
+    auto r = NodeApi().Post(fmt::format("/api/v1/agent/nodes/{}/tasks/{}/{}/status", PercentEncode(options_.node),
                                        PercentEncode(copy.assignment.job_id), copy.assignment.index),
                            body.dump());
     // A 4xx means the server has moved on (the task was released or the job is gone): nothing to
-    // retry. Unreachable or 5xx: try again on the next tick.
-    const bool done = r.ok() && r->status >= 200 && r->status < 500;
+    // retry. Unreachable, 5xx, or 401/403 (the credential is being replaced: the heartbeat
+    // registers again): try again on the next tick.
+    const bool done = r.ok() && r->status >= 200 && r->status < 500 && r->status != 401 && r->status != 403;
     if (!done) continue;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = tasks_.find(id);
@@ -968,6 +1113,9 @@ std::string Agent::MetricsText() {
   out += "# HELP gpupool_agent_heartbeat_failures_total Heartbeats that got no good answer.\n"
          "# TYPE gpupool_agent_heartbeat_failures_total counter\n";
   out += fmt::format("gpupool_agent_heartbeat_failures_total{{{}}} {}\n", label, heartbeat_failures);
+  out += "# HELP gpupool_agent_cluster_mismatch 1 while the agent refuses its server: another cluster than "
+         "the node's.\n# TYPE gpupool_agent_cluster_mismatch gauge\n";
+  out += fmt::format("gpupool_agent_cluster_mismatch{{{}}} {}\n", label, cluster_refusal().empty() ? 0 : 1);
   out += "# HELP gpupool_agent_mps_daemons MPS control daemons the agent keeps (one per GPU with mps tasks).\n"
          "# TYPE gpupool_agent_mps_daemons gauge\n";
   out += fmt::format("gpupool_agent_mps_daemons{{{}}} {}\n", label, mps_daemons);

@@ -99,6 +99,10 @@ class Agent {
   // Where the lease lives (<state dir>/lease) and whether it is still good for starting tasks.
   const std::string& lease_path() const { return lease_path_; }
   bool LeaseValid();
+  // Non-empty while the agent refuses to serve the server it talks to, because that server is
+  // another cluster than the one this node belongs to (docs/agent.md#cluster-identity): it then
+  // starts, adopts and reports nothing.
+  std::string cluster_refusal();
 
  private:
   struct LocalTask {
@@ -144,14 +148,33 @@ class Agent {
   // True when a TCP connect to the server is refused (nobody listens there).
   bool ServerPortClosed() const;
   void ReloadSimFaults();  // REQUIRES: sim_mu_ held
-  bool AdoptableTask(const std::string& id);  // a runtime still knows it (left by an earlier agent)
+  bool AdoptableTask(const std::string& id);
+  // A process a runtime knows under a's task id was started for another placement than a's.
+  bool StrayOfAnotherPlacement(const Assignment& a);
+  // Stops such a process (no grace: it is nobody's), or once it has ended removes it and moves its
+  // logs aside, so that this placement's run can start under the id. REQUIRES: mu_ held.
+  void ClearStray(const std::string& id);  // a runtime still knows it (left by an earlier agent)
   std::string FencedMessage(const std::string& runtime_message);
+
+  // The client for node-side calls: the node credential when the agent has one, else the
+  // bootstrap token (a server of before node credentials).
+  ApiClient& NodeApi();
+  Status UseCredential(const std::string& secret, bool store);
+  void DropCredential();
+  // Checks the clusterId of a register or heartbeat answer: the first one is kept in the state
+  // dir; a different one makes the agent refuse (and returns false).
+  bool AcceptCluster(const HttpReply& r);
+  void RefuseCluster(const std::string& why);
 
   AgentOptions options_;
   Inventory inventory_;
   std::unique_ptr<Nvml> nvml_;
   std::string summary_;
-  std::unique_ptr<ApiClient> client_;
+  std::unique_ptr<ApiClient> client_;       // the bootstrap (agent) token: registration
+  std::unique_ptr<ApiClient> node_client_;  // the node credential; null: none yet
+  std::string cluster_id_;                  // the pool this node belongs to; "": none yet
+  std::string cluster_refusal_;             // guarded by mu_
+  std::chrono::steady_clock::time_point next_refused_retry_{};
   std::unique_ptr<Runtime> process_runtime_;
   std::unique_ptr<Runtime> runc_runtime_;
   std::string runc_error_;

@@ -115,6 +115,13 @@ class LeaseServer {
       if (s["job"] == job && s["state"] == state) return s;
     return nullptr;
   }
+  // Reports about `job` carrying run id `run`.
+  size_t Statuses(const std::string& job, const std::string& run) {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const json& st : statuses_) n += st["job"] == job && st.value("runId", "") == run ? 1 : 0;
+    return n;
+  }
   json LastHeartbeat() {
     std::lock_guard<std::mutex> lock(mu_);
     return heartbeats_.empty() ? json(nullptr) : heartbeats_.back();
@@ -253,6 +260,39 @@ TEST_F(AgentLeaseTest, ARestartedAgentAdoptsARunTheServerWantsStopped) {
   EXPECT_EQ(server.Status("j-000000000004", "stopped").value("message", ""), "exit code 0");
   EXPECT_EQ(Slurp(term), "term\n") << "the adopted run got its SIGTERM";
   EXPECT_EQ(Slurp(starts), "x\n") << "started once";
+}
+
+// Issue 19: the same task id (a job id handed out again by a server whose store was lost) with
+// another placement's run id is not the old process: that one is stopped, never adopted, and the
+// new placement's run starts; reports carry the run id.
+TEST_F(AgentLeaseTest, AProcessOfAnotherPlacementIsStoppedNotAdopted) {
+  const std::string starts = root_ + "/starts", pid = root_ + "/pid";
+  json task = Task("j-000000000001", fmt::format("echo old >> {}; echo $$ > {}; exec sleep 60", starts, pid));
+  task["runId"] = "r-0123456789abcdef0123456789abcdef";
+  LeaseServer server(json::array({task}), 30);
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000001", "running").is_null(); }, 10s));
+  EXPECT_EQ(server.Status("j-000000000001", "running").value("runId", ""), "r-0123456789abcdef0123456789abcdef");
+  ASSERT_TRUE(WaitFor([&] { return !Slurp(pid).empty(); }));
+  const int old_pid = std::stoi(Slurp(pid));
+  agent_->Stop(false);  // the agent goes; its task runs on
+  agent_.reset();
+  ASSERT_EQ(::kill(old_pid, 0), 0) << "the old run keeps running without its agent";
+
+  // Another tenant's job got the same id, placed here: a new run id.
+  json other = Task("j-000000000001", fmt::format("echo new >> {}; exec sleep 60", starts));
+  other["runId"] = "r-fedcba9876543210fedcba9876543210";
+  server.SetAssignments(json::array({other}));
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return ::kill(old_pid, 0) != 0; }, 10s)) << "the old run was not stopped";
+  ASSERT_TRUE(WaitFor([&] { return Slurp(starts) == "old\nnew\n"; }, 10s)) << Slurp(starts);
+  ASSERT_TRUE(WaitFor([&] { return server.Statuses("j-000000000001", "r-fedcba9876543210fedcba9876543210") == 1; },
+                      10s));
+  std::this_thread::sleep_for(300ms);
+  // Nothing was reported of the old run after the restart (it is nobody's task now).
+  EXPECT_EQ(server.Statuses("j-000000000001", "r-0123456789abcdef0123456789abcdef"), 1u);
 }
 
 TEST_F(AgentLeaseTest, ARunThatEndedWhileNoAgentWatchedIsReportedNotRerun) {

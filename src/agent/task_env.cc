@@ -82,6 +82,10 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
   ASSIGN_OR_RETURN(out.rootfs, Str(a, "rootfs", where, false));
   ASSIGN_OR_RETURN(int64_t restarts, Int(a, "restarts", where, false));
   out.restarts = static_cast<int>(restarts);
+  ASSIGN_OR_RETURN(out.placement_run, Str(a, "runId", where, false));
+  if (out.placement_run.size() > 64 ||
+      out.placement_run.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos)
+    return Bad(where + ".runId", "must be at most 64 of a-z, 0-9 and -");
   if (auto c = a.find("command"); c != a.end() && !c->is_null()) {
     if (!c->is_array()) return Bad(where + ".command", "must be a list of strings");
     for (size_t i = 0; i < c->size(); ++i) {

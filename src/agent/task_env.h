@@ -45,6 +45,9 @@ struct Assignment {
   int checkpoint_interval_seconds = 0;
   int grace_period_seconds = 30;
   int restarts = 0;
+  // The server's id of this placement ("runId": random, unguessable; "" from an older server).
+  // A process left running on the node is adopted only when it was started for the same one.
+  std::string placement_run;
   int64_t cpu_milli = 0;
   int64_t memory_bytes = 0;
   std::vector<AssignedGpu> gpus;

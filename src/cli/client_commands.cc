@@ -862,6 +862,35 @@ int ChangeNode(const CommandOptions& options, NodeAction action, const std::stri
   });
 }
 
+int ListNodeCredentials(const CommandOptions& options, std::ostream& out, std::ostream& err) {
+  return Guard(err, [&] {
+    Answer a = Call(options, err, Method::kGet, "/api/v1/node-credentials");
+    if (a.exit != kExitOk) return a.exit;
+    if (auto rc = PrintStructured(options, a.body, out, err)) return *rc;
+    const Json& items = Array(a.body, "items");
+    if (items.empty()) {
+      err << "No node credentials found.\n";
+      return kExitOk;
+    }
+    Table t({"NODE", "STATE", "CREATED", "LAST USED", "REVOKED"});
+    for (const Json& c : items)
+      t.Add({Text(c, "node"), Text(c, "state"), Text(c, "created"), Text(c, "lastUsed"), Text(c, "revoked")});
+    t.Print(out);
+    return kExitOk;
+  });
+}
+
+int RevokeNodeCredential(const CommandOptions& options, const std::string& name, std::ostream& out,
+                         std::ostream& err) {
+  return Guard(err, [&] {
+    Answer a = Call(options, err, Method::kDelete, "/api/v1/node-credentials/" + PercentEncode(name));
+    if (a.exit != kExitOk) return a.exit;
+    return PrintObject(options, a.body, out, err, [&](const Json&, std::ostream& o) {
+      o << fmt::format("node {}: credential revoked (its agent registers again with the bootstrap token)\n", name);
+    });
+  });
+}
+
 int ListQueues(const CommandOptions& options, std::ostream& out, std::ostream& err) {
   return Guard(err, [&] {
     Answer a = FetchList(options, err, "/api/v1/queues", {}, "", /*all=*/true);
@@ -1127,6 +1156,15 @@ void RegisterClientCommands(CLI::App& app, int* exit_code) {
       return ChangeNode(o, action, st->name, std::cout, std::cerr);
     });
   }
+
+  auto* creds = nodes->add_subcommand("credentials", "List the node credentials the server issued (admin)");
+  AddConnectionOptions(creds, st);
+  OnRun(creds, s, exit_code, [](const CommandOptions& o) { return ListNodeCredentials(o, std::cout, std::cerr); });
+  auto* revoke = nodes->add_subcommand("revoke", "Revoke a node's credential (admin)");
+  revoke->add_option("name", st->name, "Node name")->required();
+  AddConnectionOptions(revoke, st);
+  OnRun(revoke, s, exit_code,
+        [st](const CommandOptions& o) { return RevokeNodeCredential(o, st->name, std::cout, std::cerr); });
 
   auto* queues = app.add_subcommand("queues", "List queues, or show, create or update one");
   queues->require_subcommand(0, 1);

@@ -76,6 +76,10 @@ int JobEvents(const CommandOptions& options, const EventsOptions& events, std::o
 // Node and queue lists follow nextPageToken to the end.
 int ListNodes(const CommandOptions& options, std::ostream& out, std::ostream& err);
 int GetNode(const CommandOptions& options, const std::string& name, std::ostream& out, std::ostream& err);
+// `gpupool nodes credentials` and `gpupool nodes revoke NODE` (admin): node credentials.
+int ListNodeCredentials(const CommandOptions& options, std::ostream& out, std::ostream& err);
+int RevokeNodeCredential(const CommandOptions& options, const std::string& name, std::ostream& out,
+                         std::ostream& err);
 int ChangeNode(const CommandOptions& options, NodeAction action, const std::string& name, std::ostream& out,
                std::ostream& err);
 

@@ -41,7 +41,50 @@ struct ServerFlags {
   std::string data_dir;
   std::string listen;
   std::string config;
+  bool init = false;  // start a new pool although the data dir says one existed here
 };
+
+// The cluster ids that say a pool existed in `data_dir`: the marker the server writes next to its
+// store, and those of the local agents of `gpupool up` (<data dir>/agent/<node>/cluster-id).
+std::vector<std::pair<std::string, std::string>> PoolEvidence(const std::string& data_dir) {
+  std::vector<std::pair<std::string, std::string>> out;  // (file, cluster id)
+  auto read = [&out](const std::filesystem::path& file) {
+    std::ifstream in(file);
+    std::string id;
+    if (in && std::getline(in, id) && !id.empty()) out.emplace_back(file.string(), id);
+  };
+  read(std::filesystem::path(data_dir) / "cluster-id");
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(data_dir) / "agent", ec)) {
+    if (entry.is_directory(ec)) read(entry.path() / "cluster-id");
+  }
+  return out;
+}
+
+// Refuses to start on a missing (or replaced) store where the data dir says a pool existed: its
+// job ids would be handed out again and its nodes' agents would meet a stranger
+// (docs/server.md#cluster-identity). `--init` starts afresh on purpose: the evidence is removed.
+Status CheckPoolEvidence(const std::string& data_dir, const std::string& db_path, bool init) {
+  std::error_code ec;
+  if (std::filesystem::exists(db_path, ec)) return Status::Ok();
+  const auto evidence = PoolEvidence(data_dir);
+  if (evidence.empty()) return Status::Ok();
+  if (init) {
+    for (const auto& [file, id] : evidence) {
+      std::filesystem::remove(file, ec);
+      const auto credential = std::filesystem::path(file).parent_path() / "node-credential";
+      std::filesystem::remove(credential, ec);
+    }
+    std::cout << fmt::format("--init: starting a new pool in {}; cluster {} is forgotten\n", data_dir,
+                             evidence.front().second);
+    return Status::Ok();
+  }
+  return Status::FailedPrecondition(fmt::format(
+      "REFUSING TO START: the store {} is missing, but {} says cluster {} existed here. Starting empty would "
+      "hand out its job ids again to new jobs. Restore the store from a backup, or start a new pool on purpose "
+      "with --init",
+      db_path, evidence.front().first, evidence.front().second));
+}
 
 Status MakeDirs(const std::string& path) {
   std::string partial;
@@ -146,8 +189,26 @@ Result<std::unique_ptr<RunningServer>> StartServer(const ServerFlags& flags, con
   SqliteStoreOptions store_options;
   store_options.path = config.data_dir + "/gpupool.db";
   store_options.synchronous_full = config.sync_full;
+  RETURN_IF_ERROR(CheckPoolEvidence(config.data_dir, store_options.path, flags.init));
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenSqliteStore(store_options));
   ASSIGN_OR_RETURN(running->service, PoolService::Open(config, std::move(store)));
+  {
+    // The marker next to the store: what CheckPoolEvidence finds should the store go missing.
+    const std::string marker = config.data_dir + "/cluster-id";
+    std::ifstream in(marker);
+    std::string stored;
+    if (in) std::getline(in, stored);
+    if (!stored.empty() && stored != running->service->cluster_id() && !flags.init)
+      return Status::FailedPrecondition(fmt::format(
+          "REFUSING TO START: the store {} is cluster {}, but {} says cluster {} lived here (a store of "
+          "another pool?). Put the right store back, or use --init to make this store's pool the one here",
+          store_options.path, running->service->cluster_id(), marker, stored));
+    if (stored != running->service->cluster_id()) {
+      std::ofstream out(marker, std::ios::trunc);
+      out << running->service->cluster_id() << "\n";
+      if (!out.flush()) return Status::IoError("cannot write " + marker);
+    }
+  }
   running->service->Start();
   running->api = std::make_unique<HttpApi>(*running->service, config);
   auto bound = running->api->Start(host, port);
@@ -321,6 +382,8 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                   "Where the store and the admin token live (default: " + DefaultDataDir() + ")");
   cmd->add_option("--listen", flags->listen, "host:port to serve on (default 127.0.0.1:8470)");
   cmd->add_option("--config", flags->config, "Server config YAML (tokens, queues, ordering; docs/server.md)");
+  cmd->add_flag("--init", flags->init,
+                "Start a new pool although the data dir says one existed here and its store is missing");
 
   auto agent = std::make_shared<AgentFlags>();
   auto* agent_cmd = app.add_subcommand("agent", "Run a node agent: discover GPUs, run the tasks the server assigns");
@@ -365,6 +428,8 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   up_cmd->add_option("--data-dir", up->server.data_dir, "Store, token and task logs (default: " + DefaultDataDir() + ")");
   up_cmd->add_option("--listen", up->server.listen, "host:port of the API (default 127.0.0.1:8470)");
   up_cmd->add_option("--config", up->server.config, "Server config YAML (docs/server.md)");
+  up_cmd->add_flag("--init", up->server.init,
+                   "Start a new pool although the data dir (or its agents) says one existed and the store is missing");
   up_cmd->add_option("--simulate", up->simulate,
                      "Simulate GPUs (8xH100-80GB-SXM, ...); default: real GPUs through NVML, else 4xA100-80GB");
   up_cmd->add_option("--nodes", up->nodes, "Local agents, each a node (default 1)");

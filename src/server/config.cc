@@ -18,7 +18,8 @@ std::string_view RoleName(Role role) {
   switch (role) {
     case Role::kAdmin: return "admin";
     case Role::kTenant: return "tenant";
-    case Role::kAgent: return "agent";
+    case Role::kAgent: return "agent (bootstrap)";
+    case Role::kNode: return "node";
   }
   return "?";
 }

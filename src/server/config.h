@@ -14,12 +14,15 @@
 
 namespace gpupool {
 
-enum class Role { kAdmin, kTenant, kAgent };
+// kAgent: the bootstrap token of the config, which may only register a node. kNode: a node
+// credential the server issued at registration (never in the config): it acts for its node only.
+enum class Role { kAdmin, kTenant, kAgent, kNode };
 std::string_view RoleName(Role role);
 
 struct Principal {
   std::string tenant;  // admins and agents: "" unless configured
   Role role = Role::kTenant;
+  std::string node{};  // kNode: the node the credential belongs to
 };
 
 struct ServerConfig {

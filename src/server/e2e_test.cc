@@ -283,7 +283,7 @@ TEST_F(E2eTest, NoGpuIsOvercommittedWhileClientsSubmitAndAnAgentRunsTheWork) {
   config.cycle_interval_ms = 20;
   config.http.workers = 16;
   ASSERT_NO_FATAL_FAILURE(StartPool(config));
-  Http agent(port_, kAgentToken);
+  Http agent(port_, kAdminToken);  // one fake agent for every node: an admin may act for any
   const std::vector<std::string> nodes = {"n1", "n2"};
   for (const auto& n : nodes) ASSERT_NO_FATAL_FAILURE(AddNode(agent, n, 2));
 
@@ -345,7 +345,7 @@ TEST_F(E2eTest, NoGpuIsOvercommittedWhileClientsSubmitAndAnAgentRunsTheWork) {
   });
   // The fake agent: assigned tasks are reported running; on a later pass, succeeded.
   std::thread fake_agent([&] {
-    Http http(port_, kAgentToken);
+    Http http(port_, kAdminToken);  // plays the agent of every node (admin)
     while (!stop) {
       int seen = 0;
       for (const std::string& node : nodes) {
@@ -756,7 +756,7 @@ TEST_P(FairnessTest, WeightedSharesHoldAfterFillAndAfterEachWave) {
     }
   }
   ASSERT_NO_FATAL_FAILURE(StartPool(config));
-  Http agent(port_, kAgentToken);
+  Http agent(port_, kAdminToken);  // one fake agent for every node: an admin may act for any
   Http admin(port_, kAdminToken);
   std::vector<std::string> nodes;
   for (int n = 0; n < kNodes; ++n) {
@@ -823,7 +823,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST_F(E2eTest, PreemptionStopsTheVictimRequeuesItAndRunsThePreemptor) {
   ASSERT_NO_FATAL_FAILURE(StartPool(BaseConfig()));
-  Http agent(port_, kAgentToken);
+  Http agent(port_, kAdminToken);  // one fake agent for every node: an admin may act for any
   Http admin(port_, kAdminToken);
   ASSERT_NO_FATAL_FAILURE(AddNode(agent, "n1", 2));
   Reply v = admin.Post("/api/v1/jobs", R"({"name": "train", "qos": "best-effort", "priority": 0,
@@ -907,7 +907,7 @@ TEST_F(E2eTest, PreemptionStopsTheVictimRequeuesItAndRunsThePreemptor) {
 
 TEST_F(E2eTest, AGangThatDoesNotFitHoldsNothingWhileASmallJobRuns) {
   ASSERT_NO_FATAL_FAILURE(StartPool(BaseConfig()));
-  Http agent(port_, kAgentToken);
+  Http agent(port_, kAdminToken);  // one fake agent for every node: an admin may act for any
   Http admin(port_, kAdminToken);
   ASSERT_NO_FATAL_FAILURE(AddNode(agent, "n1", 2));
   ASSERT_NO_FATAL_FAILURE(AddNode(agent, "n2", 2));

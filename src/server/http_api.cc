@@ -10,6 +10,7 @@
 
 #include "api/jobspec.h"
 #include "http/server.h"
+#include "server/node_credentials.h"
 
 namespace gpupool {
 
@@ -170,10 +171,15 @@ void HttpApi::Stop() {
 void HttpApi::Routes() {
   http::Server& s = *server_;
   constexpr http::Lane kNodeLane = http::Lane::kPriority;
-  const auto tokens = config_.tokens;
+  // The config's tokens by their SHA-256: a presented token is hashed and compared with every one
+  // in constant time, so the answer's timing says nothing about how close a guess came.
+  std::vector<std::pair<std::string, Principal>> token_hashes;
+  for (const auto& [token, who] : config_.tokens) token_hashes.emplace_back(Sha256Hex(token), who);
 
-  // Authentication: the caller's principal, or an error already written to `res`.
-  auto auth = [tokens](const http::Request& req, http::Response& res) -> std::optional<Principal> {
+  // Authentication: the caller's principal, or an error already written to `res`. Node
+  // credentials (issued at registration) are looked up in the service.
+  auto auth = [this, token_hashes](const http::Request& req,
+                                   http::Response& res) -> std::optional<Principal> {
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (h.size() <= prefix.size() || h.compare(0, prefix.size(), prefix) != 0) {
@@ -181,12 +187,36 @@ void HttpApi::Routes() {
                 "missing bearer token (Authorization: Bearer <token>)");
       return std::nullopt;
     }
-    auto it = tokens.find(h.substr(prefix.size()));
-    if (it == tokens.end()) {
+    const std::string presented = h.substr(prefix.size());
+    const std::string hash = Sha256Hex(presented);
+    std::optional<Principal> found;
+    for (const auto& [known, who] : token_hashes) {
+      if (ConstantTimeEqual(known, hash) && !found) found = who;
+    }
+    if (!found) found = service_.AuthenticateNode(presented);
+    if (!found) {
       SendError(res, 401, StatusCode::kUnauthenticated, "unknown token");
       return std::nullopt;
     }
-    return it->second;
+    return found;
+  };
+  // Node-side routes: an admin, or the credential of the node in the path. The bootstrap token
+  // only registers.
+  auto for_node = [](const Principal& p, const std::string& node, http::Response& res) {
+    if (p.role == Role::kAdmin || (p.role == Role::kNode && p.node == node)) return true;
+    std::string message;
+    if (p.role == Role::kNode) {
+      message = fmt::format("the credential of node '{}' may not act for node '{}'", p.node, node);
+    } else if (p.role == Role::kAgent) {
+      message = fmt::format(
+          "the bootstrap agent token may only register a node; node '{}' is served with the node credential "
+          "its registration answered",
+          node);
+    } else {
+      message = fmt::format("a {} token may not act for node '{}'", RoleName(p.role), node);
+    }
+    SendError(res, 403, StatusCode::kPermissionDenied, message);
+    return false;
   };
   auto require = [](const Principal& p, std::initializer_list<Role> roles, http::Response& res) {
     for (Role r : roles) {
@@ -379,6 +409,18 @@ void HttpApi::Routes() {
            }
          });
 
+  // ---- node credentials (admin) ----
+  s.Get("/api/v1/node-credentials", [=, this](const http::Request& req, http::Response& res) {
+    auto who = auth(req, res);
+    if (!who || !require(*who, {Role::kAdmin}, res)) return;
+    SendJson(res, 200, service_.ListNodeCredentials());
+  });
+  s.Delete(R"(/api/v1/node-credentials/([^/]+))", [=, this](const http::Request& req, http::Response& res) {
+    auto who = auth(req, res);
+    if (!who || !require(*who, {Role::kAdmin}, res)) return;
+    reply(res, service_.RevokeNodeCredential(req.matches[1]));
+  });
+
   // ---- queues ----
   s.Get("/api/v1/queues", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
@@ -410,15 +452,15 @@ void HttpApi::Routes() {
   // ---- node side ----
   s.Post("/api/v1/agent/register", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
-    if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
+    if (!who || !require(*who, {Role::kAdmin, Role::kAgent, Role::kNode}, res)) return;
     auto body = ReadJsonBody(req, res);
     if (!body) return;
-    reply(res, service_.RegisterNode(*body));
+    reply(res, service_.RegisterNode(*who, *body));
   }, kNodeLane);
   s.Post(R"(/api/v1/agent/nodes/([^/]+)/heartbeat)",
          [=, this](const http::Request& req, http::Response& res) {
            auto who = auth(req, res);
-           if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
+           if (!who || !for_node(*who, req.matches[1], res)) return;
            auto body = ReadJsonBody(req, res);
            if (!body) return;
            reply(res, service_.Heartbeat(req.matches[1], *body));
@@ -426,13 +468,13 @@ void HttpApi::Routes() {
   s.Get(R"(/api/v1/agent/nodes/([^/]+)/assignments)",
         [=, this](const http::Request& req, http::Response& res) {
           auto who = auth(req, res);
-          if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
+          if (!who || !for_node(*who, req.matches[1], res)) return;
           reply(res, service_.Assignments(req.matches[1]));
         }, kNodeLane);
   s.Post(R"(/api/v1/agent/nodes/([^/]+)/tasks/([^/]+)/([0-9]{1,6})/status)",
          [=, this](const http::Request& req, http::Response& res) {
            auto who = auth(req, res);
-           if (!who || !require(*who, {Role::kAdmin, Role::kAgent}, res)) return;
+           if (!who || !for_node(*who, req.matches[1], res)) return;
            auto body = ReadJsonBody(req, res);
            if (!body) return;
            reply(res, service_.ReportTask(req.matches[1], req.matches[2], std::stoi(req.matches[3]), *body));

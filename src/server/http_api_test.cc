@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/node_credentials.h"
 #include "store/sqlite_store.h"
 
 namespace gpupool {
@@ -150,14 +151,22 @@ class HttpApiTest : public ::testing::Test {
     return Call(port_, "PUT", path, token, body);
   }
 
-  void AddNode(const std::string& name, int gpus) {
+  // Registers a node as its agent would: with the bootstrap token the first time (the answer
+  // brings the node credential), with the node credential on an agent restart (it keeps it).
+  void AddNode(const std::string& name, int gpus, const std::string& token = kAgentToken) {
     json body = {{"name", name}, {"cpu", "64"}, {"memory", "512Gi"}, {"labels", {{"zone", "a"}}}};
     json g = json::array();
     for (int i = 0; i < gpus; ++i) g.push_back({{"index", i}, {"model", "A100-80GB"}});
     body["gpus"] = g;
-    Reply r = Post("/api/v1/agent/register", body.dump(), kAgentToken);
+    Reply r = Post("/api/v1/agent/register", body.dump(), token);
     ASSERT_EQ(r.status, 200) << r.raw;
     EXPECT_EQ(r.body["node"]["name"], name);
+    if (token == kAgentToken) {
+      ASSERT_TRUE(r.body.contains("credential")) << r.raw;
+      creds_[name] = r.body["credential"].get<std::string>();
+    } else {
+      EXPECT_FALSE(r.body.contains("credential")) << r.raw;
+    }
     EXPECT_EQ(r.body["heartbeatIntervalSeconds"], config_.heartbeat_interval_seconds);
   }
   std::string Submit(const std::string& body, const std::string& token = kAdminToken,
@@ -176,7 +185,7 @@ class HttpApiTest : public ::testing::Test {
   void Report(const std::string& id, int index, const std::string& state) {
     const std::string node = Job(id)["tasks"][static_cast<size_t>(index)]["node"];
     Reply r = Post("/api/v1/agent/nodes/" + node + "/tasks/" + id + "/" + std::to_string(index) + "/status",
-                   json{{"state", state}, {"exitCode", 0}}.dump(), kAgentToken);
+                   json{{"state", state}, {"exitCode", 0}}.dump(), Cred(node));
     ASSERT_EQ(r.status, 200) << r.raw;
   }
   // Every job (admin view, all pages) reduced to what must not change, and the queues.
@@ -204,6 +213,13 @@ class HttpApiTest : public ::testing::Test {
     return {{"jobs", jobs}, {"queues", queues.body}, {"nodes", node_view}};
   }
 
+  // The node credential AddNode's registration answered.
+  std::string Cred(const std::string& node) {
+    EXPECT_TRUE(creds_.contains(node)) << node;
+    return creds_[node];
+  }
+
+  std::map<std::string, std::string> creds_;
   std::string dir_;
   ServerConfig config_;
   std::unique_ptr<PoolService> service_;
@@ -343,14 +359,14 @@ TEST_F(HttpApiTest, BadInputIsRefusedInTheErrorShapeAndChangesNothing) {
        "application/json", 400, "InvalidArgument", "queue.parent"},
       {"node with negative cpu", "POST", "/api/v1/agent/register", kAgentToken,
        R"({"name": "n2", "cpu": "-4", "memory": "8Gi"})", "application/json", 400, "InvalidArgument", "cpu"},
-      {"node re-registered with another inventory", "POST", "/api/v1/agent/register", kAgentToken,
+      {"node re-registered with another inventory", "POST", "/api/v1/agent/register", kAdminToken,
        R"({"name": "n1", "cpu": "64", "memory": "512Gi", "gpus": [{"index": 0, "model": "A100-80GB"}]})",
        "application/json", 409, "FailedPrecondition", ""},
       {"report with unknown state", "POST", "/api/v1/agent/nodes/n1/tasks/" + vision + "/0/status",
-       kAgentToken, R"({"state": "exploded"})", "application/json", 400, "InvalidArgument", "state"},
+       Cred("n1"), R"({"state": "exploded"})", "application/json", 400, "InvalidArgument", "state"},
       {"report for an unplaced task", "POST", "/api/v1/agent/nodes/n1/tasks/" + vision + "/0/status",
-       kAgentToken, R"({"state": "running"})", "application/json", 409, "FailedPrecondition", ""},
-      {"assignments of unknown node", "GET", "/api/v1/agent/nodes/n9/assignments", kAgentToken, "", "", 404,
+       Cred("n1"), R"({"state": "running"})", "application/json", 409, "FailedPrecondition", ""},
+      {"assignments of unknown node", "GET", "/api/v1/agent/nodes/n9/assignments", kAdminToken, "", "", 404,
        "NotFound", ""},
   };
   for (const Case& c : cases) {
@@ -502,14 +518,14 @@ TEST_F(HttpApiTest, CancelPendingAndRunningJobs) {
   ASSERT_EQ(d.status, 200) << d.raw;
   EXPECT_EQ(d.body["state"], "cancelled");
   EXPECT_EQ(d.body["tasks"][0]["state"], "stopping");
-  Reply a = Get("/api/v1/agent/nodes/n1/assignments", kAgentToken);
+  Reply a = Get("/api/v1/agent/nodes/n1/assignments", Cred("n1"));
   ASSERT_EQ(a.status, 200) << a.raw;
   ASSERT_EQ(a.body["assignments"].size(), 1u);
   EXPECT_EQ(a.body["assignments"][0]["desired"], "stop");
   EXPECT_EQ(a.body["assignments"][0]["gracePeriodSeconds"], 30);
   Report(running, 0, "stopped");
   EXPECT_EQ(Job(running)["tasks"][0]["state"], "cancelled");
-  EXPECT_EQ(Get("/api/v1/agent/nodes/n1/assignments", kAgentToken).body["assignments"].size(), 0u);
+  EXPECT_EQ(Get("/api/v1/agent/nodes/n1/assignments", Cred("n1")).body["assignments"].size(), 0u);
   EXPECT_EQ(Get("/api/v1/nodes/n1").body["free"]["gpuShare"], 1000);
   EXPECT_TRUE(service_->CheckInvariants().ok());
 }
@@ -565,7 +581,7 @@ TEST_F(HttpApiTest, EventsExplainWhyAJobIsPending) {
 TEST_F(HttpApiTest, NodesListGetCordonUncordonDrain) {
   AddNode("n1", 2);
   AddNode("n2", 2);
-  AddNode("n1", 2);  // an agent restart: the same inventory again
+  AddNode("n1", 2, Cred("n1"));  // an agent restart: the same inventory again
   Reply list = Get("/api/v1/nodes", kVisionToken);
   ASSERT_EQ(list.status, 200) << list.raw;
   ASSERT_EQ(list.body["items"].size(), 2u);
@@ -622,7 +638,7 @@ TEST_F(HttpApiTest, NodesListGetCordonUncordonDrain) {
   ASSERT_EQ(d.status, 200) << d.raw;
   EXPECT_EQ(d.body["cordoned"], true);
   EXPECT_EQ(d.body["draining"], true);
-  Reply a = Get("/api/v1/agent/nodes/" + on + "/assignments", kAgentToken);
+  Reply a = Get("/api/v1/agent/nodes/" + on + "/assignments", Cred(on));
   ASSERT_EQ(a.status, 200);
   ASSERT_EQ(a.body["assignments"].size(), 1u);
   EXPECT_EQ(a.body["assignments"][0]["desired"], "stop");
@@ -793,7 +809,9 @@ TEST_F(HttpApiTest, TaskLogsAreReadFromTheAgentOfTheNodeTheTaskRanOn) {
   LogAgent agent(job + ".0", "hello\nworld\n", kLogToken);
   json good = node;
   good["agent"] = {{"endpoint", agent.endpoint()}, {"logToken", kLogToken}};
-  ASSERT_EQ(Post("/api/v1/agent/register", good.dump(), kAgentToken).status, 200);
+  Reply reg = Post("/api/v1/agent/register", good.dump(), kAgentToken);
+  ASSERT_EQ(reg.status, 200) << reg.raw;
+  creds_["n1"] = reg.body["credential"];
   service_->RunCycle();
   ASSERT_EQ(State(job), "running");
   Report(job, 0, "running");
@@ -822,10 +840,10 @@ TEST_F(HttpApiTest, TaskLogsAreReadFromTheAgentOfTheNodeTheTaskRanOn) {
   // again from its next heartbeat.
   Open();
   EXPECT_TRUE(IsError(Get(logs), 409, "FailedPrecondition"));
-  Reply hb = Post("/api/v1/agent/nodes/n1/heartbeat", json{{"agent", good["agent"]}}.dump(), kAgentToken);
+  Reply hb = Post("/api/v1/agent/nodes/n1/heartbeat", json{{"agent", good["agent"]}}.dump(), Cred("n1"));
   ASSERT_EQ(hb.status, 200) << hb.raw;
   EXPECT_EQ(Get(logs).raw, "hello\nworld\n");
-  EXPECT_TRUE(IsError(Post("/api/v1/agent/nodes/n1/heartbeat", R"({"agent": {"endpoint": 5}})", kAgentToken), 400,
+  EXPECT_TRUE(IsError(Post("/api/v1/agent/nodes/n1/heartbeat", R"({"agent": {"endpoint": 5}})", Cred("n1")), 400,
                       "InvalidArgument"));
 
   // An agent that does not answer is the agent's problem, said so: 502.
@@ -875,7 +893,7 @@ TEST_F(HttpApiTest, ALowDiskRefusesNewWorkWith507AndKeepsAgentsWorking) {
   EXPECT_NE(h.body.value("reason", "").find("store.minFreeBytes"), std::string::npos) << h.raw;
 
   // The running job still ends cleanly.
-  ASSERT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", kAgentToken).status, 200);
+  ASSERT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", Cred("n1")).status, 200);
   Report(running, 0, "succeeded");
   EXPECT_EQ(State(running), "succeeded");
 
@@ -884,6 +902,203 @@ TEST_F(HttpApiTest, ALowDiskRefusesNewWorkWith507AndKeepsAgentsWorking) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   EXPECT_FALSE(Submit(OneTaskJson("y", R"({"gpu": 1})")).empty());
   EXPECT_EQ(Get("/healthz", "").body["status"], "ok");
+}
+
+// ---- node credentials, cluster identity, agent numbers (issue 19) ----
+
+TEST_F(HttpApiTest, NodeCredentialsActForTheirOwnNodeOnly) {
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  ASSERT_NE(Cred("n1"), Cred("n2"));
+  EXPECT_EQ(Cred("n1").size(), 64u);
+  const std::string job = Submit(OneTaskJson("a", R"({"cpu": "1", "gpu": 2})"), kVisionToken);
+  service_->RunCycle();
+  const std::string on = Job(job)["tasks"][0]["node"];
+  const std::string other = on == "n1" ? "n2" : "n1";
+  const std::string base = "/api/v1/agent/nodes/" + on;
+  const std::string status = base + "/tasks/" + job + "/0/status";
+
+  // Another node's credential: 403 naming the node, nothing changes.
+  Reply r = Get(base + "/assignments", Cred(other));
+  EXPECT_TRUE(IsError(r, 403, "PermissionDenied"));
+  EXPECT_NE(r.raw.find("'" + on + "'"), std::string::npos) << r.raw;
+  EXPECT_TRUE(IsError(Post(base + "/heartbeat", "{}", Cred(other)), 403, "PermissionDenied"));
+  EXPECT_TRUE(IsError(Post(status, R"({"state": "succeeded", "exitCode": 0})", Cred(other)), 403,
+                      "PermissionDenied"));
+  // The bootstrap token only registers.
+  EXPECT_TRUE(IsError(Get(base + "/assignments", kAgentToken), 403, "PermissionDenied"));
+  EXPECT_TRUE(IsError(Post(base + "/heartbeat", "{}", kAgentToken), 403, "PermissionDenied"));
+  EXPECT_TRUE(IsError(Post(status, R"({"state": "succeeded", "exitCode": 0})", kAgentToken), 403,
+                      "PermissionDenied"));
+  EXPECT_EQ(State(job), "running");
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "assigned");
+  // A node credential is no tenant or admin either.
+  EXPECT_TRUE(IsError(Get("/api/v1/jobs", Cred(on)), 403, "PermissionDenied"));
+  EXPECT_TRUE(IsError(Get("/api/v1/jobs/" + job, Cred(on)), 403, "PermissionDenied"));
+  EXPECT_TRUE(IsError(Get("/api/v1/node-credentials", Cred(on)), 403, "PermissionDenied"));
+  // Its own node: fine.
+  r = Get(base + "/assignments", Cred(on));
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["assignments"].size(), 1u);
+  EXPECT_TRUE(IsError(Get("/api/v1/agent/nodes/" + other + "/assignments", Cred(on)), 403, "PermissionDenied"));
+
+  // Registration: a credential registers its own node only; the bootstrap token cannot take over
+  // a ready node whose credential is live.
+  json body = {{"name", other}, {"cpu", "64"}, {"memory", "512Gi"}, {"labels", {{"zone", "a"}}}};
+  body["gpus"] = json::array({{{"index", 0}, {"model", "A100-80GB"}}, {{"index", 1}, {"model", "A100-80GB"}}});
+  EXPECT_TRUE(IsError(Post("/api/v1/agent/register", body.dump(), Cred(on)), 403, "PermissionDenied"));
+  r = Post("/api/v1/agent/register", body.dump(), kAgentToken);
+  EXPECT_TRUE(IsError(r, 409, "FailedPrecondition"));
+  EXPECT_NE(r.raw.find("revoke"), std::string::npos) << r.raw;
+  r = Post("/api/v1/agent/register", body.dump(), Cred(other));
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_FALSE(r.body.contains("credential"));
+  // Admins keep working on node routes.
+  EXPECT_EQ(Get(base + "/assignments", kAdminToken).status, 200);
+  Report(job, 0, "running");
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "running");
+}
+
+TEST_F(HttpApiTest, AdminListsAndRevokesNodeCredentialsStoredOnlyAsHashes) {
+  AddNode("n1", 1);
+  AddNode("n2", 1);
+  const std::string secret = Cred("n1");
+  Reply list = Get("/api/v1/node-credentials");
+  ASSERT_EQ(list.status, 200) << list.raw;
+  ASSERT_EQ(list.body["items"].size(), 2u);
+  EXPECT_EQ(list.body["items"][0]["node"], "n1");
+  EXPECT_EQ(list.body["items"][0]["state"], "live");
+  EXPECT_TRUE(list.body["items"][0]["created"].is_string());
+  EXPECT_EQ(list.raw.find(secret), std::string::npos) << list.raw;
+  EXPECT_EQ(list.raw.find(Sha256Hex(secret)), std::string::npos) << list.raw;
+  EXPECT_TRUE(IsError(Get("/api/v1/node-credentials", kVisionToken), 403, "PermissionDenied"));
+  EXPECT_TRUE(IsError(Get("/api/v1/node-credentials", kAgentToken), 403, "PermissionDenied"));
+  ASSERT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", secret).status, 200);
+  EXPECT_TRUE(Get("/api/v1/node-credentials").body["items"][0]["lastUsed"].is_string());
+
+  // The store holds the hash, never the secret.
+  Close();
+  {
+    auto store = OpenSqliteStore({dir_ + "/gpupool.db", false});
+    ASSERT_TRUE(store.ok());
+    auto snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok());
+    bool hashed = false;
+    for (const auto& [k, v] : snap->meta) {
+      EXPECT_EQ(v.find(secret), std::string::npos) << k;
+      hashed |= k == "node-credential/n1" && v.find(Sha256Hex(secret)) != std::string::npos;
+    }
+    EXPECT_TRUE(hashed);
+  }
+  Open();
+  // The credential survives a restart.
+  ASSERT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", secret).status, 200);
+
+  EXPECT_TRUE(IsError(Call(port_, "DELETE", "/api/v1/node-credentials/n1", kVisionToken), 403, "PermissionDenied"));
+  Reply d = Call(port_, "DELETE", "/api/v1/node-credentials/n1", kAdminToken);
+  ASSERT_EQ(d.status, 200) << d.raw;
+  EXPECT_EQ(d.body["state"], "revoked");
+  EXPECT_TRUE(IsError(Call(port_, "DELETE", "/api/v1/node-credentials/n1", kAdminToken), 409, "FailedPrecondition"));
+  EXPECT_TRUE(IsError(Call(port_, "DELETE", "/api/v1/node-credentials/n9", kAdminToken), 404, "NotFound"));
+  EXPECT_TRUE(IsError(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", secret), 401, "Unauthenticated"));
+  EXPECT_EQ(Get("/api/v1/node-credentials").body["items"][0]["state"], "revoked");
+  Open();  // revoked for good
+  EXPECT_TRUE(IsError(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", secret), 401, "Unauthenticated"));
+  // The agent registers again with the bootstrap token and gets a new credential.
+  AddNode("n1", 1);
+  EXPECT_NE(Cred("n1"), secret);
+  EXPECT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", Cred("n1")).status, 200);
+  EXPECT_EQ(Get("/api/v1/node-credentials").body["items"][0]["state"], "live");
+}
+
+TEST_F(HttpApiTest, ClusterIdComesWithRegistrationAndHeartbeatAndStaysWithTheStore) {
+  json body = {{"name", "n1"}, {"cpu", "8"}, {"memory", "16Gi"}};
+  Reply r = Post("/api/v1/agent/register", body.dump(), kAgentToken);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::string id = r.body.value("clusterId", "");
+  ASSERT_FALSE(id.empty()) << r.raw;
+  const std::string cred = r.body["credential"];
+  EXPECT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", cred).body.value("clusterId", ""), id);
+  Open();
+  EXPECT_EQ(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", cred).body.value("clusterId", ""), id);
+  // An agent of another cluster is refused and registers nothing.
+  json other = {{"name", "n2"}, {"cpu", "8"}, {"memory", "16Gi"}, {"clusterId", "c-someotherpool"}};
+  r = Post("/api/v1/agent/register", other.dump(), kAgentToken);
+  EXPECT_TRUE(IsError(r, 409, "FailedPrecondition"));
+  EXPECT_NE(r.raw.find(id), std::string::npos) << r.raw;
+  EXPECT_EQ(Get("/api/v1/nodes").body["items"].size(), 1u);
+  other["clusterId"] = id;
+  EXPECT_EQ(Post("/api/v1/agent/register", other.dump(), kAgentToken).status, 200);
+  // A new store is a new cluster.
+  Close();
+  std::filesystem::remove(dir_ + "/gpupool.db");
+  Open();
+  r = Post("/api/v1/agent/register", body.dump(), kAgentToken);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_NE(r.body.value("clusterId", ""), id);
+  EXPECT_TRUE(IsError(Post("/api/v1/agent/nodes/n1/heartbeat", "{}", cred), 401, "Unauthenticated"));
+}
+
+TEST_F(HttpApiTest, AgentNumbersOutOfRangeAre400NamingTheField) {
+  AddNode("n1", 2);
+  const std::string job = Submit(OneTaskJson("a", R"({"cpu": "1", "gpu": 1})"), kVisionToken);
+  service_->RunCycle();
+  Report(job, 0, "running");
+  const std::string hb = "/api/v1/agent/nodes/n1/heartbeat";
+  const std::string status = "/api/v1/agent/nodes/n1/tasks/" + job + "/0/status";
+  const json before = Stored();
+  struct Case {
+    std::string path, body, field;
+  };
+  const std::vector<Case> cases = {
+      {status, R"({"state": "failed", "exitCode": 1099511627776})", "exitCode"},
+      {status, R"({"state": "failed", "exitCode": -1099511627776})", "exitCode"},
+      {status, R"({"state": "failed", "exitCode": 256})", "exitCode"},
+      {status, R"({"state": "failed", "exitCode": 18446744073709551615})", "exitCode"},
+      {status, R"({"state": "failed", "restarts": 1099511627776})", "restarts"},
+      {hb, R"({"gpus": [{"index": 1099511627776, "healthy": false}]})", "gpus[0].index"},
+      {hb, R"({"gpus": [{"index": -1, "healthy": false}]})", "gpus[0].index"},
+      {hb, R"({"gpus": [{"index": 0}, {"index": 2, "healthy": false}]})", "gpus[1].index"},
+      {hb, R"({"tasks": [{"jobId": ")" + job + R"(", "index": 0, "state": "failed", "exitCode": 1099511627776}]})",
+       "tasks[0].exitCode"},
+      {hb, R"({"tasks": [{"jobId": ")" + job + R"(", "index": 4294967296, "state": "failed"}]})", "tasks[0].index"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    EXPECT_TRUE(IsError(Post(c.path, c.body, Cred("n1")), 400, "InvalidArgument", c.field));
+  }
+  EXPECT_EQ(Stored(), before);
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "running");
+  // In range: fine.
+  Reply r = Post(status, R"({"state": "failed", "exitCode": 255})", Cred("n1"));
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(Job(job)["tasks"][0]["exitCode"], 255);
+}
+
+TEST_F(HttpApiTest, ReportsOfAnotherRunIdAreRefusedAndRunIdsSurviveARestart) {
+  AddNode("n1", 1);
+  const std::string job = Submit(OneTaskJson("a", R"({"cpu": "1", "gpu": 1})"), kVisionToken);
+  service_->RunCycle();
+  Reply a = Get("/api/v1/agent/nodes/n1/assignments", Cred("n1"));
+  ASSERT_EQ(a.status, 200) << a.raw;
+  const std::string run = a.body["assignments"][0].value("runId", "");
+  ASSERT_EQ(run.size(), 34u) << a.raw;  // "r-" + 128 random bits
+  // Not shown to the tenant: it is the agent's business.
+  EXPECT_EQ(Get("/api/v1/jobs/" + job, kVisionToken).raw.find(run), std::string::npos);
+  const std::string status = "/api/v1/agent/nodes/n1/tasks/" + job + "/0/status";
+  Reply r = Post(status, R"({"state": "succeeded", "exitCode": 0, "runId": "r-00000000000000000000000000000000"})",
+                 Cred("n1"));
+  EXPECT_TRUE(IsError(r, 409, "FailedPrecondition"));
+  EXPECT_NE(r.raw.find("runId"), std::string::npos) << r.raw;
+  EXPECT_TRUE(IsError(Post(status, R"({"state": "running", "runId": 5})", Cred("n1")), 400, "InvalidArgument", "runId"));
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "assigned");
+  Open();
+  a = Get("/api/v1/agent/nodes/n1/assignments", Cred("n1"));
+  ASSERT_EQ(a.status, 200) << a.raw;
+  EXPECT_EQ(a.body["assignments"][0].value("runId", ""), run);
+  r = Post(status, json{{"state", "running"}, {"runId", run}}.dump(), Cred("n1"));
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "running");
 }
 
 }  // namespace

@@ -56,6 +56,10 @@ constexpr size_t kRecentTasks = 10000;
 constexpr int kMaxRemovalsPerPass = 5000;
 // Meta key: the highest sequence number of a job that retention removed (so its id is never reused).
 constexpr char kRemovedMaxSeqKey[] = "removed_max_seq";
+constexpr char kClusterIdKey[] = "cluster_id";
+// A node credential's last use is written to the store when it moved this much (it is kept in
+// memory to the millisecond).
+constexpr int64_t kCredentialLastUsedStepMs = 60 * 1000;
 constexpr uint64_t kLearnEvery = 512;
 constexpr int kMinCycleGapMs = 5;
 
@@ -253,6 +257,15 @@ Status PoolService::Recover() {
     jobs_[r.id] = std::move(state);
     if (raw->phase == JobPhase::kPending) pending_.insert(r.seq);
   }
+  RETURN_IF_ERROR(credentials_.Load(snap->meta));
+  for (const auto& [key, value] : snap->meta) {
+    if (key == kClusterIdKey) cluster_id_ = value;
+  }
+  if (cluster_id_.empty()) {
+    // A new store (or one from before cluster ids): the pool gets its identity now, once.
+    cluster_id_ = "c-" + RandomHex(16);
+    batch.Add(PutMeta{kClusterIdKey, cluster_id_});
+  }
   // Retention may have removed the newest jobs; their ids are never handed out again.
   for (const auto& [key, value] : snap->meta) {
     if (key != kRemovedMaxSeqKey) continue;
@@ -277,6 +290,7 @@ Status PoolService::Recover() {
     ts.phase = *phase;
     ts.exit_code = r.exit_code;
     ts.restarts = r.restarts;
+    ts.run_id = r.run_id;
     ts.updated_ms = r.updated_ms;
     ts.last_node = r.node;
     if (IsLive(ts.phase)) {
@@ -370,7 +384,8 @@ PoolService::JobState* PoolService::FindJob(const std::string& id) {
 }
 
 Result<PoolService::JobState*> PoolService::VisibleJob(const Principal& who, const std::string& id) {
-  if (who.role == Role::kAgent) return Status::PermissionDenied("agent tokens cannot read jobs");
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot read jobs");
   JobState* j = FindJob(id);
   // Another tenant's job looks exactly like a missing one.
   if (j == nullptr || (who.role == Role::kTenant && j->rec.tenant != who.tenant))
@@ -399,6 +414,7 @@ void PoolService::PutTaskOp(const JobState& j, int index, WriteBatch& batch) {
   r.exit_code = ts.exit_code;
   r.restarts = ts.restarts;
   r.updated_ms = ts.updated_ms;
+  r.run_id = ts.run_id;
   batch.Add(PutTask{r});
 }
 
@@ -858,7 +874,8 @@ json PoolService::QueueJson(const QueueSpec& q) const {
 // ---- jobs --------------------------------------------------------------------------------------
 
 Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body, SpecFormat format) {
-  if (who.role == Role::kAgent) return Status::PermissionDenied("agent tokens cannot submit jobs");
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot submit jobs");
   RETURN_IF_ERROR(disk_guard_->Check());
   JobSpecLimits limits;
   limits.max_bytes = config_.max_body_bytes;
@@ -990,7 +1007,8 @@ Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
 }
 
 Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q) {
-  if (who.role == Role::kAgent) return Status::PermissionDenied("agent tokens cannot list jobs");
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot list jobs");
   if (q.limit < 1 || q.limit > 1000) return Status::InvalidArgument("limit: must be between 1 and 1000");
   std::lock_guard<std::mutex> lock(mu_);
   json items = json::array();
@@ -1262,6 +1280,24 @@ Result<json> PoolService::UpdateQueue(const std::string& name, const json& body)
 
 namespace {
 
+// A placement's run id: 128 random bits. Unguessable, and never the same twice, not even in a
+// pool whose store was created anew (job ids start again there; run ids do not).
+std::string NewRunId() { return "r-" + RandomHex(16); }
+
+// Exit codes an agent may report: a process's own (0..255), a shell's 128+signal, and negative
+// values some runtimes use for "killed"; anything else is a broken or hostile agent.
+constexpr int64_t kMinExitCode = -255;
+constexpr int64_t kMaxExitCode = 255;
+
+// An integer JSON value within [lo, hi] (an unsigned value above INT64_MAX is out of range).
+bool InIntRange(const json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= static_cast<uint64_t>(std::max<int64_t>(hi, 0)) &&
+                                     static_cast<int64_t>(v.get<uint64_t>()) >= lo;
+  const int64_t x = v.get<int64_t>();
+  return x >= lo && x <= hi;
+}
+
 struct AgentInfo {
   std::string endpoint;
   std::string log_token;
@@ -1294,7 +1330,7 @@ Result<AgentInfo> ParseAgentInfo(const json& v) {
 
 }  // namespace
 
-Result<json> PoolService::RegisterNode(const json& body_in) {
+Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in) {
   std::optional<AgentInfo> agent;
   json body = body_in;
   if (body.is_object() && body.contains("agent")) {
@@ -1303,12 +1339,38 @@ Result<json> PoolService::RegisterNode(const json& body_in) {
     agent = *a;
     body.erase("agent");
   }
+  // The cluster the agent belongs to, when it has been in one: a different one is refused, so a
+  // node of an old pool never joins a new one (with the old pool's tasks still on it).
+  if (body.is_object() && body.contains("clusterId")) {
+    if (!body["clusterId"].is_string() || body["clusterId"].get<std::string>().size() > 64)
+      return Status::InvalidArgument("clusterId: must be a string of at most 64 characters");
+    const std::string theirs = body["clusterId"].get<std::string>();
+    body.erase("clusterId");
+    if (!theirs.empty() && theirs != cluster_id_)
+      return Status::FailedPrecondition(fmt::format(
+          "clusterId: the agent belongs to cluster {}, this server is cluster {} (its store was created "
+          "anew); the agent does not join another pool: see docs/agent.md#cluster-identity",
+          theirs, cluster_id_));
+  }
   auto spec = ParseNodeSpec(body, ledger_.catalog());
   if (!spec.ok()) return spec.status();
   const json canonical = NodeSpecToJson(*spec);
+  if (who.role == Role::kNode && who.node != spec->name)
+    return Status::PermissionDenied(fmt::format(
+        "the credential of node '{}' may not register node '{}'", who.node, spec->name));
+  if (who.role != Role::kAdmin && who.role != Role::kAgent && who.role != Role::kNode)
+    return Status::PermissionDenied("only an agent or an admin registers nodes");
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();
   auto existing = ledger_.FindNode(spec->name);
+  if (who.role == Role::kAgent && existing && nodes_[*existing].state == "ready" &&
+      credentials_.Live(spec->name)) {
+    // Someone holding the bootstrap token could otherwise take over a live node's assignments.
+    return Status::FailedPrecondition(fmt::format(
+        "node '{}' is ready and its node credential is live: its agent registers with that credential; "
+        "to replace the agent, an admin revokes it first (gpupool nodes revoke {})",
+        spec->name, spec->name));
+  }
   NodeIndex n;
   if (existing) {
     n = *existing;
@@ -1336,12 +1398,37 @@ Result<json> PoolService::RegisterNode(const json& body_in) {
   batch.Add(PutNode{
       MakeNodeRecord(spec->name, canonical, ledger_.state(n).cordoned, info.draining, info.state, now)});
   Event("", existing ? (was_lost ? "NodeReady" : "NodeReregistered") : "NodeRegistered", spec->name, batch);
-  RETURN_IF_ERROR(CommitLocked(batch));
+  std::string secret;
+  if (who.role != Role::kNode) secret = credentials_.Issue(spec->name, now, batch);
+  if (Status st = CommitLocked(batch); !st.ok()) {
+    if (!secret.empty()) credentials_.Forget(spec->name);
+    return st;
+  }
   wake_pending_ = true;
   wake_.notify_one();
-  return json{{"node", NodeJson(n)},
+  json out = {{"node", NodeJson(n)},
+              {"clusterId", cluster_id_},
               {"heartbeatIntervalSeconds", config_.heartbeat_interval_seconds},
               {"heartbeatTimeoutSeconds", config_.heartbeat_timeout_seconds}};
+  if (!secret.empty()) out["credential"] = secret;
+  return out;
+}
+
+std::optional<Principal> PoolService::AuthenticateNode(std::string_view secret) {
+  auto node = credentials_.Authenticate(secret, NowMs());
+  if (!node) return std::nullopt;
+  return Principal{"", Role::kNode, *node};
+}
+
+json PoolService::ListNodeCredentials() { return credentials_.List(); }
+
+Result<json> PoolService::RevokeNodeCredential(const std::string& node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  RETURN_IF_ERROR(credentials_.Revoke(node, NowMs(), batch));
+  Event("", "NodeCredentialRevoked", node, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return json{{"node", node}, {"state", "revoked"}};
 }
 
 Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
@@ -1368,8 +1455,10 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
         const std::string where = fmt::format("gpus[{}]", i);
         if (!g.is_object() || !g.contains("index") || !g["index"].is_number_integer())
           return Status::InvalidArgument(where + ": needs index (integer)");
+        if (!InIntRange(g["index"], 0, 1023))
+          return Status::InvalidArgument(where + ".index: must be a GPU index of the node (0 to 1023)");
         GpuReport r;
-        r.index = g["index"].get<int>();
+        r.index = static_cast<int>(g["index"].get<int64_t>());
         for (auto it = g.begin(); it != g.end(); ++it) {
           const std::string& k = it.key();
           const json& v = it.value();
@@ -1397,14 +1486,37 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
         gpu_reports.push_back(std::move(r));
       }
     }
+    // Every number is checked before anything of the heartbeat is applied: a bad one is a 400
+    // naming the field, with nothing stored.
+    if (!gpu_reports.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto n = ledger_.FindNode(node);
+      if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+      const size_t count = ledger_.spec(*n).gpus.size();
+      for (size_t i = 0; i < gpu_reports.size(); ++i) {
+        if (static_cast<size_t>(gpu_reports[i].index) >= count)
+          return Status::InvalidArgument(fmt::format("gpus[{}].index: node '{}' has {} GPU(s), there is no GPU {}",
+                                                     i, node, count, gpu_reports[i].index));
+      }
+    }
     if (body.contains("tasks")) {
       if (!body["tasks"].is_array()) return Status::InvalidArgument("tasks: must be a list");
+      if (body["tasks"].size() > 4096) return Status::InvalidArgument("tasks: at most 4096 entries");
       for (size_t i = 0; i < body["tasks"].size(); ++i) {
         const json& t = body["tasks"][i];
         const std::string where = fmt::format("tasks[{}]", i);
         if (!t.is_object() || !t.contains("jobId") || !t["jobId"].is_string() || !t.contains("index") ||
             !t["index"].is_number_integer())
           return Status::InvalidArgument(where + ": needs jobId (string) and index (integer)");
+        if (!InIntRange(t["index"], 0, 999999))
+          return Status::InvalidArgument(where + ".index: must be a task index, 0 to 999999");
+        if (t.contains("exitCode") && !InIntRange(t["exitCode"], kMinExitCode, kMaxExitCode))
+          return Status::InvalidArgument(
+              fmt::format("{}.exitCode: must be an integer from {} to {}", where, kMinExitCode, kMaxExitCode));
+      }
+      for (size_t i = 0; i < body["tasks"].size(); ++i) {
+        const json& t = body["tasks"][i];
+        const std::string where = fmt::format("tasks[{}]", i);
         json status = t;
         status.erase("jobId");
         status.erase("index");
@@ -1438,10 +1550,12 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
       info.agent_log_token = agent->log_token;
     }
     ApplyGpuReports(*n, gpu_reports, batch);
+    credentials_.FlushLastUsed(kCredentialLastUsedStepMs, batch);
     if (!batch.empty()) RETURN_IF_ERROR(CommitLocked(batch));
   }
   auto out = Assignments(node);
   if (out.ok()) {
+    (*out)["clusterId"] = cluster_id_;
     (*out)["heartbeatIntervalSeconds"] = config_.heartbeat_interval_seconds;
     (*out)["heartbeatTimeoutSeconds"] = config_.heartbeat_timeout_seconds;
   }
@@ -1481,6 +1595,7 @@ Result<json> PoolService::Assignments(const std::string& node) {
     a["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
                        {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
     a["restarts"] = ts.restarts;
+    a["runId"] = ts.run_id;
     json p = PlacementToJson(ts.placement, ledger_);
     a["cpu"] = p["cpu"];
     a["memory"] = p["memory"];
@@ -1497,24 +1612,30 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   int exit_code = 0;
   std::string message;
   int run = -1;  // the run (restart count) the report is about; -1: not said
+  std::optional<std::string> run_id;  // the placement's run id the report is about
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& k = it.key();
     if (k == "state") {
       if (!it.value().is_string()) return Status::InvalidArgument("state: must be a string");
       state = it.value().get<std::string>();
     } else if (k == "exitCode") {
-      if (!it.value().is_number_integer()) return Status::InvalidArgument("exitCode: must be an integer");
-      exit_code = it.value().get<int>();
+      if (!InIntRange(it.value(), kMinExitCode, kMaxExitCode))
+        return Status::InvalidArgument(
+            fmt::format("exitCode: must be an integer from {} to {}", kMinExitCode, kMaxExitCode));
+      exit_code = static_cast<int>(it.value().get<int64_t>());
     } else if (k == "message") {
       if (!it.value().is_string()) return Status::InvalidArgument("message: must be a string");
       message = it.value().get<std::string>().substr(0, 4096);
     } else if (k == "restarts") {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-          it.value().get<int64_t>() > std::numeric_limits<int>::max())
+      if (!InIntRange(it.value(), 0, std::numeric_limits<int>::max()))
         return Status::InvalidArgument("restarts: must be a non-negative integer");
-      run = it.value().get<int>();
+      run = static_cast<int>(it.value().get<int64_t>());
+    } else if (k == "runId") {
+      if (!it.value().is_string() || it.value().get<std::string>().size() > 64)
+        return Status::InvalidArgument("runId: must be a string of at most 64 characters");
+      run_id = it.value().get<std::string>();
     } else {
-      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts)");
+      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts, runId)");
     }
   }
   if (state != "running" && state != "succeeded" && state != "failed" && state != "stopped")
@@ -1527,6 +1648,11 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   if (index < 0 || static_cast<size_t>(index) >= j->tasks.size())
     return Status::NotFound(fmt::format("job '{}' has no task {}", job_id, index));
   TaskState& ts = j->tasks[static_cast<size_t>(index)];
+  if (run_id && ts.placed && ts.placement.node == *n && !ConstantTimeEqual(*run_id, ts.run_id))
+    return Status::FailedPrecondition(fmt::format(
+        "runId: task {}[{}] is at another run than the report's (a process of an earlier placement, or of "
+        "another pool): ignored",
+        job_id, index));
   if (!ts.placed || ts.placement.node != *n || (run >= 0 && run != ts.restarts)) {
     // A late report for a task that has moved on (released, requeued): harmless, say so.
     if (run >= 0 && run != ts.restarts && ts.placed && ts.placement.node == *n)
@@ -1870,6 +1996,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
           TaskState& ts = j.tasks[static_cast<size_t>(b.task)];
           ts.phase = TaskPhase::kAssigned;
           ts.placed = true;
+          ts.run_id = NewRunId();
           ts.placement = b.placement;
           ts.last_node = ledger_.spec(b.placement.node).name;
           ts.allocation = b.allocation;
@@ -1946,6 +2073,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       }
       ts.phase = TaskPhase::kAssigned;
       ts.placed = true;
+      ts.run_id = NewRunId();
       ts.placement = d.placement;
       ts.last_node = ledger_.spec(d.placement.node).name;
       ts.allocation = *id;

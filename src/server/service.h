@@ -43,6 +43,7 @@
 #include "sched/scheduler.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/node_credentials.h"
 #include "store/store.h"
 
 namespace gpupool {
@@ -110,7 +111,20 @@ class PoolService {
   Result<nlohmann::json> UpdateQueue(const std::string& name, const nlohmann::json& body);
 
   // ---- the node side (agents) -----------------------------------------------------------------
-  Result<nlohmann::json> RegisterNode(const nlohmann::json& body);
+  // Registers (or re-registers) a node. `who` decides what it may do (docs/server.md#node-credentials):
+  // an admin or the bootstrap agent token gets a fresh node credential in the answer
+  // ("credential"), the bootstrap token only while the node is not ready with a live credential;
+  // a node credential re-registers its own node only and keeps its credential.
+  Result<nlohmann::json> RegisterNode(const Principal& who, const nlohmann::json& body);
+  Result<nlohmann::json> RegisterNode(const nlohmann::json& body) {
+    return RegisterNode(Principal{"", Role::kAdmin, ""}, body);
+  }
+  // The principal of a node credential; nothing for an unknown or revoked one.
+  std::optional<Principal> AuthenticateNode(std::string_view secret);
+  nlohmann::json ListNodeCredentials();
+  Result<nlohmann::json> RevokeNodeCredential(const std::string& node);
+  // The identity of the pool: created with its store, never changed (docs/server.md#cluster-identity).
+  const std::string& cluster_id() const { return cluster_id_; }
   Result<nlohmann::json> Heartbeat(const std::string& node, const nlohmann::json& body);
   Result<nlohmann::json> Assignments(const std::string& node);
   Result<nlohmann::json> ReportTask(const std::string& node, const std::string& job_id, int index,
@@ -149,6 +163,7 @@ class PoolService {
     AllocationId allocation = 0;
     int exit_code = 0;
     int restarts = 0;
+    std::string run_id;  // of the current (or last) placement; see TaskRecord::run_id
     int64_t updated_ms = 0;
     int64_t stop_deadline_ms = 0;
     std::string last_node;  // where the task last ran (kept after release: its logs are there)
@@ -308,6 +323,9 @@ class PoolService {
   std::vector<uint8_t> reserved_nodes_;
 
   ServerMetrics metrics_;
+
+  NodeCredentials credentials_;
+  std::string cluster_id_;
 };
 
 }  // namespace gpupool

@@ -102,6 +102,10 @@ CREATE INDEX events_by_job ON events (job_id, id);
 ALTER TABLE jobs ADD COLUMN faults INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN not_before_ms INTEGER NOT NULL DEFAULT 0;
 )sql"},
+    {4, "tasks: the run id of the task's current placement (agents adopt a run only by it)",
+     R"sql(
+ALTER TABLE tasks ADD COLUMN run_id TEXT NOT NULL DEFAULT '';
+)sql"},
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -131,11 +135,11 @@ constexpr const char* kPutJob =
     "created_ms = excluded.created_ms, updated_ms = excluded.updated_ms, faults = excluded.faults, "
     "not_before_ms = excluded.not_before_ms";
 constexpr const char* kPutTask =
-    "INSERT INTO tasks (job_id, idx, state, node, placement_json, exit_code, restarts, updated_ms) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+    "INSERT INTO tasks (job_id, idx, state, node, placement_json, exit_code, restarts, updated_ms, run_id) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
     "ON CONFLICT (job_id, idx) DO UPDATE SET state = excluded.state, node = excluded.node, "
     "placement_json = excluded.placement_json, exit_code = excluded.exit_code, "
-    "restarts = excluded.restarts, updated_ms = excluded.updated_ms";
+    "restarts = excluded.restarts, updated_ms = excluded.updated_ms, run_id = excluded.run_id";
 constexpr const char* kPutNode =
     "INSERT INTO nodes (name, spec_json, cordoned, draining, state, last_heartbeat_ms) "
     "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
@@ -160,7 +164,7 @@ constexpr const char* kLoadJobs =
     "SELECT id, seq, tenant, queue, name, priority, state, reason, spec_json, created_ms, updated_ms, "
     "faults, not_before_ms FROM jobs ORDER BY seq";
 constexpr const char* kLoadTasks =
-    "SELECT t.job_id, t.idx, t.state, t.node, t.placement_json, t.exit_code, t.restarts, t.updated_ms "
+    "SELECT t.job_id, t.idx, t.state, t.node, t.placement_json, t.exit_code, t.restarts, t.updated_ms, t.run_id "
     "FROM tasks AS t JOIN jobs AS j ON j.id = t.job_id ORDER BY j.seq, t.idx";
 constexpr const char* kLoadNodes =
     "SELECT name, spec_json, cordoned, draining, state, last_heartbeat_ms FROM nodes ORDER BY name";
@@ -573,7 +577,8 @@ Status SqliteStore::ApplyOp(const WriteOp& op) {
                 .Text(t.placement_json)
                 .Int(t.exit_code)
                 .Int(t.restarts)
-                .Int(t.updated_ms);
+                .Int(t.updated_ms)
+                .Text(t.run_id);
             return run(s, b, [&] { return fmt::format("put task {}[{}]", t.job_id, t.index); });
           },
           [&](const PutNode& o) -> Status {
@@ -688,6 +693,7 @@ Result<StoreSnapshot> SqliteStore::Load() {
       t.exit_code = ColumnInt(s, 5);
       t.restarts = ColumnInt(s, 6);
       t.updated_ms = ColumnInt64(s, 7);
+      t.run_id = ColumnText(s, 8);
       snap.tasks.push_back(std::move(t));
     });
   }

@@ -47,6 +47,9 @@ struct TaskRecord {
   int exit_code = 0;
   int restarts = 0;
   int64_t updated_ms = 0;
+  // The current placement's run: random, unguessable, new with every placement (never reused,
+  // not even by a store created anew). "" while never placed.
+  std::string run_id;
   bool operator==(const TaskRecord&) const = default;
 };
 
