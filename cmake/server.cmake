@@ -3,6 +3,8 @@ add_library(gpupool_server
   src/server/config.cc
   src/server/resources_json.cc
   src/server/metrics.cc
+  src/server/admission.cc
+  src/server/job_list.cc
   src/server/service.cc
   src/server/http_api.cc
 )

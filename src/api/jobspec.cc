@@ -1025,6 +1025,10 @@ bool SameJobSpec(const Job& a, const Job& b) {
   return true;
 }
 
+Status CheckSpecName(std::string_view name, const std::string& path, const JobSpecLimits& limits) {
+  return CheckName(name, path, limits.max_name_bytes);
+}
+
 std::string ErrorField(const Status& status) {
   if (status.code() != StatusCode::kInvalidArgument) return "";
   const std::string& m = status.message();

@@ -68,6 +68,12 @@ nlohmann::json JobSpecToJson(const Job& job);
 // True when the two jobs agree on every field a spec carries (all but the id).
 bool SameJobSpec(const Job& a, const Job& b);
 
+// The check a job spec applies to its name, tenant and queue fields, for the same kinds of names
+// given elsewhere (queues created through the API or the config, tenants of a queue's access list):
+// lowercase letters, digits, '-', '.', '_', alphanumeric at both ends, at most
+// limits.max_name_bytes. InvalidArgument "<path>: <reason>" otherwise.
+Status CheckSpecName(std::string_view name, const std::string& path, const JobSpecLimits& limits = {});
+
 // The field path of an error from ParseJobSpec or the node codecs ("tasks[0].resources.gpu"),
 // or "" when the error concerns the whole document or is not one of theirs.
 std::string ErrorField(const Status& status);

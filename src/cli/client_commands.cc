@@ -525,6 +525,9 @@ std::string_view SpecContentType(const std::string& file, std::string_view body)
 // ---- renderings ---------------------------------------------------------------
 
 std::string TaskCount(const Json& job) {
+  // List items carry taskCounts; a job read on its own (or from an older server) its tasks.
+  const Json* counts = Member(job, "taskCounts");
+  if (counts != nullptr && counts->is_object()) return fmt::format("{}/{}", Text(*counts, "running"), Text(*counts, "total"));
   const Json* tasks = Member(job, "tasks");
   if (tasks == nullptr || !tasks->is_array()) return "-";
   const auto running = std::count_if(tasks->begin(), tasks->end(),

@@ -183,7 +183,7 @@ class HttpApiTest : public ::testing::Test {
     json jobs = json::array();
     std::string token;
     for (int page = 0; page < 100; ++page) {
-      Reply r = Get("/api/v1/jobs?limit=1000" + (token.empty() ? "" : "&pageToken=" + token));
+      Reply r = Get("/api/v1/jobs?fields=tasks,spec&limit=100" + (token.empty() ? "" : "&pageToken=" + token));
       EXPECT_EQ(r.status, 200) << r.raw;
       if (r.status != 200) break;
       for (const json& j : r.body["items"]) {
