@@ -17,6 +17,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/config_test.cc
     src/server/service_test.cc
     src/server/http_api_test.cc
+    src/server/admission_test.cc
     src/server/e2e_test.cc
   )
   target_link_libraries(server_test PRIVATE gpupool_server PkgConfig::HTTPLIB)
