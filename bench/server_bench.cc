@@ -384,6 +384,8 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
   config.heartbeat_timeout_seconds = 86400;
   config.tokens[kToken] = Principal{"", Role::kAdmin};
   if (s.http_threads > 0) config.http_threads = s.http_threads;
+  // One tenant submits everything, and most of it stays pending: no tenant limit gets in the way.
+  config.max_pending_jobs_per_tenant = config.max_pending_tasks_per_tenant = 1000000000;
 
   SubmitResult r;
   r.threads = threads;
@@ -619,6 +621,7 @@ void RunPlacement(const Options& o, const PlaceSetting& s) {
   config.profile = s.profile;
   config.preemption = s.preemption;
   config.sync_full = true;
+  config.max_pending_jobs_per_tenant = config.max_pending_tasks_per_tenant = 1000000000;  // one tenant queues all
   TimedStore* timed = nullptr;
   auto service = OpenService(config, &timed);
 
