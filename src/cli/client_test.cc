@@ -1012,6 +1012,47 @@ TEST_F(ClientCommandTest, CreateQueueSendsTheFields) {
   EXPECT_EQ(err_.str(), "gpupool: name: queue vision exists\n");
 }
 
+TEST_F(ClientCommandTest, QueueAccessRulesAndPendingCapsAreSent) {
+  server_.On("POST", "/api/v1/queues", [](const httplib::Request& req, httplib::Response& res) {
+    res.status = 201;
+    res.set_content(req.body, "application/json");
+  });
+  QueueOptions q;
+  q.name = "vision";
+  q.tenants = "vision, nlp";
+  q.max_priority = "-5";
+  q.allowed_qos = "burstable,best-effort";
+  q.max_pending_jobs = "100";
+  q.max_pending_tasks = "";
+  ASSERT_EQ(CreateQueue(Options(), q, out_, err_), 0) << err_.str();
+  const Json sent = Json::parse(server_.requests().at(0).body);
+  EXPECT_EQ(sent["tenants"], Json({"vision", "nlp"}));
+  EXPECT_EQ(sent["maxPriority"], -5);
+  EXPECT_EQ(sent["allowedQos"], Json({"burstable", "best-effort"}));
+  EXPECT_EQ(sent["maxPendingJobs"], 100);
+  EXPECT_TRUE(sent["maxPendingTasks"].is_null());
+
+  server_.On("GET", "/api/v1/queues/vision", 200,
+             R"({"name": "vision", "weight": 1, "tenants": ["vision"], "maxPriority": 10})");
+  server_.On("PUT", "/api/v1/queues/vision", [](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(req.body, "application/json");
+  });
+  QueueOptions open;
+  open.name = "vision";
+  open.tenants = "";  // lift the rule, keep the others
+  ASSERT_EQ(UpdateQueue(Options(), open, out_, err_), 0) << err_.str();
+  const Json put = Json::parse(server_.requests().back().body);
+  EXPECT_TRUE(put.contains("tenants") && put["tenants"].is_null()) << put.dump();
+  EXPECT_EQ(put["maxPriority"], 10);
+
+  QueueOptions bad;
+  bad.name = "x";
+  bad.max_priority = "high";
+  err_.str("");
+  EXPECT_EQ(CreateQueue(Options(), bad, out_, err_), 2);
+  EXPECT_NE(err_.str().find("--max-priority must be a whole number"), std::string::npos) << err_.str();
+}
+
 TEST_F(ClientCommandTest, BadResourceFlagsAreUsageErrors) {
   for (const char* text : {"cpu", "cpu=", "=4", "gpu=two", "gpu=1,gpu=2", "cpu=1,,gpu=2", "gpu=inf"}) {
     QueueOptions q;
@@ -1119,7 +1160,9 @@ TEST_F(ClientCommandTest, CliListAndQueueFlags) {
 
   r = RunCli({"queues", "update", "vision", "--server", server_.url()});
   EXPECT_EQ(r.exit, 2);
-  EXPECT_EQ(r.err, "gpupool: nothing to update: give --weight, --guaranteed or --limit\n");
+  EXPECT_EQ(r.err,
+            "gpupool: nothing to update: give --weight, --guaranteed, --limit, --tenants, --max-priority, "
+            "--allowed-qos, --max-pending-jobs or --max-pending-tasks\n");
 
   server_.On("POST", "/api/v1/queues", [](const httplib::Request& req, httplib::Response& res) {
     res.status = 201;
