@@ -238,6 +238,8 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         if (t.contains("tenant")) {
           auto v = GetString(t["tenant"], where + ".tenant");
           if (!v.ok()) return fail(v.status());
+          // A tenant is a name as job specs and queue access lists write it.
+          if (Status st = CheckSpecName(*v, where + ".tenant"); !st.ok()) return fail(st);
           p.tenant = *v;
         }
         if (p.role == Role::kTenant && p.tenant.empty())

@@ -115,6 +115,7 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
       {"hotspot: {temperature: 80}\n", "hotspot.temperature: unknown key"},
       {"hotspot: {utilization: 1.5}\n", "hotspot.utilization: must be in [0, 1]"},
       {"hotspot: {windowSeconds: -1}\n", "hotspot.windowSeconds"},
+      {"tokens: [{token: 0123456789abcdef0, role: tenant, tenant: Team A}]\n", "tokens[0].tenant: 'Team A' must be"},
       {"limits: {maxPendingJobsPerTenant: 0}\n", "limits.maxPendingJobsPerTenant: must be in [1, "},
       {"limits: {maxPendingTasksPerTenant: many}\n", "limits.maxPendingTasksPerTenant: must be an integer"},
       {"limits: {maxTasksPerJob: 1000000}\n", "limits.maxTasksPerJob: must be in [1, 100000]"},

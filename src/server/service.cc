@@ -2378,6 +2378,17 @@ Status PoolService::CheckInvariantsLocked() const {
     return Status::Internal(
         fmt::format("{} live tasks but {} ledger allocations", live, ledger_.allocation_count()));
   if (phases != job_phase_count_) return Status::Internal("the per-phase job counts are off");
+  size_t indexed = 0;
+  for (const auto& [tenant, seqs] : by_tenant_) {
+    indexed += seqs.size();
+    for (uint64_t seq : seqs) {
+      auto it = by_seq_.find(seq);
+      if (it == by_seq_.end() || it->second->rec.tenant != tenant)
+        return Status::Internal(fmt::format("the tenant index lists job #{} under '{}' wrongly", seq, tenant));
+    }
+  }
+  if (indexed != by_seq_.size())
+    return Status::Internal(fmt::format("the tenant index holds {} jobs, there are {}", indexed, by_seq_.size()));
   // Submissions in flight hold reservations, so the counts may be above what the jobs say, never below;
   // with none in flight they are exact.
   for (const auto& [tenant, want] : pending_by_tenant) {
