@@ -250,6 +250,7 @@ Status PoolService::Recover() {
     jobs_[r.id] = std::move(state);
     by_tenant_[r.tenant].insert(r.seq);
     ++job_phase_count_[static_cast<size_t>(raw->phase)];
+    ++queue_phase_count_[r.queue][static_cast<size_t>(raw->phase)];
     if (raw->phase == JobPhase::kPending) {
       pending_.insert(r.seq);
       pending_counts_.Add(r.tenant, r.queue, static_cast<int64_t>(raw->tasks.size()));
@@ -373,6 +374,9 @@ void PoolService::SetJobPhase(JobState& j, JobPhase phase) {
   if (phase == JobPhase::kPending) pending_counts_.Add(j.rec.tenant, j.rec.queue, tasks);
   --job_phase_count_[static_cast<size_t>(j.phase)];
   ++job_phase_count_[static_cast<size_t>(phase)];
+  auto& in_queue = queue_phase_count_[j.rec.queue];
+  --in_queue[static_cast<size_t>(j.phase)];
+  ++in_queue[static_cast<size_t>(phase)];
   j.phase = phase;
 }
 
@@ -977,6 +981,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   by_tenant_[raw->rec.tenant].insert(seq);
   pending_.insert(seq);
   ++job_phase_count_[static_cast<size_t>(JobPhase::kPending)];
+  ++queue_phase_count_[raw->rec.queue][static_cast<size_t>(JobPhase::kPending)];
   raw->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(raw->tasks.size());
   jobs_[raw->rec.id] = std::move(state);
   ++metrics_.submitted;
@@ -1276,11 +1281,10 @@ Result<json> PoolService::GetQueueLocked(const std::string& name) {
     if (key.second == name) used += r;
   }
   j["used"] = ResourceMapJson(used);
-  int pending = 0, running = 0;
-  for (const auto& [seq, job] : by_seq_) {
-    if (job->rec.queue != name) continue;
-    pending += job->phase == JobPhase::kPending;
-    running += job->phase == JobPhase::kRunning;
+  int64_t pending = 0, running = 0;
+  if (auto c = queue_phase_count_.find(name); c != queue_phase_count_.end()) {
+    pending = c->second[static_cast<size_t>(JobPhase::kPending)];
+    running = c->second[static_cast<size_t>(JobPhase::kRunning)];
   }
   j["pending"] = pending;
   j["running"] = running;
@@ -1847,6 +1851,10 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
     ++metrics_.jobs_removed;
     ++removed;
     --job_phase_count_[static_cast<size_t>(j.phase)];
+    if (auto q = queue_phase_count_.find(j.rec.queue); q != queue_phase_count_.end()) {
+      --q->second[static_cast<size_t>(j.phase)];
+      if (q->second == std::array<int64_t, 5>{}) queue_phase_count_.erase(q);
+    }
     if (auto t = by_tenant_.find(j.rec.tenant); t != by_tenant_.end()) {
       t->second.erase(it->first);
       if (t->second.empty()) by_tenant_.erase(t);
@@ -2352,9 +2360,11 @@ Status PoolService::CheckInvariantsLocked() const {
   RETURN_IF_ERROR(ledger_.CheckInvariants());
   size_t live = 0;
   std::array<int64_t, 5> phases{};
+  std::map<std::string, std::array<int64_t, 5>> by_queue;
   std::map<std::string, PendingCount> pending_by_tenant;
   for (const auto& [id, j] : jobs_) {
     ++phases[static_cast<size_t>(j->phase)];
+    ++by_queue[j->rec.queue][static_cast<size_t>(j->phase)];
     if (j->phase == JobPhase::kPending) {
       ++pending_by_tenant[j->rec.tenant].jobs;
       pending_by_tenant[j->rec.tenant].tasks += static_cast<int64_t>(j->tasks.size());
@@ -2378,6 +2388,15 @@ Status PoolService::CheckInvariantsLocked() const {
     return Status::Internal(
         fmt::format("{} live tasks but {} ledger allocations", live, ledger_.allocation_count()));
   if (phases != job_phase_count_) return Status::Internal("the per-phase job counts are off");
+  for (const auto& [queue, counts] : queue_phase_count_) {
+    auto it = by_queue.find(queue);
+    if (counts != (it == by_queue.end() ? std::array<int64_t, 5>{} : it->second))
+      return Status::Internal(fmt::format("queue '{}': the per-phase job counts are off", queue));
+  }
+  for (const auto& [queue, counts] : by_queue) {
+    if (!queue_phase_count_.count(queue))
+      return Status::Internal(fmt::format("queue '{}': its jobs are not counted", queue));
+  }
   size_t indexed = 0;
   for (const auto& [tenant, seqs] : by_tenant_) {
     indexed += seqs.size();

@@ -288,6 +288,7 @@ class PoolService {
   PendingCounts pending_counts_;
   int submissions_in_flight_ = 0;             // between their reservation and their job (or failure)
   std::array<int64_t, 5> job_phase_count_{};  // jobs per JobPhase
+  std::unordered_map<std::string, std::array<int64_t, 5>> queue_phase_count_;  // queue -> jobs per JobPhase
   std::unordered_map<std::string, std::set<uint64_t>> by_tenant_;  // tenant -> seqs of its jobs
   std::set<uint64_t> partial_;           // running jobs with unplaced tasks
   std::set<std::string> stopping_jobs_;  // jobs with a task in kStopping
