@@ -16,6 +16,9 @@
 //      task and four events, stored as the server stores them, last changed eight days ago) and
 //      10 pending ones. The time PoolService::Open takes to recover it, the cycles retention (7
 //      days) needs to remove the history and their time, and Open again afterwards.
+//   D. Lists under load: J pending jobs of 10 tasks each, L clients GETting /api/v1/jobs?limit=1000
+//      (summaries) back to back for S seconds, while one client times GET /healthz and an agent's
+//      heartbeat (POST .../heartbeat) every 10 ms: their p50/p99/max, and the lists answered.
 //
 // Every database lives in a fresh directory under $TMPDIR (default /tmp), removed at the end; point
 // TMPDIR at the disk the server would use to measure that disk.
@@ -23,6 +26,7 @@
 //   server_bench [--jobs N] [--threads 1,4,16,64] [--nodes N] [--queued N]
 //                [--profiles bestfit,fgd] [--skip-http] [--skip-place] [--no-breakdown]
 //                [--row-seconds S] [--cycle-budget S] [--history H] [--skip-retention]
+//                [--list-jobs J] [--list-clients L] [--list-seconds S] [--skip-lists]
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -79,6 +83,10 @@ struct Options {
   double row_seconds = 60;      // A: stop a row after this long
   int history = 100000;         // C: finished jobs in the store
   bool retention = true;
+  int list_jobs = 5000;      // D: pending jobs (10 tasks each)
+  int list_clients = 16;     // D: clients listing back to back
+  double list_seconds = 10;  // D: how long they list
+  bool lists = true;
 };
 
 std::vector<std::string> SplitList(const std::string& s) {
@@ -108,6 +116,14 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->retention = false;
     } else if (a == "--history" && value(&v)) {
       o->history = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--skip-lists") {
+      o->lists = false;
+    } else if (a == "--list-jobs" && value(&v)) {
+      o->list_jobs = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--list-clients" && value(&v)) {
+      o->list_clients = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--list-seconds" && value(&v)) {
+      o->list_seconds = std::max(1.0, std::atof(v.c_str()));
     } else if (a == "--no-breakdown") {
       o->breakdown = false;
     } else if (a == "--jobs" && value(&v)) {
@@ -130,7 +146,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
                    "usage: server_bench [--jobs N] [--threads 1,4,16,64] [--nodes N] [--queued N]\n"
                    "                    [--profiles bestfit,fgd] [--skip-http] [--skip-place] "
                    "[--no-breakdown]\n                    [--row-seconds S] [--cycle-budget S] [--history H] "
-                   "[--skip-retention]\n");
+                   "[--skip-retention]\n                    [--list-jobs J] [--list-clients L] "
+                   "[--list-seconds S] [--skip-lists]\n");
       return false;
     }
   }
@@ -384,6 +401,8 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
   config.heartbeat_timeout_seconds = 86400;
   config.tokens[kToken] = Principal{"", Role::kAdmin};
   if (s.http_threads > 0) config.http.workers = s.http_threads;
+  // One tenant submits everything, and most of it stays pending: no tenant limit gets in the way.
+  config.max_pending_jobs_per_tenant = config.max_pending_tasks_per_tenant = 1000000000;
 
   SubmitResult r;
   r.threads = threads;
@@ -619,6 +638,7 @@ void RunPlacement(const Options& o, const PlaceSetting& s) {
   config.profile = s.profile;
   config.preemption = s.preemption;
   config.sync_full = true;
+  config.max_pending_jobs_per_tenant = config.max_pending_tasks_per_tenant = 1000000000;  // one tenant queues all
   TimedStore* timed = nullptr;
   auto service = OpenService(config, &timed);
 
@@ -831,6 +851,82 @@ void RunPartC(const Options& o) {
       "but does not\n  shrink the file (VACUUM would).\n");
 }
 
+// ---- D: lists under load ---------------------------------------------------------------------
+
+void RunPartD(const Options& o) {
+  std::printf("\nD. Lists under load: %d pending jobs of 10 tasks, %d clients listing (limit=1000) for %.0f s\n",
+              o.list_jobs, o.list_clients, o.list_seconds);
+  TempDir dir;
+  ServerConfig config;
+  config.data_dir = dir.path();
+  config.sync_full = false;
+  config.heartbeat_timeout_seconds = 86400;
+  config.tokens[kToken] = Principal{"", Role::kAdmin};
+  config.http.workers = o.list_clients + 8;
+  config.max_pending_jobs_per_tenant = config.max_pending_tasks_per_tenant = 1000000000;
+  auto service = OpenService(config, nullptr);
+  if (auto r = service->RegisterNode(SmallNode(0)); !r.ok()) Die(r.status().ToString());
+  // Ten tasks of 8 GPUs each on one 8-GPU node: a gang that never fits, so every job stays pending.
+  const std::string job =
+      R"({"name":"wide","tasks":[{"name":"w","replicas":10,"resources":{"cpu":"1","memory":"1Gi","gpu":8},)"
+      R"("command":["true"]}]})";
+  const Principal admin{"", Role::kAdmin};
+  for (int i = 0; i < o.list_jobs; ++i) {
+    if (auto r = service->SubmitJob(admin, job, SpecFormat::kJson); !r.ok()) Die(r.status().ToString());
+  }
+  service->Start();
+  HttpApi api(*service, config);
+  auto port = api.Start("127.0.0.1", 0);
+  if (!port.ok()) Die(port.status().ToString());
+  const httplib::Headers headers = {{"Authorization", fmt::format("Bearer {}", kToken)}};
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> lists{0}, list_bytes{0}, list_errors{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < o.list_clients; ++c) {
+    clients.emplace_back([&] {
+      httplib::Client cli("127.0.0.1", *port);
+      cli.set_read_timeout(60, 0);
+      while (!stop) {
+        auto r = cli.Get("/api/v1/jobs?limit=1000", headers);
+        if (r && r->status == 200) {
+          ++lists;
+          list_bytes += static_cast<int64_t>(r->body.size());
+        } else {
+          ++list_errors;
+        }
+      }
+    });
+  }
+  std::vector<double> health_us, beat_us;
+  httplib::Client probe("127.0.0.1", *port);
+  probe.set_read_timeout(60, 0);
+  const auto t0 = Clock::now();
+  while (Seconds(Clock::now() - t0) < o.list_seconds) {
+    auto a = Clock::now();
+    auto h = probe.Get("/healthz");
+    auto b = Clock::now();
+    auto hb = probe.Post("/api/v1/agent/nodes/node-0/heartbeat", headers, "{}", "application/json");
+    auto c = Clock::now();
+    if (h && h->status == 200) health_us.push_back(Seconds(b - a) * 1e6);
+    if (hb && hb->status == 200) beat_us.push_back(Seconds(c - b) * 1e6);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop = true;
+  for (auto& t : clients) t.join();
+  const double secs = Seconds(Clock::now() - t0);
+  api.Stop();
+  service->Stop();
+  const LatencySummary h = Summarize(health_us), hb = Summarize(beat_us);
+  std::printf("  lists answered: %lld (%.1f/s, %.1f MB each), errors %lld\n", static_cast<long long>(lists.load()),
+              static_cast<double>(lists.load()) / secs,
+              lists.load() > 0 ? static_cast<double>(list_bytes.load()) / static_cast<double>(lists.load()) / 1e6 : 0.0,
+              static_cast<long long>(list_errors.load()));
+  std::printf("  GET /healthz   p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms  (%zu samples)\n", h.p50_ms, h.p99_ms,
+              h.max_ms, health_us.size());
+  std::printf("  heartbeat      p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms  (%zu samples)\n", hb.p50_ms, hb.p99_ms,
+              hb.max_ms, beat_us.size());
+}
+
 }  // namespace
 }  // namespace gpupool
 
@@ -855,5 +951,6 @@ int main(int argc, char** argv) {
   if (o.http) gpupool::RunPartA(o);
   if (o.place) gpupool::RunPartB(o);
   if (o.retention) gpupool::RunPartC(o);
+  if (o.lists) gpupool::RunPartD(o);
   return 0;
 }

@@ -4,6 +4,8 @@ add_library(gpupool_server
   src/server/disk_guard.cc
   src/server/resources_json.cc
   src/server/metrics.cc
+  src/server/admission.cc
+  src/server/job_list.cc
   src/server/service.cc
   src/server/http_api.cc
   src/server/node_credentials.cc
@@ -17,6 +19,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/config_test.cc
     src/server/service_test.cc
     src/server/http_api_test.cc
+    src/server/admission_test.cc
     src/server/e2e_test.cc
     src/server/agent_identity_test.cc
   )

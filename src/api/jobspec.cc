@@ -1031,6 +1031,10 @@ Result<nlohmann::json> ParseJsonBody(std::string_view text, int max_depth) {
   return ParseJsonText(text, limits);
 }
 
+Status CheckSpecName(std::string_view name, const std::string& path, const JobSpecLimits& limits) {
+  return CheckName(name, path, limits.max_name_bytes);
+}
+
 std::string ErrorField(const Status& status) {
   if (status.code() != StatusCode::kInvalidArgument) return "";
   const std::string& m = status.message();

@@ -74,6 +74,12 @@ bool SameJobSpec(const Job& a, const Job& b);
 // bytes that are not text.
 Result<nlohmann::json> ParseJsonBody(std::string_view text, int max_depth = 32);
 
+// The check a job spec applies to its name, tenant and queue fields, for the same kinds of names
+// given elsewhere (queues created through the API or the config, tenants of a queue's access list):
+// lowercase letters, digits, '-', '.', '_', alphanumeric at both ends, at most
+// limits.max_name_bytes. InvalidArgument "<path>: <reason>" otherwise.
+Status CheckSpecName(std::string_view name, const std::string& path, const JobSpecLimits& limits = {});
+
 // The field path of an error from ParseJobSpec or the node codecs ("tasks[0].resources.gpu"),
 // or "" when the error concerns the whole document or is not one of theirs.
 std::string ErrorField(const Status& status);

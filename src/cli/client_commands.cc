@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -525,6 +526,9 @@ std::string_view SpecContentType(const std::string& file, std::string_view body)
 // ---- renderings ---------------------------------------------------------------
 
 std::string TaskCount(const Json& job) {
+  // List items carry taskCounts; a job read on its own (or from an older server) its tasks.
+  const Json* counts = Member(job, "taskCounts");
+  if (counts != nullptr && counts->is_object()) return fmt::format("{}/{}", Text(*counts, "running"), Text(*counts, "total"));
   const Json* tasks = Member(job, "tasks");
   if (tasks == nullptr || !tasks->is_array()) return "-";
   const auto running = std::count_if(tasks->begin(), tasks->end(),
@@ -941,6 +945,44 @@ bool AddQueueFields(const QueueOptions& queue, Json* body, std::ostream& err) {
     }
     (*body)["limit"] = std::move(*map);
   }
+  // Lists and whole numbers; "" sends null, which lifts the rule. The server checks the values.
+  for (const auto& [flag, key, value] :
+       {std::tuple<const char*, const char*, const std::optional<std::string>*>{"--tenants", "tenants", &queue.tenants},
+        {"--allowed-qos", "allowedQos", &queue.allowed_qos}}) {
+    if (!*value) continue;
+    if ((*value)->empty()) {
+      (*body)[key] = nullptr;
+      continue;
+    }
+    Json list = Json::array();
+    std::string_view rest = **value;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string_view item = Trim(rest.substr(0, comma));
+      if (!item.empty()) list.push_back(std::string(item));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    (*body)[key] = std::move(list);
+  }
+  for (const auto& [flag, key, value] : {std::tuple<const char*, const char*, const std::optional<std::string>*>{
+                                             "--max-priority", "maxPriority", &queue.max_priority},
+                                         {"--max-pending-jobs", "maxPendingJobs", &queue.max_pending_jobs},
+                                         {"--max-pending-tasks", "maxPendingTasks", &queue.max_pending_tasks}}) {
+    if (!*value) continue;
+    if ((*value)->empty()) {
+      (*body)[key] = nullptr;
+      continue;
+    }
+    const std::string& text = **value;
+    int64_t n = 0;
+    const char* first = text.data() + (text[0] == '-' ? 1 : 0);
+    const auto [end, ec] = std::from_chars(first, text.data() + text.size(), n);
+    if (ec != std::errc() || end != text.data() + text.size() || text.size() > 12) {
+      PrintError(err, fmt::format("{} must be a whole number ('' to lift it), got '{}'", flag, text));
+      return false;
+    }
+    (*body)[key] = text[0] == '-' ? -n : n;
+  }
   return true;
 }
 
@@ -965,17 +1007,21 @@ int UpdateQueue(const CommandOptions& options, const QueueOptions& queue, std::o
                 std::ostream& err) {
   return Guard(err, [&] {
     if (queue.parent) return Fail(err, kExitUsage, "the parent of a queue cannot change").exit;
-    if (!queue.weight && !queue.guaranteed && !queue.limit) {
-      return Fail(err, kExitUsage, "nothing to update: give --weight, --guaranteed or --limit").exit;
+    if (!queue.any_update()) {
+      return Fail(err, kExitUsage,
+                  "nothing to update: give --weight, --guaranteed, --limit, --tenants, --max-priority, "
+                  "--allowed-qos, --max-pending-jobs or --max-pending-tasks")
+          .exit;
     }
     Json body = Json::object();
     if (!AddQueueFields(queue, &body, err)) return kExitUsage;
     Answer current = Call(options, err, Method::kGet, QueuePath(queue.name));
     if (current.exit != kExitOk) return current.exit;
     Json merged = Json::object();
-    for (const char* key : {"weight", "guaranteed", "limit"}) {
-      if (const Json* v = Member(body, key)) {
-        merged[key] = *v;
+    for (const char* key : {"weight", "guaranteed", "limit", "tenants", "maxPriority", "allowedQos",
+                            "maxPendingJobs", "maxPendingTasks"}) {
+      if (body.contains(key)) {
+        merged[key] = body[key];  // null included: it lifts the rule
       } else if (const Json* old = Member(current.body, key); old != nullptr && !old->is_null()) {
         merged[key] = *old;
       }
@@ -1002,6 +1048,9 @@ struct QueueFlags {
   CLI::Option* weight_opt = nullptr;
   CLI::Option* guaranteed_opt = nullptr;
   CLI::Option* limit_opt = nullptr;
+  // --tenants, --max-priority, --allowed-qos, --max-pending-jobs, --max-pending-tasks
+  std::string rules[5];
+  CLI::Option* rule_opts[5] = {};
 };
 
 // Where CLI11 stores what it parsed; one command runs per process, so they share the storage.
@@ -1063,6 +1112,11 @@ QueueOptions QueueFrom(const std::string& name, const QueueFlags& f) {
   if (f.weight_opt->count() > 0) q.weight = f.weight;
   if (f.guaranteed_opt->count() > 0) q.guaranteed = f.guaranteed;
   if (f.limit_opt->count() > 0) q.limit = f.limit;
+  std::optional<std::string>* rules[5] = {&q.tenants, &q.max_priority, &q.allowed_qos, &q.max_pending_jobs,
+                                          &q.max_pending_tasks};
+  for (int i = 0; i < 5; ++i) {
+    if (f.rule_opts[i]->count() > 0) *rules[i] = f.rules[i];
+  }
   return q;
 }
 
@@ -1072,6 +1126,13 @@ void AddQueueResourceOptions(CLI::App* cmd, QueueFlags* f) {
                                       "Guaranteed resources, e.g. cpu=64,memory=512Gi,gpu=8 ('' for none)");
   f->limit_opt =
       cmd->add_option("--limit", f->limit, "Most resources the queue may use, same form ('' for no limit)");
+  const char* names[5] = {"--tenants", "--max-priority", "--allowed-qos", "--max-pending-jobs", "--max-pending-tasks"};
+  const char* help[5] = {"Tenants that may submit, e.g. vision,nlp ('' for any)",
+                         "Highest priority a job may ask for ('' for no cap)",
+                         "QoS classes a job may have, e.g. burstable,best-effort ('' for any)",
+                         "Most pending jobs in the queue ('' for no cap)",
+                         "Most tasks of pending jobs in the queue ('' for no cap)"};
+  for (int i = 0; i < 5; ++i) f->rule_opts[i] = cmd->add_option(names[i], f->rules[i], help[i]);
 }
 
 }  // namespace

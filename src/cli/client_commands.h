@@ -54,6 +54,16 @@ struct QueueOptions {
   std::optional<double> weight;
   std::optional<std::string> guaranteed;  // "cpu=64,memory=512Gi,gpu=8"; "" for none
   std::optional<std::string> limit;       // same form
+  // Access rules and pending caps (docs/server.md#queue-access); "" lifts the rule.
+  std::optional<std::string> tenants;           // "vision,nlp"
+  std::optional<std::string> max_priority;      // "100"
+  std::optional<std::string> allowed_qos;       // "burstable,best-effort"
+  std::optional<std::string> max_pending_jobs;  // "5000"
+  std::optional<std::string> max_pending_tasks;
+  bool any_update() const {
+    return weight || guaranteed || limit || tenants || max_priority || allowed_qos || max_pending_jobs ||
+           max_pending_tasks;
+  }
 };
 
 enum class NodeAction { kCordon, kUncordon, kDrain };

@@ -506,12 +506,21 @@ TEST_F(ClientCommandTest, SubmitRefusesMissingAndEmptyInput) {
 
 // ---- list -----------------------------------------------------------------------------
 
+// A job as servers list it: task counts instead of the tasks (kJob2 has one pending task).
+Json Summary(const char* job) {
+  Json j = Json::parse(job);
+  j.erase("tasks");
+  j["taskCounts"] = {{"total", 1}, {"pending", 1}, {"running", 0}};
+  return j;
+}
+
 void AnswerJobPages(FakeServer& server) {
   server.On("GET", "/api/v1/jobs", [](const httplib::Request& req, httplib::Response& res) {
     const std::string token = req.has_param("pageToken") ? req.get_param_value("pageToken") : "";
     Json page;
     if (token.empty()) {
       page = Page({kJob1, kJob2}, "p2");
+      page["items"][1] = Summary(kJob2);
     } else if (token == "p2") {
       page = Page({kJob3});
     } else {
@@ -580,7 +589,9 @@ TEST_F(ClientCommandTest, ListAllAsJsonMergesThePages) {
   ListJobsOptions list;
   list.all = true;
   ASSERT_EQ(ListJobs(Options(OutputFormat::kJson), list, out_, err_), 0) << err_.str();
-  EXPECT_EQ(out_.str(), Page({kJob1, kJob2, kJob3}).dump(2) + "\n");
+  Json want = Page({kJob1, kJob2, kJob3});
+  want["items"][1] = Summary(kJob2);
+  EXPECT_EQ(out_.str(), want.dump(2) + "\n");
 }
 
 TEST_F(ClientCommandTest, ListStopsWhenTheServerRepeatsAToken) {
@@ -1041,6 +1052,47 @@ TEST_F(ClientCommandTest, CreateQueueSendsTheFields) {
   EXPECT_EQ(err_.str(), "gpupool: name: queue vision exists\n");
 }
 
+TEST_F(ClientCommandTest, QueueAccessRulesAndPendingCapsAreSent) {
+  server_.On("POST", "/api/v1/queues", [](const httplib::Request& req, httplib::Response& res) {
+    res.status = 201;
+    res.set_content(req.body, "application/json");
+  });
+  QueueOptions q;
+  q.name = "vision";
+  q.tenants = "vision, nlp";
+  q.max_priority = "-5";
+  q.allowed_qos = "burstable,best-effort";
+  q.max_pending_jobs = "100";
+  q.max_pending_tasks = "";
+  ASSERT_EQ(CreateQueue(Options(), q, out_, err_), 0) << err_.str();
+  const Json sent = Json::parse(server_.requests().at(0).body);
+  EXPECT_EQ(sent["tenants"], Json({"vision", "nlp"}));
+  EXPECT_EQ(sent["maxPriority"], -5);
+  EXPECT_EQ(sent["allowedQos"], Json({"burstable", "best-effort"}));
+  EXPECT_EQ(sent["maxPendingJobs"], 100);
+  EXPECT_TRUE(sent["maxPendingTasks"].is_null());
+
+  server_.On("GET", "/api/v1/queues/vision", 200,
+             R"({"name": "vision", "weight": 1, "tenants": ["vision"], "maxPriority": 10})");
+  server_.On("PUT", "/api/v1/queues/vision", [](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(req.body, "application/json");
+  });
+  QueueOptions open;
+  open.name = "vision";
+  open.tenants = "";  // lift the rule, keep the others
+  ASSERT_EQ(UpdateQueue(Options(), open, out_, err_), 0) << err_.str();
+  const Json put = Json::parse(server_.requests().back().body);
+  EXPECT_TRUE(put.contains("tenants") && put["tenants"].is_null()) << put.dump();
+  EXPECT_EQ(put["maxPriority"], 10);
+
+  QueueOptions bad;
+  bad.name = "x";
+  bad.max_priority = "high";
+  err_.str("");
+  EXPECT_EQ(CreateQueue(Options(), bad, out_, err_), 2);
+  EXPECT_NE(err_.str().find("--max-priority must be a whole number"), std::string::npos) << err_.str();
+}
+
 TEST_F(ClientCommandTest, BadResourceFlagsAreUsageErrors) {
   for (const char* text : {"cpu", "cpu=", "=4", "gpu=two", "gpu=1,gpu=2", "cpu=1,,gpu=2", "gpu=inf"}) {
     QueueOptions q;
@@ -1148,7 +1200,9 @@ TEST_F(ClientCommandTest, CliListAndQueueFlags) {
 
   r = RunCli({"queues", "update", "vision", "--server", server_.url()});
   EXPECT_EQ(r.exit, 2);
-  EXPECT_EQ(r.err, "gpupool: nothing to update: give --weight, --guaranteed or --limit\n");
+  EXPECT_EQ(r.err,
+            "gpupool: nothing to update: give --weight, --guaranteed, --limit, --tenants, --max-priority, "
+            "--allowed-qos, --max-pending-jobs or --max-pending-tasks\n");
 
   server_.On("POST", "/api/v1/queues", [](const httplib::Request& req, httplib::Response& res) {
     res.status = 201;

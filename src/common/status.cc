@@ -15,6 +15,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kInternal: return "Internal";
     case StatusCode::kUnauthenticated: return "Unauthenticated";
     case StatusCode::kPermissionDenied: return "PermissionDenied";
+    case StatusCode::kLimitExceeded: return "LimitExceeded";
   }
   return "Unknown";
 }

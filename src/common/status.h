@@ -21,6 +21,7 @@ enum class StatusCode {
   kInternal,
   kUnauthenticated,   // no credentials, or unknown ones
   kPermissionDenied,  // known caller, not allowed to do this
+  kLimitExceeded,     // valid, but over a configured limit that frees up later (pending jobs of a tenant)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -47,6 +48,8 @@ class [[nodiscard]] Status {
   static Status PermissionDenied(std::string msg) {
     return {StatusCode::kPermissionDenied, std::move(msg)};
   }
+
+  static Status LimitExceeded(std::string msg) { return {StatusCode::kLimitExceeded, std::move(msg)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

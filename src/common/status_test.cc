@@ -38,6 +38,7 @@ TEST(StatusTest, FactoriesSetCodeAndMessage) {
       {Status::Unschedulable("m"), StatusCode::kUnschedulable, "Unschedulable"},
       {Status::IoError("m"), StatusCode::kIoError, "IoError"},
       {Status::Internal("m"), StatusCode::kInternal, "Internal"},
+      {Status::LimitExceeded("m"), StatusCode::kLimitExceeded, "LimitExceeded"},
   };
   for (const auto& c : cases) {
     EXPECT_FALSE(c.status.ok()) << c.name;

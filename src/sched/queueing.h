@@ -74,6 +74,15 @@ struct QueueSpec {
   int64_t weight_milli = 1000;                          // > 0; 1000 = weight 1
   Resources guaranteed;                                 // what the queue may always reclaim (0 = nothing)
   Resources limit{kUnlimited, kUnlimited, kUnlimited};  // never more than this (per component)
+
+  // Admission rules, checked when a job is submitted (the ordering never reads them). A rule of
+  // the queue or of any of its ancestors applies to every job submitted to the queue.
+  std::vector<std::string> tenants;  // who may submit; empty: any tenant
+  std::optional<int> max_priority;   // the highest priority a job may ask for
+  std::vector<QosClass> allowed_qos; // empty: any QoS class
+  // Caps on this queue's pending jobs and their tasks (0: no cap of the queue's own).
+  int64_t max_pending_jobs = 0;
+  int64_t max_pending_tasks = 0;
 };
 
 enum class OrderingPolicy { kFifo, kPriority, kDrf, kHierarchical };

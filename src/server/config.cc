@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <set>
 #include <sstream>
 
+#include "api/jobspec.h"
 #include "server/resources_json.h"
 
 namespace gpupool {
@@ -25,6 +27,9 @@ std::string_view RoleName(Role role) {
 }
 
 namespace {
+
+// Tenants one queue's access list may name.
+constexpr size_t kMaxQueueTenants = 1000;
 
 Status CheckKeys(const nlohmann::json& j, const std::string& where, const std::set<std::string>& known) {
   if (!j.is_object()) return Status::InvalidArgument(where + ": must be a map");
@@ -63,16 +68,20 @@ Result<std::string> ReadTokenFile(const std::string& path) {
 
 }  // namespace
 
-Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& where) {
-  RETURN_IF_ERROR(CheckKeys(q, where, {"name", "parent", "weight", "guaranteed", "limit"}));
+Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& where, bool check_names) {
+  RETURN_IF_ERROR(CheckKeys(q, where,
+                            {"name", "parent", "weight", "guaranteed", "limit", "tenants", "maxPriority",
+                             "allowedQos", "maxPendingJobs", "maxPendingTasks"}));
   QueueSpec spec;
   if (!q.contains("name")) return Status::InvalidArgument(where + ".name: is required");
   auto name = GetString(q["name"], where + ".name");
   if (!name.ok()) return name.status();
+  if (check_names) RETURN_IF_ERROR(CheckSpecName(*name, where + ".name"));
   spec.name = *name;
-  if (q.contains("parent")) {
+  if (q.contains("parent") && !q["parent"].is_null()) {
     auto parent = GetString(q["parent"], where + ".parent");
     if (!parent.ok()) return parent.status();
+    if (check_names && !parent->empty()) RETURN_IF_ERROR(CheckSpecName(*parent, where + ".parent"));
     spec.parent = *parent;
   }
   if (q.contains("weight")) {
@@ -91,7 +100,74 @@ Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& whe
     if (!l.ok()) return l.status();
     spec.limit = *l;
   }
+  // Admission rules. null clears a rule (so that PATCH {"tenants": null} opens a queue again).
+  if (q.contains("tenants") && !q["tenants"].is_null()) {
+    const auto& t = q["tenants"];
+    const std::string path = where + ".tenants";
+    if (!t.is_array()) return Status::InvalidArgument(path + ": must be a list of tenant names");
+    if (t.size() > kMaxQueueTenants)
+      return Status::InvalidArgument(
+          fmt::format("{}: has {} entries, over the limit of {}", path, t.size(), kMaxQueueTenants));
+    std::set<std::string> seen;
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string item = fmt::format("{}[{}]", path, i);
+      auto v = GetString(t[i], item);
+      if (!v.ok()) return v.status();
+      RETURN_IF_ERROR(CheckSpecName(*v, item));
+      if (!seen.insert(*v).second)
+        return Status::InvalidArgument(fmt::format("{}: tenant '{}' is listed twice", item, *v));
+      spec.tenants.push_back(*v);
+    }
+  }
+  if (q.contains("maxPriority") && !q["maxPriority"].is_null()) {
+    auto v = GetInt(q["maxPriority"], where + ".maxPriority", -1000000, 1000000);
+    if (!v.ok()) return v.status();
+    spec.max_priority = static_cast<int>(*v);
+  }
+  if (q.contains("allowedQos") && !q["allowedQos"].is_null()) {
+    const auto& a = q["allowedQos"];
+    const std::string path = where + ".allowedQos";
+    if (!a.is_array() || a.empty() || a.size() > 3)
+      return Status::InvalidArgument(path + ": must be a list of QoS classes (guaranteed, burstable, best-effort)");
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string item = fmt::format("{}[{}]", path, i);
+      auto v = GetString(a[i], item);
+      if (!v.ok()) return v.status();
+      auto qos = ParseQosClass(*v);
+      if (!qos.ok())
+        return Status::InvalidArgument(
+            fmt::format("{}: must be guaranteed, burstable or best-effort, got '{}'", item, v->substr(0, 40)));
+      if (std::find(spec.allowed_qos.begin(), spec.allowed_qos.end(), *qos) != spec.allowed_qos.end())
+        return Status::InvalidArgument(fmt::format("{}: '{}' is listed twice", item, *v));
+      spec.allowed_qos.push_back(*qos);
+    }
+  }
+  for (const auto& [key, out] : {std::pair<const char*, int64_t*>{"maxPendingJobs", &spec.max_pending_jobs},
+                                 std::pair<const char*, int64_t*>{"maxPendingTasks", &spec.max_pending_tasks}}) {
+    if (!q.contains(key) || q[key].is_null()) continue;
+    auto v = GetInt(q[key], where + "." + key, 1, 1000000000);
+    if (!v.ok()) return v.status();
+    *out = *v;
+  }
   return spec;
+}
+
+nlohmann::json QueueSpecJson(const QueueSpec& q) {
+  nlohmann::json j = {{"name", q.name},
+                      {"parent", q.parent},
+                      {"weight", static_cast<double>(q.weight_milli) / 1000.0},
+                      {"guaranteed", ResourceMapJson(q.guaranteed)},
+                      {"limit", ResourceMapJson(q.limit)}};
+  if (!q.tenants.empty()) j["tenants"] = q.tenants;
+  if (q.max_priority) j["maxPriority"] = *q.max_priority;
+  if (!q.allowed_qos.empty()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (QosClass c : q.allowed_qos) a.push_back(QosClassName(c));
+    j["allowedQos"] = std::move(a);
+  }
+  if (q.max_pending_jobs > 0) j["maxPendingJobs"] = q.max_pending_jobs;
+  if (q.max_pending_tasks > 0) j["maxPendingTasks"] = q.max_pending_tasks;
+  return j;
 }
 
 Result<ServerConfig> LoadServerConfig(const std::string& path) {
@@ -164,6 +240,8 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         if (t.contains("tenant")) {
           auto v = GetString(t["tenant"], where + ".tenant");
           if (!v.ok()) return fail(v.status());
+          // A tenant is a name as job specs and queue access lists write it.
+          if (Status st = CheckSpecName(*v, where + ".tenant"); !st.ok()) return fail(st);
           p.tenant = *v;
         }
         if (p.role == Role::kTenant && p.tenant.empty())
@@ -182,10 +260,20 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
     if (j.contains("tenants")) {
       const auto& t = j["tenants"];
       if (!t.is_object())
-        return fail(Status::InvalidArgument("tenants: must be a map of tenant -> {weight}"));
+        return fail(Status::InvalidArgument(
+            "tenants: must be a map of tenant -> {weight, maxPendingJobs, maxPendingTasks}"));
       for (auto it = t.begin(); it != t.end(); ++it) {
         const std::string where = "tenants." + it.key();
-        if (Status st = CheckKeys(it.value(), where, {"weight"}); !st.ok()) return fail(st);
+        if (Status st = CheckSpecName(it.key(), where); !st.ok()) return fail(st);
+        if (Status st = CheckKeys(it.value(), where, {"weight", "maxPendingJobs", "maxPendingTasks"}); !st.ok())
+          return fail(st);
+        for (const char* key : {"maxPendingJobs", "maxPendingTasks"}) {
+          if (!it.value().contains(key)) continue;
+          auto v = GetInt(it.value()[key], where + "." + key, 1, 1000000000);
+          if (!v.ok()) return fail(v.status());
+          auto& l = c.tenant_limits[it.key()];
+          (std::string_view(key) == "maxPendingJobs" ? l.max_pending_jobs : l.max_pending_tasks) = *v;
+        }
         if (it.value().contains("weight")) {
           const auto& w = it.value()["weight"];
           if (!w.is_number() || w.get<double>() <= 0 || w.get<double>() > 1e6)
@@ -292,7 +380,26 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
     }
     if (j.contains("limits")) {
       const auto& l = j["limits"];
-      if (Status st = CheckKeys(l, "limits", {"maxBodyBytes", "maxJobsPerCycle"}); !st.ok()) return fail(st);
+      if (Status st = CheckKeys(l, "limits",
+                                {"maxBodyBytes", "maxJobsPerCycle", "maxPendingJobsPerTenant",
+                                 "maxPendingTasksPerTenant", "maxTasksPerJob"});
+          !st.ok())
+        return fail(st);
+      if (l.contains("maxPendingJobsPerTenant")) {
+        auto v = GetInt(l["maxPendingJobsPerTenant"], "limits.maxPendingJobsPerTenant", 1, 1000000000);
+        if (!v.ok()) return fail(v.status());
+        c.max_pending_jobs_per_tenant = *v;
+      }
+      if (l.contains("maxPendingTasksPerTenant")) {
+        auto v = GetInt(l["maxPendingTasksPerTenant"], "limits.maxPendingTasksPerTenant", 1, 1000000000);
+        if (!v.ok()) return fail(v.status());
+        c.max_pending_tasks_per_tenant = *v;
+      }
+      if (l.contains("maxTasksPerJob")) {
+        auto v = GetInt(l["maxTasksPerJob"], "limits.maxTasksPerJob", 1, 100000);
+        if (!v.ok()) return fail(v.status());
+        c.max_tasks_per_job = static_cast<int>(*v);
+      }
       if (l.contains("maxBodyBytes")) {
         auto v = GetInt(l["maxBodyBytes"], "limits.maxBodyBytes", 1024, int64_t{64} << 20);
         if (!v.ok()) return fail(v.status());

@@ -64,6 +64,19 @@ struct ServerConfig {
 
   size_t max_body_bytes = 1 << 20;
   int max_jobs_per_cycle = 5000;
+  // What one tenant may have waiting (docs/server.md#tenant-limits): pending jobs, and the tasks of
+  // those jobs, summed over all queues. Over either, a submission is refused with 429 and nothing
+  // is stored; the room comes back as jobs start, end or are cancelled. `tenant_limits` overrides
+  // both per tenant (config `tenants.<name>.maxPendingJobs/maxPendingTasks`).
+  int64_t max_pending_jobs_per_tenant = 10000;
+  int64_t max_pending_tasks_per_tenant = 100000;
+  struct TenantLimits {
+    int64_t max_pending_jobs = 0;   // 0: the default above
+    int64_t max_pending_tasks = 0;  // 0: the default above
+  };
+  std::map<std::string, TenantLimits> tenant_limits;
+  // Tasks of one job (replicas over all its groups); a bigger spec is refused with 400.
+  int max_tasks_per_job = 10000;
   int cycle_interval_ms = 200;  // the loop also runs at once after every submission or release
   bool sync_full = true;        // SQLite synchronous=FULL (FALSE: NORMAL, survives process crashes only)
   // A job that ended (succeeded, failed, cancelled) and has not changed for this long is removed,
@@ -104,8 +117,13 @@ Result<ServerConfig> LoadServerConfig(const std::string& path);
 // token when absent, reused when present. Returns the token.
 Result<std::string> EnsureAdminToken(const std::string& data_dir);
 
-// A queue as the config and the API write it: {name, parent, weight, guaranteed, limit}.
-Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& where);
+// A queue as the config and the API write it: {name, parent, weight, guaranteed, limit, tenants,
+// maxPriority, allowedQos, maxPendingJobs, maxPendingTasks}. Names (the queue's, its parent's, the
+// tenants') are checked as a job spec checks its queue and tenant fields, unless `check_names` is
+// false (queues read back from an older store, which did not check them).
+Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& where, bool check_names = true);
+// The same as JSON; ParseQueueJson(QueueSpecJson(q)) gives q back.
+nlohmann::json QueueSpecJson(const QueueSpec& q);
 
 // "host:port" -> parts; port 0 allowed (pick a free one).
 Status ParseListen(const std::string& listen, std::string* host, int* port);

@@ -26,16 +26,16 @@ tokens:
   - {token: vision-token-0123456789, role: tenant, tenant: vision}
   - {token: agent-token-0123456789, role: agent}
 ordering: drf
-tenants: {vision: {weight: 2}}
+tenants: {vision: {weight: 2, maxPendingJobs: 50, maxPendingTasks: 500}}
 queues:
-  - {name: research, weight: 1}
+  - {name: research, weight: 1, tenants: [vision, nlp], maxPriority: 100, allowedQos: [burstable, best-effort], maxPendingJobs: 7, maxPendingTasks: 70}
   - {name: vision, parent: research, weight: 2.5, guaranteed: {gpu: 4, cpu: 32}, limit: {gpu: 8, memory: 1Ti}}
 profile: bestfit
 preemption: {enabled: false, gracePeriodSeconds: 10}
 backfill: {reserveAfterSeconds: 120}
 heartbeat: {intervalSeconds: 2, timeoutSeconds: 10}
 hotspot: {temperatureC: 80, utilization: 0.99, memoryUsedFraction: 0.95, windowSeconds: 20, cooldownSeconds: 300, migrate: false}
-limits: {maxBodyBytes: 65536, maxJobsPerCycle: 100}
+limits: {maxBodyBytes: 65536, maxJobsPerCycle: 100, maxPendingJobsPerTenant: 20, maxPendingTasksPerTenant: 200, maxTasksPerJob: 64}
 store: {synchronous: normal, finishedJobRetentionSeconds: 3600}
 )");
   auto c = LoadServerConfig(path);
@@ -47,6 +47,25 @@ store: {synchronous: normal, finishedJobRetentionSeconds: 3600}
   EXPECT_EQ(c->ordering.policy, OrderingPolicy::kDrf);
   EXPECT_EQ(c->ordering.tenant_weight_milli.at("vision"), 2000);
   ASSERT_EQ(c->ordering.queues.size(), 2u);
+  EXPECT_EQ(c->max_pending_jobs_per_tenant, 20);
+  EXPECT_EQ(c->max_pending_tasks_per_tenant, 200);
+  EXPECT_EQ(c->max_tasks_per_job, 64);
+  EXPECT_EQ(c->tenant_limits.at("vision").max_pending_jobs, 50);
+  EXPECT_EQ(c->tenant_limits.at("vision").max_pending_tasks, 500);
+  const QueueSpec& r = c->ordering.queues[0];
+  EXPECT_EQ(r.tenants, (std::vector<std::string>{"vision", "nlp"}));
+  EXPECT_EQ(r.max_priority, 100);
+  EXPECT_EQ(r.allowed_qos, (std::vector<QosClass>{QosClass::kBurstable, QosClass::kBestEffort}));
+  EXPECT_EQ(r.max_pending_jobs, 7);
+  EXPECT_EQ(r.max_pending_tasks, 70);
+  // What the store keeps reads back the same.
+  auto again = ParseQueueJson(QueueSpecJson(r), "stored");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->tenants, r.tenants);
+  EXPECT_EQ(again->max_priority, r.max_priority);
+  EXPECT_EQ(again->allowed_qos, r.allowed_qos);
+  EXPECT_EQ(again->max_pending_jobs, r.max_pending_jobs);
+  EXPECT_EQ(again->max_pending_tasks, r.max_pending_tasks);
   const QueueSpec& v = c->ordering.queues[1];
   EXPECT_EQ(v.parent, "research");
   EXPECT_EQ(v.weight_milli, 2500);
@@ -96,6 +115,21 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
       {"hotspot: {temperature: 80}\n", "hotspot.temperature: unknown key"},
       {"hotspot: {utilization: 1.5}\n", "hotspot.utilization: must be in [0, 1]"},
       {"hotspot: {windowSeconds: -1}\n", "hotspot.windowSeconds"},
+      {"tokens: [{token: 0123456789abcdef0, role: tenant, tenant: Team A}]\n", "tokens[0].tenant: 'Team A' must be"},
+      {"limits: {maxPendingJobsPerTenant: 0}\n", "limits.maxPendingJobsPerTenant: must be in [1, "},
+      {"limits: {maxPendingTasksPerTenant: many}\n", "limits.maxPendingTasksPerTenant: must be an integer"},
+      {"limits: {maxTasksPerJob: 1000000}\n", "limits.maxTasksPerJob: must be in [1, 100000]"},
+      {"limits: {maxPendingJobs: 5}\n", "limits.maxPendingJobs: unknown key"},
+      {"tenants: {vision: {maxPendingJobs: -1}}\n", "tenants.vision.maxPendingJobs: must be in [1, "},
+      {"tenants: {vision: {maxJobs: 1}}\n", "tenants.vision.maxJobs: unknown key"},
+      {"tenants: {Vision/x: {weight: 1}}\n", "tenants.Vision/x: "},
+      {"queues: [{name: a/b}]\n", "queues[0].name: "},
+      {"queues: [{name: '../etc'}]\n", "queues[0].name: "},
+      {"queues: [{name: a, tenants: vision}]\n", "queues[0].tenants: must be a list"},
+      {"queues: [{name: a, tenants: [vision, vision]}]\n", "queues[0].tenants[1]: tenant 'vision' is listed twice"},
+      {"queues: [{name: a, allowedQos: [gold]}]\n", "queues[0].allowedQos[0]: must be guaranteed"},
+      {"queues: [{name: a, maxPriority: 1.5}]\n", "queues[0].maxPriority: must be an integer"},
+      {"queues: [{name: a, maxPendingTasks: 0}]\n", "queues[0].maxPendingTasks: must be in [1, "},
   };
   for (const auto& c : cases) {
     const std::string path = WriteTemp(c.yaml);

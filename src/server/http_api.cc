@@ -27,6 +27,7 @@ int HttpApi::HttpStatusFor(StatusCode code) {
     case StatusCode::kFailedPrecondition:
     case StatusCode::kUnschedulable: return 409;
     case StatusCode::kResourceExhausted: return 422;
+    case StatusCode::kLimitExceeded: return 429;
     case StatusCode::kIoError:
     case StatusCode::kInternal: return 500;
   }
@@ -69,6 +70,13 @@ void SendStatus(http::Response& res, const Status& st) {
   const int http = HttpApi::HttpStatusFor(st.code());
   std::string field;
   if (http == 400 || http == 403 || http == 422) field = ErrorField(st);
+  if (http == 403 && field.empty() && st.code() == StatusCode::kPermissionDenied) {
+    // Queue access refusals say which field of the job the rule is about ("queue: ...").
+    const std::string& m = st.message();
+    for (const char* f : {"queue", "priority", "qos"}) {
+      if (m.rfind(std::string(f) + ": ", 0) == 0) field = f;
+    }
+  }
   SendError(res, http, st.code(), st.message(), field);
 }
 
@@ -279,9 +287,20 @@ void HttpApi::Routes() {
     if (!who) return;
     ListJobsQuery q;
     for (const auto& [k, v] : req.params) {
-      if (k != "state" && k != "tenant" && k != "queue" && k != "limit" && k != "pageToken") {
+      if (k != "state" && k != "tenant" && k != "queue" && k != "limit" && k != "pageToken" && k != "fields") {
         SendStatus(res, Status::InvalidArgument(
-                            k + ": unknown query parameter (known: state, tenant, queue, limit, pageToken)"));
+                            k + ": unknown query parameter (known: state, tenant, queue, limit, pageToken, fields)"));
+        return;
+      }
+    }
+    // Items are summaries; fields=tasks and fields=spec add each job's tasks and spec.
+    for (const auto& f : SplitParams(req, "fields")) {
+      if (f == "tasks") {
+        q.with_tasks = true;
+      } else if (f == "spec") {
+        q.with_spec = true;
+      } else {
+        SendStatus(res, Status::InvalidArgument(fmt::format("fields: unknown field '{}' (tasks, spec)", f.substr(0, 40))));
         return;
       }
     }
@@ -296,7 +315,8 @@ void HttpApi::Routes() {
     }
     q.tenants = SplitParams(req, "tenant");
     q.queues = SplitParams(req, "queue");
-    auto limit = IntParam(req, "limit", 100, 1, 1000);
+    auto limit = IntParam(req, "limit", 100, 1,
+                          q.with_tasks || q.with_spec ? PoolService::kMaxDetailedPage : PoolService::kMaxListLimit);
     if (!limit.ok()) return SendStatus(res, limit.status());
     auto token = IntParam(req, "pageToken", 0, 0, INT64_MAX);
     if (!token.ok()) return SendStatus(res, token.status());

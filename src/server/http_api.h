@@ -29,7 +29,7 @@ class HttpApi {
   // Stops accepting, finishes requests in flight, joins the thread.
   void Stop();
 
-  // HTTP status for a Status code (400, 401, 403, 404, 409, 422, 500).
+  // HTTP status for a Status code (400, 401, 403, 404, 409, 422, 429, 500).
   static int HttpStatusFor(StatusCode code);
 
  private:

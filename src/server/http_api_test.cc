@@ -193,7 +193,7 @@ class HttpApiTest : public ::testing::Test {
     json jobs = json::array();
     std::string token;
     for (int page = 0; page < 100; ++page) {
-      Reply r = Get("/api/v1/jobs?limit=1000" + (token.empty() ? "" : "&pageToken=" + token));
+      Reply r = Get("/api/v1/jobs?fields=tasks,spec&limit=100" + (token.empty() ? "" : "&pageToken=" + token));
       EXPECT_EQ(r.status, 200) << r.raw;
       if (r.status != 200) break;
       for (const json& j : r.body["items"]) {
@@ -353,6 +353,16 @@ TEST_F(HttpApiTest, BadInputIsRefusedInTheErrorShapeAndChangesNothing) {
        "application/json", 400, "InvalidArgument", "queue.weight"},
       {"queue unknown key", "POST", "/api/v1/queues", kAdminToken, R"({"name": "q2", "colour": "red"})",
        "application/json", 400, "InvalidArgument", "queue.colour"},
+      {"queue name with a slash", "POST", "/api/v1/queues", kAdminToken, R"({"name": "a/b"})",
+       "application/json", 400, "InvalidArgument", "queue.name"},
+      {"queue name climbing up", "POST", "/api/v1/queues", kAdminToken, R"({"name": "../etc"})",
+       "application/json", 400, "InvalidArgument", "queue.name"},
+      {"queue tenant not a name", "POST", "/api/v1/queues", kAdminToken, R"({"name": "q2", "tenants": ["A B"]})",
+       "application/json", 400, "InvalidArgument", "queue.tenants[0]"},
+      {"list with an unknown field", "GET", "/api/v1/jobs?fields=secrets", kAdminToken, "", "", 400,
+       "InvalidArgument", "fields"},
+      {"list with tasks, too many", "GET", "/api/v1/jobs?fields=tasks&limit=101", kAdminToken, "", "", 400,
+       "InvalidArgument", "limit"},
       {"queue malformed JSON", "POST", "/api/v1/queues", kAdminToken, R"({"name": )", "application/json", 400,
        "InvalidArgument", ""},
       {"queue parent change", "PUT", "/api/v1/queues/small", kAdminToken, R"({"parent": "default"})",
@@ -1099,6 +1109,43 @@ TEST_F(HttpApiTest, ReportsOfAnotherRunIdAreRefusedAndRunIdsSurviveARestart) {
   r = Post(status, json{{"state", "running"}, {"runId", run}}.dump(), Cred("n1"));
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(Job(job)["tasks"][0]["state"], "running");
+}
+
+TEST_F(HttpApiTest, LimitsAnswer429AndQueueRulesAnswer403NamingTheRule) {
+  config_.max_pending_jobs_per_tenant = 1;
+  Open();
+  const std::string cpu1 = R"({"cpu": "1", "memory": "1Gi"})";
+  Submit(OneTaskJson("first", cpu1), kVisionToken);
+  Reply over = Post("/api/v1/jobs", OneTaskJson("second", cpu1), kVisionToken);
+  EXPECT_TRUE(IsError(over, 429, "LimitExceeded"));
+  EXPECT_NE(over.body["error"].value("message", "").find("limits.maxPendingJobsPerTenant"), std::string::npos)
+      << over.raw;
+
+  Reply q = Post("/api/v1/queues", R"({"name": "vision-only", "tenants": ["vision"], "maxPriority": 100,
+      "allowedQos": ["best-effort"]})");
+  ASSERT_EQ(q.status, 201) << q.raw;
+  EXPECT_EQ(q.body["tenants"], json({"vision"}));
+  Reply denied = Post("/api/v1/jobs", OneTaskJson("intruder", cpu1, R"(, "queue": "vision-only")"), kNlpToken);
+  EXPECT_TRUE(IsError(denied, 403, "PermissionDenied", "queue"));
+  EXPECT_NE(denied.body["error"].value("message", "").find("queue.tenants"), std::string::npos) << denied.raw;
+  Reply prio = Post("/api/v1/jobs",
+                    OneTaskJson("greedy", cpu1, R"(, "queue": "vision-only", "priority": 1000000, "qos": "guaranteed")"),
+                    kAdminToken);
+  EXPECT_EQ(prio.status, 201) << "admins may submit anywhere: " << prio.raw;
+
+  // List items are summaries: no tasks, no spec, task counts instead.
+  Reply list = Get("/api/v1/jobs");
+  ASSERT_EQ(list.status, 200) << list.raw;
+  ASSERT_FALSE(list.body["items"].empty());
+  for (const json& j : list.body["items"]) {
+    EXPECT_FALSE(j.contains("tasks")) << j.dump();
+    EXPECT_FALSE(j.contains("spec")) << j.dump();
+    EXPECT_EQ(j["taskCounts"]["total"], 1) << j.dump();
+  }
+  Reply detailed = Get("/api/v1/jobs?fields=tasks,spec");
+  ASSERT_EQ(detailed.status, 200) << detailed.raw;
+  EXPECT_EQ(detailed.body["items"][0]["tasks"].size(), 1u);
+  EXPECT_EQ(detailed.body["items"][0]["spec"]["name"], "first");
 }
 
 }  // namespace

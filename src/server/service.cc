@@ -48,6 +48,8 @@ std::string_view TaskPhaseName(TaskPhase p) {
   return "?";
 }
 
+static_assert(static_cast<int>(TaskPhase::kPreempted) + 1 == kTaskPhaseCount);
+
 namespace {
 
 constexpr size_t kRecentTasks = 10000;
@@ -85,15 +87,6 @@ bool IsLive(TaskPhase p) {
 }
 bool IsTerminal(JobPhase p) {
   return p == JobPhase::kSucceeded || p == JobPhase::kFailed || p == JobPhase::kCancelled;
-}
-
-std::string FormatTime(int64_t ms) {
-  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  return fmt::format("{}.{:03}Z", buf, ms % 1000);
 }
 
 double MonoSeconds() {
@@ -196,8 +189,13 @@ Status PoolService::Recover() {
       j.erase("used");
       j.erase("pending");
       j.erase("running");
-      auto q = ParseQueueJson(j, "stored queue " + r.name);
+      // Stores written before queue names were checked may hold names a job spec cannot name; they
+      // load (refusing to start would be worse) and say so.
+      auto q = ParseQueueJson(j, "stored queue " + r.name, /*check_names=*/false);
       if (!q.ok()) return q.status();
+      if (Status st = CheckSpecName(q->name, "name"); !st.ok())
+        std::fprintf(stderr, "gpupool server: stored queue '%s' has a name no job can give (%s); rename it\n",
+                     r.name.c_str(), st.message().c_str());
       queues_.push_back(*q);
     }
   }
@@ -235,6 +233,7 @@ Status PoolService::Recover() {
     state->job.queue = r.queue;
     state->demand = JobDemand(state->job);
     state->tasks.resize(static_cast<size_t>(state->job.task_count()));
+    state->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(state->tasks.size());
     int t = 0;
     for (size_t g = 0; g < state->job.groups.size(); ++g) {
       for (int rep = 0; rep < state->job.groups[g].replicas; ++rep, ++t) {
@@ -255,7 +254,13 @@ Status PoolService::Recover() {
     JobState* raw = state.get();
     by_seq_[r.seq] = raw;
     jobs_[r.id] = std::move(state);
-    if (raw->phase == JobPhase::kPending) pending_.insert(r.seq);
+    by_tenant_[r.tenant].insert(r.seq);
+    ++job_phase_count_[static_cast<size_t>(raw->phase)];
+    ++queue_phase_count_[r.queue][static_cast<size_t>(raw->phase)];
+    if (raw->phase == JobPhase::kPending) {
+      pending_.insert(r.seq);
+      pending_counts_.Add(r.tenant, r.queue, static_cast<int64_t>(raw->tasks.size()));
+    }
   }
   RETURN_IF_ERROR(credentials_.Load(snap->meta));
   for (const auto& [key, value] : snap->meta) {
@@ -287,7 +292,7 @@ Status PoolService::Recover() {
     if (!phase)
       return Status::Internal(fmt::format("stored task {}[{}] has unknown state", r.job_id, r.index));
     TaskState& ts = j->tasks[static_cast<size_t>(r.index)];
-    ts.phase = *phase;
+    SetTaskPhase(*j, ts, *phase);
     ts.exit_code = r.exit_code;
     ts.restarts = r.restarts;
     ts.run_id = r.run_id;
@@ -378,6 +383,25 @@ void PoolService::LearnTypicalPods() {
 
 // ---- helpers -----------------------------------------------------------------------------------
 
+void PoolService::SetJobPhase(JobState& j, JobPhase phase) {
+  if (j.phase == phase) return;
+  const auto tasks = static_cast<int64_t>(j.tasks.size());
+  if (j.phase == JobPhase::kPending) pending_counts_.Remove(j.rec.tenant, j.rec.queue, tasks);
+  if (phase == JobPhase::kPending) pending_counts_.Add(j.rec.tenant, j.rec.queue, tasks);
+  --job_phase_count_[static_cast<size_t>(j.phase)];
+  ++job_phase_count_[static_cast<size_t>(phase)];
+  auto& in_queue = queue_phase_count_[j.rec.queue];
+  --in_queue[static_cast<size_t>(j.phase)];
+  ++in_queue[static_cast<size_t>(phase)];
+  j.phase = phase;
+}
+
+void PoolService::SetTaskPhase(JobState& j, TaskState& ts, TaskPhase phase) {
+  --j.task_counts[static_cast<size_t>(ts.phase)];
+  ++j.task_counts[static_cast<size_t>(phase)];
+  ts.phase = phase;
+}
+
 PoolService::JobState* PoolService::FindJob(const std::string& id) {
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second.get();
@@ -455,7 +479,7 @@ void PoolService::StopTask(JobState& j, int index, TaskPhase outcome, const std:
   TaskState& ts = j.tasks[static_cast<size_t>(index)];
   const int64_t now = NowMs();
   if (ts.phase == TaskPhase::kPending) {
-    ts.phase = outcome == TaskPhase::kPreempted ? TaskPhase::kPending : outcome;
+    SetTaskPhase(j, ts, outcome == TaskPhase::kPreempted ? TaskPhase::kPending : outcome);
     ts.updated_ms = now;
     PutTaskOp(j, index, batch);
     return;
@@ -463,7 +487,7 @@ void PoolService::StopTask(JobState& j, int index, TaskPhase outcome, const std:
   if (!IsLive(ts.phase)) return;
   stopping_jobs_.insert(j.rec.id);
   if (ts.phase != TaskPhase::kStopping) {
-    ts.phase = TaskPhase::kStopping;
+    SetTaskPhase(j, ts, TaskPhase::kStopping);
     ts.stop_deadline_ms = now + 1000LL * (config_.grace_period_seconds + config_.heartbeat_timeout_seconds);
   }
   ts.stop_outcome = outcome;
@@ -473,7 +497,7 @@ void PoolService::StopTask(JobState& j, int index, TaskPhase outcome, const std:
 }
 
 void PoolService::FailJob(JobState& j, const std::string& reason, WriteBatch& batch) {
-  j.phase = JobPhase::kFailed;
+  SetJobPhase(j, JobPhase::kFailed);
   j.rec.reason = reason;
   for (size_t i = 0; i < j.tasks.size(); ++i)
     StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job failed", batch);
@@ -534,11 +558,11 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
       TaskState& ts = j.tasks[i];
       // Every task that was placed runs again as a new run (its agent tells runs apart by this).
       if (ts.phase != TaskPhase::kPending) ++ts.restarts;
-      ts.phase = TaskPhase::kPending;
+      SetTaskPhase(j, ts, TaskPhase::kPending);
       ts.updated_ms = now;
       PutTaskOp(j, static_cast<int>(i), batch);
     }
-    j.phase = JobPhase::kPending;
+    SetJobPhase(j, JobPhase::kPending);
     j.pending_since_ms = now;
     j.submit_mono = MonoSeconds();
     pending_.insert(j.rec.seq);
@@ -551,7 +575,7 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     PutJobOps(j, batch);
     return;
   }
-  j.phase = JobPhase::kSucceeded;
+  SetJobPhase(j, JobPhase::kSucceeded);
   j.rec.reason = "every task exited 0";
   ++metrics_.finished["succeeded"];
   Event(j.rec.id, "Succeeded", "every task exited 0", batch);
@@ -577,7 +601,7 @@ void PoolService::ExpireStops(WriteBatch& batch) {
       TaskState& ts = j.tasks[i];
       if (ts.phase != TaskPhase::kStopping || ts.stop_deadline_ms > now) continue;
       ReleaseTask(j, static_cast<int>(i));
-      ts.phase = ts.stop_outcome;
+      SetTaskPhase(j, ts, ts.stop_outcome);
       ts.updated_ms = now;
       PutTaskOp(j, static_cast<int>(i), batch);
       Event(j.rec.id, "TaskFinished",
@@ -643,7 +667,7 @@ void PoolService::CheckNodes(WriteBatch& batch) {
         if (!IsLive(ts.phase) || !ts.placed || ts.placement.node != n) continue;
         const TaskPhase outcome = ts.phase == TaskPhase::kStopping ? ts.stop_outcome : TaskPhase::kPreempted;
         ReleaseTask(*j, static_cast<int>(i));
-        ts.phase = outcome;
+        SetTaskPhase(*j, ts, outcome);
         if (outcome == TaskPhase::kPreempted && ts.stop_reason.empty()) ts.stop_reason = reason;
         ts.updated_ms = now;
         PutTaskOp(*j, static_cast<int>(i), batch);
@@ -800,6 +824,7 @@ json PoolService::JobJson(const JobState& j) const {
   if (j.phase == JobPhase::kPending && j.rec.not_before_ms > NowMs())
     out["notBefore"] = FormatTime(j.rec.not_before_ms);
   out["spec"] = JobSpecToJson(j.job);
+  out["taskCounts"] = TaskCountsJson(static_cast<int>(j.tasks.size()), j.task_counts);
   json tasks = json::array();
   for (size_t i = 0; i < j.tasks.size(); ++i) tasks.push_back(TaskJson(j, static_cast<int>(i)));
   out["tasks"] = std::move(tasks);
@@ -863,12 +888,7 @@ json PoolService::NodeJson(NodeIndex n) const {
 }
 
 json PoolService::QueueJson(const QueueSpec& q) const {
-  json j = {{"name", q.name},
-            {"parent", q.parent},
-            {"weight", static_cast<double>(q.weight_milli) / 1000.0},
-            {"guaranteed", ResourceMapJson(q.guaranteed)},
-            {"limit", ResourceMapJson(q.limit)}};
-  return j;
+  return QueueSpecJson(q);
 }
 
 // ---- jobs --------------------------------------------------------------------------------------
@@ -879,6 +899,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   RETURN_IF_ERROR(disk_guard_->Check());
   JobSpecLimits limits;
   limits.max_bytes = config_.max_body_bytes;
+  limits.max_tasks = config_.max_tasks_per_job;
   auto parsed = ParseJobSpec(body, format, limits);
   if (!parsed.ok()) return parsed.status();
   Job job = std::move(parsed).value();
@@ -892,11 +913,20 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   }
   if (job.queue.empty()) job.queue = "default";
   const Resources demand = JobDemand(job);
+  const auto task_count = static_cast<int64_t>(job.task_count());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!order_->HasQueue(job.queue))
       return Status::InvalidArgument(fmt::format("queue: unknown queue '{}'", job.queue));
+    // Queue access rules bind tenants; admins may submit anywhere.
+    if (who.role != Role::kAdmin) RETURN_IF_ERROR(CheckQueueAccess(*order_, job));
     if (Status st = order_->Admit(job.queue, demand); !st.ok()) return st;
+    // The room is reserved here, under the lock, before the durable write (which runs without it):
+    // concurrent submissions cannot all pass the check and then overshoot together.
+    RETURN_IF_ERROR(
+        pending_counts_.CheckRoom(config_, order_->FindQueue(job.queue), job.tenant, job.queue, task_count));
+    pending_counts_.Add(job.tenant, job.queue, task_count);
+    ++submissions_in_flight_;
   }
   const uint64_t seq = next_seq_.fetch_add(1);
   job.id = fmt::format("j-{:012}", seq);
@@ -945,10 +975,15 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   e.message = fmt::format("by tenant '{}' to queue '{}': {} task(s), needs {}", state->rec.tenant,
                           state->rec.queue, state->tasks.size(), FormatResources(demand));
   batch.Add(AppendEvent{e});
-  if (Status st = committer_->Commit(std::move(batch)); !st.ok())
+  if (Status st = committer_->Commit(std::move(batch)); !st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_counts_.Remove(state->rec.tenant, state->rec.queue, task_count);
+    --submissions_in_flight_;
     return Status::Internal("the job could not be stored: " + st.message());
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
+  --submissions_in_flight_;  // its reservation is now the pending job's count
   JobState* raw = state.get();
   for (const auto& g : raw->job.groups) {
     for (int rep = 0; rep < g.replicas; ++rep) {
@@ -963,7 +998,11 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     }
   }
   by_seq_[seq] = raw;
+  by_tenant_[raw->rec.tenant].insert(seq);
   pending_.insert(seq);
+  ++job_phase_count_[static_cast<size_t>(JobPhase::kPending)];
+  ++queue_phase_count_[raw->rec.queue][static_cast<size_t>(JobPhase::kPending)];
+  raw->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(raw->tasks.size());
   jobs_[raw->rec.id] = std::move(state);
   ++metrics_.submitted;
   wake_pending_ = true;
@@ -1009,24 +1048,89 @@ Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
 Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q) {
   if (who.role == Role::kAgent || who.role == Role::kNode)
     return Status::PermissionDenied("agent tokens cannot list jobs");
-  if (q.limit < 1 || q.limit > 1000) return Status::InvalidArgument("limit: must be between 1 and 1000");
-  std::lock_guard<std::mutex> lock(mu_);
-  json items = json::array();
+  const bool detailed = q.with_tasks || q.with_spec;
+  const int max_limit = detailed ? kMaxDetailedPage : kMaxListLimit;
+  if (q.limit < 1 || q.limit > max_limit)
+    return Status::InvalidArgument(fmt::format("limit: must be between 1 and {}{}", max_limit,
+                                               detailed ? " when fields asks for tasks or spec" : ""));
+  std::vector<JobSummary> page;
   uint64_t last = 0;
   bool more = false;
-  for (auto it = by_seq_.upper_bound(q.after_seq); it != by_seq_.end(); ++it) {
-    const JobState& j = *it->second;
-    if (who.role == Role::kTenant && j.rec.tenant != who.tenant) continue;
-    if (!q.states.empty() && !q.states.count(std::string(JobPhaseName(j.phase)))) continue;
-    if (!q.tenants.empty() && !q.tenants.count(j.rec.tenant)) continue;
-    if (!q.queues.empty() && !q.queues.count(j.rec.queue)) continue;
-    if (static_cast<int>(items.size()) == q.limit) {
-      more = true;
-      break;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Where to look: one tenant's jobs when the caller or the filter names one tenant, the pending
+    // set when only pending jobs are asked for, otherwise every job. Each source is ordered by seq.
+    static const std::set<uint64_t> kNone;
+    const std::set<uint64_t>* source = nullptr;
+    std::string only_tenant;
+    if (who.role == Role::kTenant) {
+      only_tenant = who.tenant;
+      if (!q.tenants.empty() && !q.tenants.count(who.tenant)) source = &kNone;
+    } else if (q.tenants.size() == 1) {
+      only_tenant = *q.tenants.begin();
     }
-    items.push_back(JobJson(j));
-    last = it->first;
+    if (source == nullptr && !only_tenant.empty()) {
+      auto t = by_tenant_.find(only_tenant);
+      source = t == by_tenant_.end() ? &kNone : &t->second;
+    } else if (source == nullptr && q.states.size() == 1 && q.states.count("pending")) {
+      source = &pending_;
+    }
+    int scanned = 0, listed_tasks = 0;
+    auto visit = [&](uint64_t seq, const JobState& j) -> bool {  // false: the page is full
+      if (scanned++ == kMaxListScan) {
+        more = true;  // the token resumes after the last job examined
+        return false;
+      }
+      const bool match = (who.role != Role::kTenant || j.rec.tenant == who.tenant) &&
+                         (q.states.empty() || q.states.count(std::string(JobPhaseName(j.phase)))) &&
+                         (q.tenants.empty() || q.tenants.count(j.rec.tenant)) &&
+                         (q.queues.empty() || q.queues.count(j.rec.queue));
+      if (!match) {
+        last = seq;
+        return true;
+      }
+      if (static_cast<int>(page.size()) == q.limit || (q.with_tasks && listed_tasks >= kMaxListedTasks)) {
+        more = true;  // a matching job follows the page
+        return false;
+      }
+      last = seq;
+      JobSummary& s = page.emplace_back();
+      s.id = j.rec.id;
+      s.name = j.rec.name;
+      s.tenant = j.rec.tenant;
+      s.queue = j.rec.queue;
+      s.reason = j.rec.reason;
+      s.priority = j.rec.priority;
+      s.qos = j.job.qos;
+      s.state = JobPhaseName(j.phase);
+      s.faults = j.rec.faults;
+      s.created_ms = j.rec.created_ms;
+      s.updated_ms = j.rec.updated_ms;
+      if (j.phase == JobPhase::kPending && j.rec.not_before_ms > NowMs()) s.not_before_ms = j.rec.not_before_ms;
+      s.tasks = static_cast<int>(j.tasks.size());
+      s.task_counts = j.task_counts;
+      if (q.with_spec) s.spec_json = j.rec.spec_json;
+      if (q.with_tasks) {
+        s.tasks_json = json::array();
+        for (size_t i = 0; i < j.tasks.size(); ++i) s.tasks_json.push_back(TaskJson(j, static_cast<int>(i)));
+        listed_tasks += s.tasks;
+      }
+      return true;
+    };
+    if (source != nullptr) {
+      for (auto it = source->upper_bound(q.after_seq); it != source->end(); ++it) {
+        auto j = by_seq_.find(*it);
+        if (j != by_seq_.end() && !visit(*it, *j->second)) break;
+      }
+    } else {
+      for (auto it = by_seq_.upper_bound(q.after_seq); it != by_seq_.end(); ++it) {
+        if (!visit(it->first, *it->second)) break;
+      }
+    }
   }
+  // The JSON is built without the lock.
+  json items = json::array();
+  for (const JobSummary& s : page) items.push_back(JobSummaryJson(s, q.with_spec, q.with_tasks));
   json out = {{"items", std::move(items)}};
   if (more) out["nextPageToken"] = std::to_string(last);
   return out;
@@ -1044,14 +1148,14 @@ Result<json> PoolService::CancelJob(const Principal& who, const std::string& id)
   for (size_t i = 0; i < j.tasks.size(); ++i) {
     TaskState& ts = j.tasks[i];
     if (ts.phase == TaskPhase::kPending) {
-      ts.phase = TaskPhase::kCancelled;
+      SetTaskPhase(j, ts, TaskPhase::kCancelled);
       ts.updated_ms = NowMs();
       PutTaskOp(j, static_cast<int>(i), batch);
     } else {
       StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job cancelled", batch);
     }
   }
-  j.phase = JobPhase::kCancelled;
+  SetJobPhase(j, JobPhase::kCancelled);
   j.rec.reason = "cancelled by " + by;
   pending_.erase(j.rec.seq);
   partial_.erase(j.rec.seq);
@@ -1198,11 +1302,10 @@ Result<json> PoolService::GetQueueLocked(const std::string& name) {
     if (key.second == name) used += r;
   }
   j["used"] = ResourceMapJson(used);
-  int pending = 0, running = 0;
-  for (const auto& [seq, job] : by_seq_) {
-    if (job->rec.queue != name) continue;
-    pending += job->phase == JobPhase::kPending;
-    running += job->phase == JobPhase::kRunning;
+  int64_t pending = 0, running = 0;
+  if (auto c = queue_phase_count_.find(name); c != queue_phase_count_.end()) {
+    pending = c->second[static_cast<size_t>(JobPhase::kPending)];
+    running = c->second[static_cast<size_t>(JobPhase::kRunning)];
   }
   j["pending"] = pending;
   j["running"] = running;
@@ -1667,7 +1770,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   const std::string task_name = fmt::format("{}[{}]", g.name, ts.replica);
   if (state == "running") {
     if (ts.phase == TaskPhase::kAssigned) {
-      ts.phase = TaskPhase::kRunning;
+      SetTaskPhase(*j, ts, TaskPhase::kRunning);
       ts.updated_ms = now;
       PutTaskOp(*j, index, batch);
       Event(job_id, "TaskStarted", fmt::format("task {} started on {}", task_name, node), batch);
@@ -1690,7 +1793,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
       if (message.empty()) message = "stopped without being asked to";
     }
     ReleaseTask(*j, index);
-    ts.phase = end;
+    SetTaskPhase(*j, ts, end);
     ts.exit_code = exit_code;
     ts.end_message = message;
     ts.updated_ms = now;
@@ -1705,7 +1808,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
                                      ? fmt::format("task {} stopped on {}: {}", task_name, node, message)
                                      : fmt::format("task {} failed on {} with exit code {}{}{}", task_name,
                                                    node, exit_code, message.empty() ? "" : ": ", message);
-      ts.phase = TaskPhase::kPreempted;
+      SetTaskPhase(*j, ts, TaskPhase::kPreempted);
       ts.stop_reason = reason;
       FaultJob(*j, unasked_stop ? "task_stopped" : "task_failed", reason, batch);
     }
@@ -1878,6 +1981,15 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
     stopping_jobs_.erase(j.rec.id);
     ++metrics_.jobs_removed;
     ++removed;
+    --job_phase_count_[static_cast<size_t>(j.phase)];
+    if (auto q = queue_phase_count_.find(j.rec.queue); q != queue_phase_count_.end()) {
+      --q->second[static_cast<size_t>(j.phase)];
+      if (q->second == std::array<int64_t, 5>{}) queue_phase_count_.erase(q);
+    }
+    if (auto t = by_tenant_.find(j.rec.tenant); t != by_tenant_.end()) {
+      t->second.erase(it->first);
+      if (t->second.empty()) by_tenant_.erase(t);
+    }
     const std::string id = j.rec.id;
     it = by_seq_.erase(it);
     jobs_.erase(id);
@@ -1994,7 +2106,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         std::set<std::string> node_names;
         for (const auto& b : binder.bound) {
           TaskState& ts = j.tasks[static_cast<size_t>(b.task)];
-          ts.phase = TaskPhase::kAssigned;
+          SetTaskPhase(j, ts, TaskPhase::kAssigned);
           ts.placed = true;
           ts.run_id = NewRunId();
           ts.placement = b.placement;
@@ -2009,7 +2121,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         }
         const bool partial = binder.bound.size() < j.tasks.size();
         if (partial) partial_.insert(j.rec.seq);
-        j.phase = JobPhase::kRunning;
+        SetJobPhase(j, JobPhase::kRunning);
         j.rec.reason = "";
         j.pending_message.clear();
         j.started_ms = now;
@@ -2071,7 +2183,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         still = true;
         continue;
       }
-      ts.phase = TaskPhase::kAssigned;
+      SetTaskPhase(j, ts, TaskPhase::kAssigned);
       ts.placed = true;
       ts.run_id = NewRunId();
       ts.placement = d.placement;
@@ -2236,16 +2348,13 @@ void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
 
 json PoolService::Health() {
   std::lock_guard<std::mutex> lock(mu_);
-  int pending = 0, running = 0;
-  for (const auto& [seq, j] : by_seq_) {
-    pending += j->phase == JobPhase::kPending;
-    running += j->phase == JobPhase::kRunning;
-  }
   json disk = disk_guard_->Health();
   const bool disk_ok = disk.value("ok", true);
   json h = {{"status", disk_ok ? "ok" : "degraded"},
             {"nodes", ledger_.node_count()},
-            {"jobs", {{"pending", pending}, {"running", running}}},
+            {"jobs",
+             {{"pending", job_phase_count_[static_cast<size_t>(JobPhase::kPending)]},
+              {"running", job_phase_count_[static_cast<size_t>(JobPhase::kRunning)]}}},
             {"store", {{"disk", std::move(disk)}}}};
   if (!disk_ok) h["reason"] = disk_guard_->Check().message();
   return h;
@@ -2390,7 +2499,19 @@ Status PoolService::CheckInvariants() {
 Status PoolService::CheckInvariantsLocked() const {
   RETURN_IF_ERROR(ledger_.CheckInvariants());
   size_t live = 0;
+  std::array<int64_t, 5> phases{};
+  std::map<std::string, std::array<int64_t, 5>> by_queue;
+  std::map<std::string, PendingCount> pending_by_tenant;
   for (const auto& [id, j] : jobs_) {
+    ++phases[static_cast<size_t>(j->phase)];
+    ++by_queue[j->rec.queue][static_cast<size_t>(j->phase)];
+    if (j->phase == JobPhase::kPending) {
+      ++pending_by_tenant[j->rec.tenant].jobs;
+      pending_by_tenant[j->rec.tenant].tasks += static_cast<int64_t>(j->tasks.size());
+    }
+    std::array<int32_t, kTaskPhaseCount> counts{};
+    for (const TaskState& ts : j->tasks) ++counts[static_cast<size_t>(ts.phase)];
+    if (counts != j->task_counts) return Status::Internal(fmt::format("job {}: per-phase task counts are off", id));
     for (size_t i = 0; i < j->tasks.size(); ++i) {
       const TaskState& ts = j->tasks[i];
       if (IsLive(ts.phase) != ts.placed)
@@ -2406,6 +2527,39 @@ Status PoolService::CheckInvariantsLocked() const {
   if (live != ledger_.allocation_count())
     return Status::Internal(
         fmt::format("{} live tasks but {} ledger allocations", live, ledger_.allocation_count()));
+  if (phases != job_phase_count_) return Status::Internal("the per-phase job counts are off");
+  for (const auto& [queue, counts] : queue_phase_count_) {
+    auto it = by_queue.find(queue);
+    if (counts != (it == by_queue.end() ? std::array<int64_t, 5>{} : it->second))
+      return Status::Internal(fmt::format("queue '{}': the per-phase job counts are off", queue));
+  }
+  for (const auto& [queue, counts] : by_queue) {
+    if (!queue_phase_count_.count(queue))
+      return Status::Internal(fmt::format("queue '{}': its jobs are not counted", queue));
+  }
+  size_t indexed = 0;
+  for (const auto& [tenant, seqs] : by_tenant_) {
+    indexed += seqs.size();
+    for (uint64_t seq : seqs) {
+      auto it = by_seq_.find(seq);
+      if (it == by_seq_.end() || it->second->rec.tenant != tenant)
+        return Status::Internal(fmt::format("the tenant index lists job #{} under '{}' wrongly", seq, tenant));
+    }
+  }
+  if (indexed != by_seq_.size())
+    return Status::Internal(fmt::format("the tenant index holds {} jobs, there are {}", indexed, by_seq_.size()));
+  // Submissions in flight hold reservations, so the counts may be above what the jobs say, never below;
+  // with none in flight they are exact.
+  for (const auto& [tenant, want] : pending_by_tenant) {
+    const PendingCount have = pending_counts_.tenant(tenant);
+    const bool off = submissions_in_flight_ == 0 ? (have.jobs != want.jobs || have.tasks != want.tasks)
+                                                 : (have.jobs < want.jobs || have.tasks < want.tasks);
+    if (off)
+      return Status::Internal(fmt::format("tenant '{}': {} pending jobs ({} tasks) counted, {} ({}) pending",
+                                          tenant, have.jobs, have.tasks, want.jobs, want.tasks));
+  }
+  if (submissions_in_flight_ == 0 && pending_counts_.tenants().size() != pending_by_tenant.size())
+    return Status::Internal("pending counts held for tenants with nothing pending");
   return Status::Ok();
 }
 

@@ -20,6 +20,7 @@
 // is queued again). The ledger holds an allocation for every assigned, running and stopping task.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -41,7 +42,9 @@
 #include "sched/preemption.h"
 #include "sched/queueing.h"
 #include "sched/scheduler.h"
+#include "server/admission.h"
 #include "server/config.h"
+#include "server/job_list.h"
 #include "server/metrics.h"
 #include "server/node_credentials.h"
 #include "store/store.h"
@@ -66,6 +69,10 @@ struct ListJobsQuery {
   std::set<std::string> states, tenants, queues;  // empty: any
   int limit = 100;
   uint64_t after_seq = 0;  // page token
+  // fields=tasks / fields=spec: items carry their tasks / spec (pages of at most kMaxDetailedPage
+  // jobs, ended early once they hold kMaxListedTasks tasks).
+  bool with_tasks = false;
+  bool with_spec = false;
 };
 
 class PoolService {
@@ -96,7 +103,14 @@ class PoolService {
     std::string task_id;   // "<job id>.<index>", the agent's name for the task
   };
   Result<LogSource> TaskLogSource(const Principal& who, const std::string& job_id, int index);
+  // A page of job summaries (docs/api.md#list-jobs). A page may hold fewer than `limit` items and
+  // still have a nextPageToken: each call examines at most kMaxListScan jobs, so that a filter
+  // that matches little never holds the lock for a walk over every job.
   Result<nlohmann::json> ListJobs(const Principal& who, const ListJobsQuery& query);
+  static constexpr int kMaxListLimit = 1000;
+  static constexpr int kMaxDetailedPage = 100;
+  static constexpr int kMaxListedTasks = 10000;
+  static constexpr int kMaxListScan = 20000;
   Result<nlohmann::json> CancelJob(const Principal& who, const std::string& id);
   Result<nlohmann::json> JobEvents(const Principal& who, const std::string& id, int64_t after_id, int limit);
 
@@ -178,6 +192,7 @@ class PoolService {
     Resources demand;
     std::vector<TaskState> tasks;
     std::vector<int> task_group;  // task index -> group
+    std::array<int32_t, kTaskPhaseCount> task_counts{};  // tasks per TaskPhase (SetTaskPhase keeps it)
     int64_t pending_since_ms = 0;
     std::string pending_message;  // last "why pending"
     Diagnosis diagnosis;
@@ -200,6 +215,10 @@ class PoolService {
   int CycleLocked(WriteBatch& batch);  // REQUIRES: mu_
 
   // REQUIRES: mu_ for all below.
+  // Every change of a job's or a task's phase goes through these: they keep the per-phase counts,
+  // the tenants' and queues' pending counts and the per-job task counts in step.
+  void SetJobPhase(JobState& j, JobPhase phase);
+  void SetTaskPhase(JobState& j, TaskState& ts, TaskPhase phase);
   JobState* FindJob(const std::string& id);
   Result<JobState*> VisibleJob(const Principal& who, const std::string& id);
   nlohmann::json JobJson(const JobState& j) const;
@@ -284,6 +303,13 @@ class PoolService {
   std::unordered_map<std::string, std::unique_ptr<JobState>> jobs_;
   std::map<uint64_t, JobState*> by_seq_;
   std::set<uint64_t> pending_;           // seqs of pending jobs
+  // Pending jobs and their tasks per tenant and queue, submissions in flight included (they reserve
+  // their room before the durable write).
+  PendingCounts pending_counts_;
+  int submissions_in_flight_ = 0;             // between their reservation and their job (or failure)
+  std::array<int64_t, 5> job_phase_count_{};  // jobs per JobPhase
+  std::unordered_map<std::string, std::array<int64_t, 5>> queue_phase_count_;  // queue -> jobs per JobPhase
+  std::unordered_map<std::string, std::set<uint64_t>> by_tenant_;  // tenant -> seqs of its jobs
   std::set<uint64_t> partial_;           // running jobs with unplaced tasks
   std::set<std::string> stopping_jobs_;  // jobs with a task in kStopping
   std::atomic<uint64_t> next_seq_{1};

@@ -209,9 +209,16 @@ def main():
                     if total > 1000 or g["freeShare"] < 0:
                         fail("GPU %s/%d overcommitted: %d milli held (%s)" % (name, g["index"], total, g["tasks"]))
                 samples += 1
-            _, listing = api.call("GET", "/api/v1/jobs?limit=1000")
+            # List items are summaries; fields=tasks adds the tasks (pages of at most 100 jobs).
+            items, token = [], ""
+            while True:
+                _, listing = api.call("GET", "/api/v1/jobs?fields=tasks&limit=100" + ("&pageToken=" + token if token else ""))
+                items += listing["items"]
+                token = listing.get("nextPageToken", "")
+                if not token:
+                    break
             states = {}
-            for j in listing["items"]:
+            for j in items:
                 states[j["state"]] = states.get(j["state"], 0) + 1
                 for t in j["tasks"]:
                     if t.get("gpus") is not None and t.get("node"):

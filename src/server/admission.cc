@@ -1,0 +1,108 @@
+#include "server/admission.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace gpupool {
+
+Status CheckQueueAccess(const QueueOrder& order, const Job& job) {
+  const std::string queue = job.queue.empty() ? "default" : job.queue;
+  for (const std::string& name : order.Ancestry(queue)) {
+    const QueueSpec* q = order.FindQueue(name);
+    if (q == nullptr) continue;
+    const std::string which =
+        name == queue ? fmt::format("queue '{}'", name) : fmt::format("queue '{}' (parent of '{}')", name, queue);
+    if (!q->tenants.empty() && std::find(q->tenants.begin(), q->tenants.end(), job.tenant) == q->tenants.end()) {
+      return Status::PermissionDenied(fmt::format("queue: {} takes jobs of tenant(s) {} only (queue.tenants), not of '{}'",
+                                                  which, fmt::join(q->tenants, ", "), job.tenant));
+    }
+    if (q->max_priority && job.priority > *q->max_priority) {
+      return Status::PermissionDenied(fmt::format("priority: {} allows priority up to {} (queue.maxPriority), the job asks for {}",
+                                                  which, *q->max_priority, job.priority));
+    }
+    if (!q->allowed_qos.empty() &&
+        std::find(q->allowed_qos.begin(), q->allowed_qos.end(), job.qos) == q->allowed_qos.end()) {
+      std::vector<std::string_view> allowed;
+      for (QosClass c : q->allowed_qos) allowed.push_back(QosClassName(c));
+      return Status::PermissionDenied(fmt::format("qos: {} allows QoS {} only (queue.allowedQos), not {}", which,
+                                                  fmt::join(allowed, ", "), QosClassName(job.qos)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status PendingCounts::CheckRoom(const ServerConfig& config, const QueueSpec* spec, const std::string& tenant,
+                                const std::string& queue, int64_t tasks) const {
+  int64_t max_jobs = config.max_pending_jobs_per_tenant;
+  int64_t max_tasks = config.max_pending_tasks_per_tenant;
+  std::string jobs_key = "limits.maxPendingJobsPerTenant", tasks_key = "limits.maxPendingTasksPerTenant";
+  if (auto it = config.tenant_limits.find(tenant); it != config.tenant_limits.end()) {
+    if (it->second.max_pending_jobs > 0) {
+      max_jobs = it->second.max_pending_jobs;
+      jobs_key = fmt::format("tenants.{}.maxPendingJobs", tenant);
+    }
+    if (it->second.max_pending_tasks > 0) {
+      max_tasks = it->second.max_pending_tasks;
+      tasks_key = fmt::format("tenants.{}.maxPendingTasks", tenant);
+    }
+  }
+  const PendingCount t = this->tenant(tenant);
+  if (t.jobs + 1 > max_jobs) {
+    return Status::LimitExceeded(fmt::format(
+        "tenant '{}' has {} pending job(s), the limit is {} ({}); wait for some to start or cancel some", tenant,
+        t.jobs, max_jobs, jobs_key));
+  }
+  if (t.tasks + tasks > max_tasks) {
+    return Status::LimitExceeded(fmt::format(
+        "tenant '{}' has {} pending task(s) and this job adds {}, the limit is {} ({}); wait for some to start "
+        "or cancel some",
+        tenant, t.tasks, tasks, max_tasks, tasks_key));
+  }
+  if (spec != nullptr) {
+    const PendingCount q = this->queue(queue);
+    if (spec->max_pending_jobs > 0 && q.jobs + 1 > spec->max_pending_jobs) {
+      return Status::LimitExceeded(fmt::format("queue '{}' has {} pending job(s), the limit is {} (queue.maxPendingJobs)",
+                                               queue, q.jobs, spec->max_pending_jobs));
+    }
+    if (spec->max_pending_tasks > 0 && q.tasks + tasks > spec->max_pending_tasks) {
+      return Status::LimitExceeded(
+          fmt::format("queue '{}' has {} pending task(s) and this job adds {}, the limit is {} (queue.maxPendingTasks)",
+                      queue, q.tasks, tasks, spec->max_pending_tasks));
+    }
+  }
+  return Status::Ok();
+}
+
+void PendingCounts::Add(const std::string& tenant, const std::string& queue, int64_t tasks) {
+  PendingCount& t = tenants_[tenant];
+  ++t.jobs;
+  t.tasks += tasks;
+  PendingCount& q = queues_[queue];
+  ++q.jobs;
+  q.tasks += tasks;
+}
+
+void PendingCounts::Remove(const std::string& tenant, const std::string& queue, int64_t tasks) {
+  for (auto* m : {&tenants_, &queues_}) {
+    auto it = m->find(m == &tenants_ ? tenant : queue);
+    if (it == m->end()) continue;
+    --it->second.jobs;
+    it->second.tasks -= tasks;
+    if (it->second.jobs <= 0) m->erase(it);  // a tenant with nothing pending costs no memory
+  }
+}
+
+PendingCount PendingCounts::tenant(const std::string& name) const {
+  auto it = tenants_.find(name);
+  return it == tenants_.end() ? PendingCount{} : it->second;
+}
+
+PendingCount PendingCounts::queue(const std::string& name) const {
+  auto it = queues_.find(name);
+  return it == queues_.end() ? PendingCount{} : it->second;
+}
+
+}  // namespace gpupool

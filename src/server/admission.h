@@ -1,0 +1,47 @@
+// Who may put what into a queue, and how much one tenant may have waiting: the checks a submission
+// passes before anything is stored (docs/server.md#tenant-limits, #queue-access).
+//
+// Pending counts are kept incrementally by PoolService under its mutex: a job counts from the
+// moment its submission reserved the room (before the durable write) until it leaves the pending
+// state (placed, cancelled, failed) or its write failed; a requeued job counts again.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "model/workload.h"
+#include "sched/queueing.h"
+#include "server/config.h"
+
+namespace gpupool {
+
+// The queue's access rules and those of its ancestors, for a job about to be submitted to it:
+// PermissionDenied naming the queue and the rule (queue.tenants, queue.maxPriority,
+// queue.allowedQos) when one refuses it. REQUIRES: order.HasQueue(job.queue).
+Status CheckQueueAccess(const QueueOrder& order, const Job& job);
+
+struct PendingCount {
+  int64_t jobs = 0;
+  int64_t tasks = 0;
+};
+
+class PendingCounts {
+ public:
+  // LimitExceeded, naming the limit and its value, when one more job of `tasks` tasks by `tenant`
+  // in `queue` would go over the tenant's limits (config) or the queue's own caps (`spec`).
+  Status CheckRoom(const ServerConfig& config, const QueueSpec* spec, const std::string& tenant,
+                   const std::string& queue, int64_t tasks) const;
+  void Add(const std::string& tenant, const std::string& queue, int64_t tasks);
+  void Remove(const std::string& tenant, const std::string& queue, int64_t tasks);
+
+  PendingCount tenant(const std::string& name) const;
+  PendingCount queue(const std::string& name) const;
+  const std::unordered_map<std::string, PendingCount>& tenants() const { return tenants_; }
+
+ private:
+  std::unordered_map<std::string, PendingCount> tenants_, queues_;
+};
+
+}  // namespace gpupool
