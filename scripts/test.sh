@@ -36,6 +36,9 @@ echo "== gpupool up end to end: 2 simulated nodes, 100 jobs as processes and run
 python3 tests/e2e/up_e2e.py build/gpupool build/e2e-up
 echo "== chaos end to end: 4 agents, ~45 checkpointing jobs, seeded agent/server/task kills and XIDs" && python3 tests/e2e/chaos_e2e.py build/gpupool build/e2e-chaos --seed 1
 
+echo "== adversarial end to end: a server and agents attacked class by class (issue 19)"
+python3 tests/e2e/adversarial_e2e.py build/gpupool build/e2e-adversarial
+
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py
 

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <openssl/crypto.h>
+
 #include "http/server.h"
 #include <netdb.h>
 #include <poll.h>
@@ -234,6 +236,8 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   cc.server = o.server;
   cc.token = o.token;
   cc.ca_file = o.ca_file;
+  cc.client_cert_file = o.tls_cert_file;
+  cc.client_key_file = o.tls_key_file;
   cc.connect_timeout_s = 2;
   cc.read_timeout_s = 10;
   auto client = ApiClient::Create(cc);
@@ -353,11 +357,12 @@ void Agent::ServeLog(const http::Request& req, http::Response& res) {
     res.status = status;
     res.set_content(json{{"error", {{"code", code}, {"message", message}}}}.dump(), "application/json");
   };
-  // The server reads logs with the token the agent gave it at registration; an operator on the
-  // node may use the agent's own API token.
+  // Only the server reads logs here, with the token the agent gave it at registration (compared in
+  // constant time). The bootstrap token is shared by every node, so it opens nothing here.
   const std::string auth = req.get_header_value("Authorization");
-  const bool allowed = auth == fmt::format("Bearer {}", log_token_) ||
-                       (!options_.token.empty() && auth == fmt::format("Bearer {}", options_.token));
+  const std::string want = fmt::format("Bearer {}", log_token_);
+  const bool allowed = !log_token_.empty() && auth.size() == want.size() &&
+                       CRYPTO_memcmp(auth.data(), want.data(), want.size()) == 0;
   if (!allowed) return refuse(401, "Unauthenticated", "a bearer token is needed");
   uint64_t offset = 0;
   uint64_t limit = kMaxLogChunk;
@@ -430,7 +435,8 @@ Status Agent::Start(std::chrono::seconds register_timeout) {
                [this](const http::Request& req, http::Response& res) { ServeLog(req, res); });
     http_->set_error_writer([](http::Response& res, int status, const std::string& message) {
       res.status = status;
-      res.set_content(json{{"error", {{"code", status == 404 ? "NotFound" : "InvalidArgument"}, {"message", message}}}}
+      const char* code = status == 404 ? "NotFound" : status == 503 ? "Unavailable" : status >= 500 ? "Internal" : "InvalidArgument";
+      res.set_content(json{{"error", {{"code", code}, {"message", message}}}}
                           .dump(-1, ' ', false, json::error_handler_t::replace),
                       "application/json");
     });

@@ -36,8 +36,8 @@ struct AgentOptions {
   std::string server = "http://127.0.0.1:8470";
   std::string token;
   std::string ca_file;              // https servers: the CA (PEM) their certificate must chain to
-  std::string tls_cert_file;        // set (with the key): the log/metrics endpoint serves TLS
-  std::string tls_key_file;
+  std::string tls_cert_file;        // set (with the key): the log/metrics endpoint serves TLS, and
+  std::string tls_key_file;         // the agent presents them to a server that asks (tls.clientCA)
   std::string node;                 // default: the host name
   std::string cpu;                  // default: the machine's online CPUs
   std::string memory;               // default: the machine's physical memory

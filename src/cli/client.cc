@@ -206,6 +206,10 @@ Result<ClientConfig> ResolveClientConfig(const ClientFlags& flags, const EnvLook
   ASSIGN_OR_RETURN(const ServerUrl url, ParseServerUrl(server));
   config.server = url.ToString();
   if (auto v = env("GPUPOOL_CA_FILE"); v && !Trim(*v).empty()) config.ca_file = std::string(Trim(*v));
+  if (auto v = env("GPUPOOL_CLIENT_CERT"); v && !Trim(*v).empty()) config.client_cert_file = std::string(Trim(*v));
+  if (auto v = env("GPUPOOL_CLIENT_KEY"); v && !Trim(*v).empty()) config.client_key_file = std::string(Trim(*v));
+  if (config.client_cert_file.empty() != config.client_key_file.empty())
+    return Status::InvalidArgument("GPUPOOL_CLIENT_CERT and GPUPOOL_CLIENT_KEY go together");
 
   if (!flags.token.empty()) {
     config.token = std::string(Trim(flags.token));
@@ -310,7 +314,9 @@ Result<HttpReply> ApiClient::Delete(std::string_view path) const {
 Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path, std::string_view body,
                                   std::string_view content_type) const {
   try {
-    httplib::Client http(url_.Origin());
+    httplib::Client http = config_.client_cert_file.empty()
+                               ? httplib::Client(url_.Origin())
+                               : httplib::Client(url_.Origin(), config_.client_cert_file, config_.client_key_file);
     http.set_tcp_nodelay(true);
     http.set_connection_timeout(config_.connect_timeout_s);
     http.set_read_timeout(config_.read_timeout_s);

@@ -53,6 +53,8 @@ struct ClientConfig {
   // https only: the CA certificates (PEM) the server's certificate must chain to; empty: the
   // system's. The server's certificate is always verified.
   std::string ca_file;
+  // https to a server with tls.clientCA: the certificate (PEM) and key this client presents.
+  std::string client_cert_file, client_key_file;
   int connect_timeout_s = 5;
   int read_timeout_s = 30;
   // Something the user should hear about how the config was found (printed to stderr), e.g.
@@ -89,7 +91,8 @@ std::optional<std::string> TokenDataDir(const EnvLookup& env);
 
 // Server: --server, then $GPUPOOL_SERVER, then http://127.0.0.1:8470; normalised by ParseServerUrl.
 // Token, first found: --token, --token-file, $GPUPOOL_TOKEN, <data dir>/admin.token (see
-// TokenDataDir). The CA file of an https server: $GPUPOOL_CA_FILE. Token files are read whole
+// TokenDataDir). The CA file of an https server: $GPUPOOL_CA_FILE; a client certificate and key:
+// $GPUPOOL_CLIENT_CERT and $GPUPOOL_CLIENT_KEY. Token files are read whole
 // and trimmed. A bad address, an unreadable or empty
 // --token-file, or an unreadable admin.token that exists is InvalidArgument.
 Result<ClientConfig> ResolveClientConfig(const ClientFlags& flags, const EnvLookup& env);

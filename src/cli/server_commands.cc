@@ -216,7 +216,7 @@ Result<std::unique_ptr<RunningServer>> StartServer(const ServerFlags& flags, con
     running->service->Stop();
     return bound.status();
   }
-  running->url = fmt::format("http://{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, *bound);
+  running->url = fmt::format("{}://{}:{}", config.tls.cert_file.empty() ? "http" : "https", host.find(':') != std::string::npos ? "[" + host + "]" : host, *bound);
   std::cout << fmt::format("{}: listening on {} (data in {})\n", who, running->url, config.data_dir) << std::flush;
   return running;
 }

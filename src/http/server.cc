@@ -395,8 +395,12 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                                           : fmt::format("method {} not allowed on {}", req_.method, req_.path));
     }
     if (!body_pending_) return Dispatch();
-    // The head passed; the body is read only once the route's check allows it.
+    // The head passed; the body is read only once the route's check allows it. A small body that
+    // came in with the head is already read: the handler checks it at once, in one hop.
     if (!s_.pre_body) return ReadBody();
+    if (const auto len = parser_->content_length();
+        len && buffer_.size() >= *len && req_.get_header_value("expect").empty())
+      return ReadBody();
     RunOnLane(route_->lane, [self = this->shared_from_this()] {
       bool ok = false;
       try {
@@ -606,12 +610,15 @@ void Server::Impl::Accept() {
       ++refused;
       if (!ssl) {
         // Best effort, never blocking: the client learns why before the close.
-        static constexpr char kBusy[] =
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            "Content-Length: 92\r\n\r\n"
-            "{\"error\":{\"code\":\"Unavailable\",\"message\":\"too many connections from this address\"}}   ";
+        static const std::string kBusy = [] {
+          const std::string body =
+              R"J({"error":{"code":"Unavailable","message":"too many connections (from this address, or in total)"}})J";
+          return fmt::format("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                             "Connection: close\r\nContent-Length: {}\r\n\r\n{}",
+                             body.size(), body);
+        }();
         sock.non_blocking(true, aec);
-        sock.write_some(net::buffer(kBusy, sizeof kBusy - 1), aec);
+        sock.write_some(net::buffer(kBusy), aec);
       }
       sock.close(aec);
       return Accept();
@@ -723,10 +730,15 @@ void Server::Stop() {
     beast::error_code ec;
     if (s.acceptor) s.acceptor->close(ec);
   });
+  // Closing may drop the last reference to a session, whose destructor takes conn_mu: call the
+  // closers outside the lock.
+  std::vector<std::function<void()>> closers;
   {
     std::lock_guard<std::mutex> lock(s.conn_mu);
-    for (auto& [id, close] : s.closers) close();
+    for (auto& [id, close] : s.closers) closers.push_back(close);
   }
+  for (auto& close : closers) close();
+  closers.clear();
   // Handlers in flight finish; what they post back finds closed connections.
   for (auto& lane : s.lanes) {
     if (lane) lane->pool.join();
