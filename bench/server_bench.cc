@@ -23,6 +23,8 @@
 //   server_bench [--jobs N] [--threads 1,4,16,64] [--nodes N] [--queued N]
 //                [--profiles bestfit,fgd] [--skip-http] [--skip-place] [--no-breakdown]
 //                [--row-seconds S] [--cycle-budget S] [--history H] [--skip-retention]
+//                [--http-workers N] [--http-io-threads N]   (http.workers / http.ioThreads of every
+//                HTTP row; default the server's)
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -79,6 +81,8 @@ struct Options {
   double row_seconds = 60;      // A: stop a row after this long
   int history = 100000;         // C: finished jobs in the store
   bool retention = true;
+  int http_workers = 0;  // A: http.workers for every HTTP row (0: ServerConfig's default)
+  int http_io_threads = 0;  // A: http.ioThreads likewise
 };
 
 std::vector<std::string> SplitList(const std::string& s) {
@@ -108,6 +112,10 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->retention = false;
     } else if (a == "--history" && value(&v)) {
       o->history = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--http-io-threads" && value(&v)) {
+      o->http_io_threads = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--http-workers" && value(&v)) {
+      o->http_workers = std::max(1, std::atoi(v.c_str()));
     } else if (a == "--no-breakdown") {
       o->breakdown = false;
     } else if (a == "--jobs" && value(&v)) {
@@ -130,7 +138,7 @@ bool ParseOptions(int argc, char** argv, Options* o) {
                    "usage: server_bench [--jobs N] [--threads 1,4,16,64] [--nodes N] [--queued N]\n"
                    "                    [--profiles bestfit,fgd] [--skip-http] [--skip-place] "
                    "[--no-breakdown]\n                    [--row-seconds S] [--cycle-budget S] [--history H] "
-                   "[--skip-retention]\n");
+                   "[--skip-retention]\n                    [--http-workers N] [--http-io-threads N]\n");
       return false;
     }
   }
@@ -375,6 +383,9 @@ class NoDelayFront {
   std::thread thread_;
 };
 
+int g_http_workers = 0;     // --http-workers
+int g_http_io_threads = 0;  // --http-io-threads
+
 SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, double row_seconds) {
   TempDir dir;
   ServerConfig config;
@@ -383,6 +394,8 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
   // The bench registers nodes but runs no agents: no heartbeats, so nodes must not time out.
   config.heartbeat_timeout_seconds = 86400;
   config.tokens[kToken] = Principal{"", Role::kAdmin};
+  if (g_http_workers > 0) config.http.workers = g_http_workers;
+  if (g_http_io_threads > 0) config.http.io_threads = g_http_io_threads;
   if (s.http_threads > 0) config.http.workers = s.http_threads;
 
   SubmitResult r;
@@ -509,6 +522,10 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
 }
 
 void RunPartA(const Options& o) {
+  g_http_workers = o.http_workers;
+  g_http_io_threads = o.http_io_threads;
+  if (o.http_io_threads > 0) std::printf("http.ioThreads: %d (--http-io-threads)\n", o.http_io_threads);
+  if (o.http_workers > 0) std::printf("http.workers: %d (--http-workers)\n", o.http_workers);
   const int most = *std::max_element(o.threads.begin(), o.threads.end());
   std::vector<SubmitSetting> settings = {
       {"HTTP + loop, FULL (durable)", Path::kHttp, true, true},
