@@ -22,8 +22,10 @@
 // 127.0.0.(1+`--addresses`); the server keeps its default cap.
 //
 // Exit status 1 when anything failed: a heartbeat or poll that got no 2xx, a connection refused,
-// reset or timed out, an idle connection the server closed, a node not ready at the end, or a
-// heartbeat p99 over `--max-p99-ms` (when given). Every phase is bounded in time.
+// reset or timed out, an idle connection the server closed, a node not ready at the end or declared
+// lost at any time (gpupool_nodes_lost_total), a heartbeat p99 over `--max-p99-ms` (when given), or a
+// server that does not exit within 20 s of SIGTERM (its stacks go to the kept work directory when
+// gdb is installed). Every phase is bounded in time; 2 on a setup error.
 //
 //   conn_bench --gpupool build/gpupool [--idle 10000] [--beaters 1000] [--seconds 25] [--rate 1]
 //              [--listers 0] [--jobs 0] [--big-every 10] [--big-tasks 64] [--poll-hz 10]
@@ -408,9 +410,14 @@ class Loop {
     }
     Clock::time_point wake = end;
     if (!timers_.empty()) wake = std::min(wake, timers_.top().at);
-    const int wait_ms = static_cast<int>(std::clamp(Ms(wake - Clock::now()), 0.0, 50.0));
+    // Sleeps to the next timer to the microsecond (epoll_wait's milliseconds would either spin or
+    // send late).
+    const auto wait = std::clamp(wake - Clock::now(), Clock::duration::zero(),
+                                 std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(50)));
+    const auto wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+    const timespec ts{static_cast<time_t>(wait_ns / 1'000'000'000), static_cast<long>(wait_ns % 1'000'000'000)};
     epoll_event evs[256];
-    const int n = ::epoll_wait(ep_, evs, 256, wait_ms);
+    const int n = ::epoll_pwait2(ep_, evs, 256, &ts, nullptr);
     for (int i = 0; i < n; ++i) {
       const size_t slot = static_cast<size_t>(evs[i].data.fd);
       if (slot >= conns_.size() || conns_[slot] == nullptr) continue;
@@ -957,6 +964,7 @@ int main(int argc, char** argv) {
                           static_cast<double>(self1.ru_utime.tv_usec - self0.ru_utime.tv_usec + self1.ru_stime.tv_usec -
                                               self0.ru_stime.tv_usec) / 1e6;
 
+  const ProcSample after_run = SampleProc(pid);
   // Nodes lost? Connections kept?
   int lost = -1;
   {
@@ -1014,6 +1022,10 @@ int main(int argc, char** argv) {
   std::printf("client connections open at the end: %d\n", loop.open_count());
   std::printf("server gpupool_http_connections_open: %.0f mid-run, %.0f at the end\n", open_gauge_mid,
               MetricValue(metrics_end.body, "gpupool_http_connections_open"));
+  const double lost_total = MetricValue(metrics_end.body, "gpupool_nodes_lost_total");
+  std::printf("server gpupool_nodes_lost_total: %.0f (nodes declared lost at any time, each came back with its "
+              "next heartbeat)\n",
+              lost_total);
   for (const char* m : {"gpupool_http_connections_refused_total", "gpupool_http_timeouts_total",
                         "gpupool_http_busy_total", "gpupool_http_bad_requests_total",
                         "gpupool_http_handler_errors_total", "gpupool_http_requests_total"})
@@ -1023,7 +1035,8 @@ int main(int argc, char** argv) {
   std::printf("server with idle conns:  %s\n", ProcText(with_idle).c_str());
   std::printf("server mid-run:          %s\n", ProcText(mid).c_str());
   std::printf("server during (max):     %s\n", ProcText(during_max).c_str());
-  std::printf("server after:            %s\n", ProcText(after).c_str());
+  std::printf("server after the run:    %s\n", ProcText(after_run).c_str());
+  std::printf("server after GET nodes:  %s\n", ProcText(after).c_str());
   std::printf("server CPU during the run: %.0f %% of one core; the bench's own: %.0f %%\n",
               100 * (run_end.cpu_s - run_start.cpu_s) / window, 100 * self_cpu / window);
 
@@ -1033,6 +1046,7 @@ int main(int argc, char** argv) {
   if (ls.errors > 0) fail("listers' connections failed");
   if (idle.closed_by_server + idle.errors > 0) fail("idle connections lost");
   if (lost != 0) fail(fmt::format("{} nodes not ready", lost));
+  if (lost_total != 0) fail(fmt::format("{:.0f} nodes were declared lost during the run", lost_total));
   if (o.max_p99_ms > 0 && hb.lat.At(0.99) > o.max_p99_ms)
     fail(fmt::format("heartbeat p99 {:.2f} ms over {:.2f} ms", hb.lat.At(0.99), o.max_p99_ms));
 
