@@ -27,6 +27,8 @@
 //                [--profiles bestfit,fgd] [--skip-http] [--skip-place] [--no-breakdown]
 //                [--row-seconds S] [--cycle-budget S] [--history H] [--skip-retention]
 //                [--list-jobs J] [--list-clients L] [--list-seconds S] [--skip-lists]
+//                [--http-workers N] [--http-io-threads N]   (http.workers / http.ioThreads of every
+//                HTTP row; default the server's)
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -87,6 +89,8 @@ struct Options {
   int list_clients = 16;     // D: clients listing back to back
   double list_seconds = 10;  // D: how long they list
   bool lists = true;
+  int http_workers = 0;  // A: http.workers for every HTTP row (0: ServerConfig's default)
+  int http_io_threads = 0;  // A: http.ioThreads likewise
 };
 
 std::vector<std::string> SplitList(const std::string& s) {
@@ -124,6 +128,10 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->list_clients = std::max(1, std::atoi(v.c_str()));
     } else if (a == "--list-seconds" && value(&v)) {
       o->list_seconds = std::max(1.0, std::atof(v.c_str()));
+    } else if (a == "--http-io-threads" && value(&v)) {
+      o->http_io_threads = std::max(1, std::atoi(v.c_str()));
+    } else if (a == "--http-workers" && value(&v)) {
+      o->http_workers = std::max(1, std::atoi(v.c_str()));
     } else if (a == "--no-breakdown") {
       o->breakdown = false;
     } else if (a == "--jobs" && value(&v)) {
@@ -147,7 +155,7 @@ bool ParseOptions(int argc, char** argv, Options* o) {
                    "                    [--profiles bestfit,fgd] [--skip-http] [--skip-place] "
                    "[--no-breakdown]\n                    [--row-seconds S] [--cycle-budget S] [--history H] "
                    "[--skip-retention]\n                    [--list-jobs J] [--list-clients L] "
-                   "[--list-seconds S] [--skip-lists]\n");
+                   "[--list-seconds S] [--skip-lists]\n                    [--http-workers N] [--http-io-threads N]\n");
       return false;
     }
   }
@@ -392,6 +400,9 @@ class NoDelayFront {
   std::thread thread_;
 };
 
+int g_http_workers = 0;     // --http-workers
+int g_http_io_threads = 0;  // --http-io-threads
+
 SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, double row_seconds) {
   TempDir dir;
   ServerConfig config;
@@ -400,6 +411,8 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
   // The bench registers nodes but runs no agents: no heartbeats, so nodes must not time out.
   config.heartbeat_timeout_seconds = 86400;
   config.tokens[kToken] = Principal{"", Role::kAdmin};
+  if (g_http_workers > 0) config.http.workers = g_http_workers;
+  if (g_http_io_threads > 0) config.http.io_threads = g_http_io_threads;
   if (s.http_threads > 0) config.http.workers = s.http_threads;
   // One tenant submits everything, and most of it stays pending: no tenant limit gets in the way.
   config.max_pending_jobs_per_tenant = config.max_pending_tasks_per_tenant = 1000000000;
@@ -528,6 +541,10 @@ SubmitResult RunSubmissions(const SubmitSetting& s, int threads, int jobs, doubl
 }
 
 void RunPartA(const Options& o) {
+  g_http_workers = o.http_workers;
+  g_http_io_threads = o.http_io_threads;
+  if (o.http_io_threads > 0) std::printf("http.ioThreads: %d (--http-io-threads)\n", o.http_io_threads);
+  if (o.http_workers > 0) std::printf("http.workers: %d (--http-workers)\n", o.http_workers);
   const int most = *std::max_element(o.threads.begin(), o.threads.end());
   std::vector<SubmitSetting> settings = {
       {"HTTP + loop, FULL (durable)", Path::kHttp, true, true},
