@@ -703,6 +703,7 @@ struct Batch {
   int ok = 0, failed = 0;
   double seconds = 0;
   std::string first_error;
+  std::vector<std::string> answers;  // the bodies of the answers with want_status
 };
 
 Batch SendAll(Loop& loop, int conns, const std::string& path, const std::string& token,
@@ -725,6 +726,7 @@ Batch SendAll(Loop& loop, int conns, const std::string& path, const std::string&
       ++finished;
       if (r.status == want_status) {
         ++b.ok;
+        b.answers.push_back(r.body);
       } else {
         ++b.failed;
         if (b.first_error.empty()) b.first_error = fmt::format("{} {}: {}", r.status, r.error, r.body.substr(0, 200));
@@ -806,6 +808,7 @@ int main(int argc, char** argv) {
 
   // Nodes, then jobs.
   const int nodes = o.beaters;
+  std::map<int, std::string> node_creds;  // node index -> its credential
   {
     std::vector<std::string> bodies;
     for (int i = 0; i < nodes; ++i) bodies.push_back(NodeBody(i));
@@ -813,6 +816,15 @@ int main(int argc, char** argv) {
     std::printf("registered %d nodes in %.2f s (%d failed%s%s)\n", b.ok, b.seconds, b.failed,
                 b.first_error.empty() ? "" : ": ", b.first_error.c_str());
     if (b.failed > 0) fail("node registration");
+    // Each registration answers the node's own credential: its heartbeats go with it, as an
+    // agent's do (the bootstrap token only registers).
+    for (const std::string& a : b.answers) {
+      const auto j = nlohmann::json::parse(a, nullptr, false);
+      if (j.is_discarded() || !j.contains("credential") || !j.contains("node")) continue;
+      const std::string name = j["node"].value("name", "");
+      if (name.size() > 11) node_creds[std::atoi(name.c_str() + 11)] = j["credential"].get<std::string>();
+    }
+    if (static_cast<int>(node_creds.size()) != nodes) fail("node registration: not every answer had a credential");
   }
   if (o.jobs > 0) {
     std::vector<std::string> bodies;
@@ -839,7 +851,7 @@ int main(int argc, char** argv) {
     } else {
       loop.Send(*c,
                 Loop::HttpRequest("POST", fmt::format("/api/v1/agent/nodes/bench-node-{:04}/heartbeat", c->node),
-                                  kAgentToken, beat_body),
+                                  node_creds[c->node], beat_body),
                 due);
     }
     loop.At(due + period, [&, c, due] { beat(c, due + period); });

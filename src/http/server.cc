@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -279,17 +280,23 @@ struct Server::Impl {
   // Finds the route for `req` (filling matches); nullptr and `*status` 404 or 405 when none.
   const Route* Match(Request& req, int* status) {
     const std::string method = req.method == "HEAD" ? "GET" : req.method;
-    bool path_matched = false;
+    // The method's routes first (the common case matches one regex per route of that method);
+    // only when none matches, the others, to tell 405 from 404.
     for (const Route& r : routes) {
+      if (r.method != method) continue;
       std::smatch m;
       if (!std::regex_match(req.path, m, r.pattern)) continue;
-      path_matched = true;
-      if (r.method != method) continue;
       req.matches.clear();
       for (const auto& g : m) req.matches.push_back(g.str());
       return &r;
     }
-    *status = path_matched ? 405 : 404;
+    for (const Route& r : routes) {
+      if (r.method != method && std::regex_match(req.path, r.pattern)) {
+        *status = 405;
+        return nullptr;
+      }
+    }
+    *status = 404;
     return nullptr;
   }
 
@@ -506,30 +513,79 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         self->res_ = Response{};
         self->s_.WriteError(self->res_, 500, "internal error");
       }
+      if (self->TryWriteNow()) return;
       net::post(self->stream_.get_executor(), [self] { self->Write(); });
     });
   }
 
-  void Write() {
-    if (s_.stopping) keep_alive_ = false;
-    auto msg = std::make_shared<bhttp::response<bhttp::string_body>>();
-    msg->version(11);
-    msg->result(static_cast<unsigned>(res_.status > 0 ? res_.status : 200));
-    for (const auto& [k, v] : res_.headers) msg->set(k, v);
-    if (req_.method == "HEAD") {
-      msg->content_length(res_.body.size());
+  static constexpr bool kTls = std::is_same_v<Stream, beast::ssl_stream<beast::tcp_stream>>;
+
+  // From the worker that ran the handler, on plain TCP: the answer goes out at once with one
+  // non-blocking write (no hop back to the I/O thread before the client has it). Whatever the
+  // socket does not take at once is written asynchronously with the write timeout, so a client
+  // that does not read never holds the worker. The connection has no other operation pending here.
+  bool TryWriteNow() {
+    if constexpr (kTls) {
+      return false;
     } else {
-      msg->body() = std::move(res_.body);
-      msg->prepare_payload();
+      if (s_.stopping || req_.method == "HEAD") return false;
+      bhttp::response<bhttp::string_body> msg = Message();
+      std::ostringstream os;
+      os << msg;
+      auto wire = std::make_shared<std::string>(os.str());
+      beast::error_code ec;
+      auto& sock = Lowest(stream_).socket();
+      writing_ = true;
+      size_t n = 0;
+      if (!closed_) {
+        sock.non_blocking(true, ec);
+        if (!ec) n = sock.write_some(net::buffer(*wire), ec);
+      }
+      writing_ = false;
+      auto self = this->shared_from_this();
+      if (ec == net::error::would_block || ec == net::error::try_again) ec = {};
+      if (ec) {
+        net::post(stream_.get_executor(), [self] { self->Close(false); });
+      } else if (n == wire->size()) {
+        net::post(stream_.get_executor(), [self] { self->AfterWrite({}); });
+      } else {
+        net::post(stream_.get_executor(), [self, wire, n] {
+          Lowest(self->stream_).expires_after(self->s_.options.write_timeout);
+          net::async_write(Lowest(self->stream_), net::buffer(wire->data() + n, wire->size() - n),
+                           [self, wire](beast::error_code e, size_t) { self->AfterWrite(e); });
+        });
+      }
+      return true;
     }
-    msg->keep_alive(keep_alive_);
+  }
+
+  bhttp::response<bhttp::string_body> Message() {
+    if (s_.stopping) keep_alive_ = false;
+    bhttp::response<bhttp::string_body> msg;
+    msg.version(11);
+    msg.result(static_cast<unsigned>(res_.status > 0 ? res_.status : 200));
+    for (const auto& [k, v] : res_.headers) msg.set(k, v);
+    if (req_.method == "HEAD") {
+      msg.content_length(res_.body.size());
+    } else {
+      msg.body() = std::move(res_.body);
+      msg.prepare_payload();
+    }
+    msg.keep_alive(keep_alive_);
+    return msg;
+  }
+
+  void AfterWrite(beast::error_code ec) {
+    if (ec || !keep_alive_) return Close(!ec);
+    parser_.reset();
+    if (buffer_.size() == 0) buffer_.shrink_to_fit();
+    WaitForRequest();
+  }
+
+  void Write() {
+    auto msg = std::make_shared<bhttp::response<bhttp::string_body>>(Message());
     Lowest(stream_).expires_after(s_.options.write_timeout);
-    auto done = [self = this->shared_from_this(), msg](beast::error_code ec, size_t) {
-      if (ec || !self->keep_alive_) return self->Close(!ec);
-      self->parser_.reset();
-      if (self->buffer_.size() == 0) self->buffer_.shrink_to_fit();
-      self->WaitForRequest();
-    };
+    auto done = [self = this->shared_from_this(), msg](beast::error_code ec, size_t) { self->AfterWrite(ec); };
     if (req_.method == "HEAD") {
       // The head of what GET would answer, without its body.
       auto head = std::make_shared<bhttp::response<bhttp::empty_body>>(msg->result(), 11);
@@ -542,8 +598,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void Close(bool graceful) {
-    if (closed_) return;
+    if (socket_closed_) return;
+    // closed_ first, then writing_: a worker either sees closed_ and does not write, or is seen
+    // writing, and the socket is closed right after its one non-blocking write.
     closed_ = true;
+    if (writing_) {
+      net::post(stream_.get_executor(), [self = this->shared_from_this(), graceful] { self->Close(graceful); });
+      return;
+    }
+    socket_closed_ = true;
     beast::error_code ec;
     if constexpr (std::is_same_v<Stream, beast::ssl_stream<beast::tcp_stream>>) {
       if (graceful) {
@@ -570,7 +633,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   const Route* route_ = nullptr;
   bool keep_alive_ = true;
   bool body_pending_ = false;
-  bool closed_ = false;
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> writing_{false};
+  bool socket_closed_ = false;
   bool deadline_set_ = false;
   std::chrono::steady_clock::time_point deadline_{};
 };

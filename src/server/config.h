@@ -93,7 +93,7 @@ struct ServerConfig {
   // node side (register, heartbeats, assignments, task reports) and /healthz on their own
   // `priority_workers`, so no load on the rest of the API can starve them.
   struct Http {
-    int workers = 16;
+    int workers = 64;  // submissions wait for the group commit's fsync here: enough of them keep batches full
     int priority_workers = 4;
     int io_threads = 1;
     int request_timeout_seconds = 10;  // a request's head and body, however slowly they come
