@@ -1,6 +1,7 @@
 #include "http/server.h"
 
 #include <fmt/format.h>
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -513,11 +514,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         self->res_ = Response{};
         self->s_.WriteError(self->res_, 500, "internal error");
       }
-      if (self->TryWriteNow()) return;
-      net::post(self->stream_.get_executor(), [self] { self->Write(); });
+      const size_t answer_bytes = self->res_.body.size();
+      if (!self->TryWriteNow()) net::post(self->stream_.get_executor(), [self] { self->Write(); });
+      // A large answer (a page of jobs, every node) leaves megabytes free in this worker's malloc
+      // arena, which glibc keeps; give them back, or every worker holds its largest answer forever.
+      if (answer_bytes >= kTrimAfterBytes) malloc_trim(0);
     });
   }
 
+  static constexpr size_t kTrimAfterBytes = 1 << 20;
   static constexpr bool kTls = std::is_same_v<Stream, beast::ssl_stream<beast::tcp_stream>>;
 
   // From the worker that ran the handler, on plain TCP: the answer goes out at once with one
