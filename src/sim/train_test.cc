@@ -4,6 +4,7 @@
 #include "sim/train.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -18,9 +19,11 @@ namespace {
 // Eight GPU nodes of three shapes and 60 pods: whole GPUs, shares of 0.3, 0.5 and 0.8, two 2-GPU
 // pods and CPU-only pods, with CPU and memory that vary, so the weights change placements.
 std::string MakeTraceDir() {
-  const auto dir =
-      std::filesystem::temp_directory_path() /
-      ("gpupool_train_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  // One directory per test process: ctest runs every test as its own process, in parallel, and
+  // gtest's random seed (the time in ms) is the same for two that start together.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gpupool_train_test_" + std::to_string(::getpid()) + "_" +
+                    std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream nodes(dir / "openb_node_list_gpu_node.csv");
