@@ -142,6 +142,7 @@ class Pool:
         self.url = "%s://127.0.0.1:%d" % (scheme, port)
         self.logs = open(os.path.join(work, "server.log"), "ab")
         self.server = None
+        self.servers = []  # every server process started, so that stop() leaves none behind
         self.agents = {}
         self.agent_args = list(agent_args)
         self.env = dict(os.environ, **(env or {}))
@@ -151,6 +152,7 @@ class Pool:
         self.server = subprocess.Popen([self.binary, "server", "--data-dir", self.data, "--config", self.cfg,
                                         "--listen", "127.0.0.1:%d" % self.port] + list(extra),
                                        stdout=self.logs, stderr=self.logs, env=self.env)
+        self.servers.append(self.server)
         return self.server
 
     def start_agent(self, name, extra=()):
@@ -169,15 +171,16 @@ class Pool:
         return p
 
     def stop(self):
-        for p in list(self.agents.values()) + [self.server]:
-            if p is not None and p.poll() is None:
+        procs = list(self.agents.values()) + self.servers
+        for p in procs:
+            if p.poll() is None:
                 p.terminate()
-        for p in list(self.agents.values()) + [self.server]:
-            if p is not None:
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
 
 
 CONFIG = """
@@ -562,7 +565,12 @@ def store_holds_exactly_the_acknowledged(pool):
 
 def c10_lost_store(pool, api):
     pool.server.terminate()
-    pool.server.wait(timeout=20)
+    try:
+        pool.server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        check("10 the server stops on SIGTERM", False, "killed after 20 s")
+        pool.server.kill()
+        pool.server.wait(timeout=5)
     for f in os.listdir(pool.data):
         if ".db" in f:
             os.remove(os.path.join(pool.data, f))
