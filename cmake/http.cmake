@@ -2,7 +2,7 @@
 # Used by the server's API and the agent's endpoint; Beast stays inside server.cc.
 find_package(Boost 1.74 REQUIRED)
 find_package(OpenSSL REQUIRED)
-add_library(gpupool_http src/http/server.cc)
+add_library(gpupool_http src/http/request.cc src/http/server.cc)
 target_link_libraries(gpupool_http
   PUBLIC gpupool_common
   PRIVATE Boost::boost OpenSSL::SSL OpenSSL::Crypto Threads::Threads fmt::fmt)

@@ -76,26 +76,24 @@ def body_json(out):
         return None
 
 
-def rss_mb(pid):
+def proc_status_mb(pid, key):
+    """A memory line of /proc/<pid>/status (VmRSS, VmHWM) in MB; -1 when the process is gone."""
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return -1
+
+
+def rss_mb(pid):
+    return proc_status_mb(pid, "VmRSS")
 
 
 def hwm_mb(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return -1
+    return proc_status_mb(pid, "VmHWM")
 
 
 def job(name, gpu=None, command=None, queue=None, priority=None, qos=None, cpu="100m"):
@@ -426,8 +424,6 @@ def c6_tenant_limits(pool, api):
           (lat[len(lat) // 2] * 1000, p99 * 1000, len(lat)), flush=True)
     check("6 /healthz keeps answering under 16 listers (p99 %.0f ms < 1 s)" % (p99 * 1000), p99 < 1.0)
     check("6 nodes stay ready under 16 listers", wait(lambda: nodes_ready(api, pool.names), 5))
-    for jid in [j for j in list(ACKED)]:
-        pass
     # Cancel the pending ones so later classes have room.
     st, b = api.call("GET", "/api/v1/jobs?state=pending&limit=1000")
     for j in (b or {}).get("items", []):
