@@ -22,6 +22,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/admission_test.cc
     src/server/e2e_test.cc
     src/server/agent_identity_test.cc
+    src/server/node_credentials_test.cc
   )
   target_link_libraries(server_test PRIVATE gpupool_server gpupool_agent PkgConfig::HTTPLIB)
   # The kill -9 test runs the real binary.

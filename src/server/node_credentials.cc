@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include <ctime>
@@ -44,9 +45,17 @@ std::string RandomHex(size_t bytes) {
 }
 
 std::string Sha256Hex(std::string_view data) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
-  return Hex(digest, sizeof digest);
+  // Every authenticated request hashes its token: the digest's implementation is fetched once
+  // (OpenSSL 3's one-shot SHA256() fetches it on every call).
+  static EVP_MD* const kSha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (kSha256 == nullptr || EVP_Digest(data.data(), data.size(), digest, &len, kSha256, nullptr) != 1 ||
+      len != SHA256_DIGEST_LENGTH) {
+    SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
+    len = SHA256_DIGEST_LENGTH;
+  }
+  return Hex(digest, len);
 }
 
 bool ConstantTimeEqual(std::string_view a, std::string_view b) {

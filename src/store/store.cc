@@ -21,13 +21,16 @@ void WriteBatch::Append(WriteBatch other) {
 
 // ---- GroupCommitter ---------------------------------------------------------------------------
 //
-// Every caller parks its batch in `queue` (FIFO) and sleeps on `cv`. A caller that wakes while its
-// own batch is not done and no write is in progress becomes the leader: it takes batches from the
-// front of the queue (whole batches only; at least one, then more while the group stays within
-// max_ops_per_group), releases the mutex, applies the merged batch with one Store::Apply, retakes
-// the mutex, hands the status to every batch of the group and wakes everybody. The leader's own
-// batch need not be in the group it wrote (the front of the queue goes first, so callers are served
-// in arrival order); it then simply waits or leads again.
+// Every caller parks its batch in `queue` (FIFO) and sleeps on its own condition variable. A caller
+// whose batch is not done, finding no write in progress and batches queued, becomes the leader: it
+// takes batches from the front of the queue (whole batches only; at least one, then more while the
+// group stays within max_ops_per_group), releases the mutex, applies the merged batch with one
+// Store::Apply, retakes the mutex and hands the status to every batch of the group. It wakes only
+// who has something to do: the callers of the group, and the first caller still queued and
+// waiting, who leads the next group (a caller that enqueued but is not waiting yet leads when it
+// comes to Wait). Waking everybody cost every queued caller a wake-up and a sleep per group. The
+// leader's own batch need not be in the group it wrote (the front of the queue goes first, so
+// callers are served in arrival order); it then simply waits or leads again.
 //
 // A Pending is shared by its caller's Ticket and the queue (then the leader's group), so a ticket
 // dropped without Wait leaves nothing dangling; only the leader of its group touches it while
@@ -38,6 +41,8 @@ struct GroupCommitter::Impl {
     WriteBatch batch;
     Status status;
     bool done = false;
+    bool waiting = false;        // its caller sleeps in Wait
+    std::condition_variable cv;  // its caller's
   };
 
   Impl(Store& s, size_t max_ops) : store(s), max_ops_per_group(max_ops) {}
@@ -46,7 +51,6 @@ struct GroupCommitter::Impl {
   const size_t max_ops_per_group;
 
   mutable std::mutex mu;
-  std::condition_variable cv;
   std::deque<std::shared_ptr<Pending>> queue;  // guarded by mu
   bool writing = false;        // guarded by mu: a leader is inside Store::Apply
   Stats stats;                 // guarded by mu
@@ -83,7 +87,9 @@ Status GroupCommitter::Wait(Ticket ticket) {
   std::unique_lock<std::mutex> lock(im.mu);
   while (!self->done) {
     if (im.writing || im.queue.empty()) {
-      im.cv.wait(lock);
+      self->waiting = true;
+      self->cv.wait(lock);
+      self->waiting = false;
       continue;
     }
     // Lead: take whole batches from the front while they fit, but always at least one.
@@ -111,10 +117,19 @@ Status GroupCommitter::Wait(Ticket ticket) {
     for (const auto& p : group) {
       p->status = st;
       p->done = true;
+      if (p->waiting) p->cv.notify_one();
     }
     im.writing = false;
-    // Wake the group's callers and let one of the waiting ones lead the next group.
-    im.cv.notify_all();
+    // The next group's leader: this caller, while its own batch is still queued; otherwise the
+    // first queued caller that is waiting.
+    if (self->done) {
+      for (const auto& p : im.queue) {
+        if (p->waiting) {
+          p->cv.notify_one();
+          break;
+        }
+      }
+    }
   }
   return std::move(self->status);
 }

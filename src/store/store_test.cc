@@ -926,6 +926,42 @@ TEST_F(SqliteStoreTest, GroupCommitterFailedGroupFailsAllItsCallersAndStoresNone
   EXPECT_EQ(LoadOrDie().jobs.size(), 3u);
 }
 
+// Only the callers of a finished group and the next leader are woken. A batch enqueued while a
+// group is written, whose caller comes to Wait only after that write ended (as the scheduling loop
+// does: enqueue under its lock, wait after releasing it), is written when its caller comes, and
+// callers queued behind a write each get their own status.
+TEST_F(SqliteStoreTest, GroupCommitterALateWaiterLeadsAndQueuedWaitersAreHandedOn) {
+  GatedStore gated(*store_);
+  GroupCommitter committer(gated, /*max_ops_per_group=*/1);
+  Status leader_status;
+  std::thread leader([&] { leader_status = committer.Commit(OneJobBatch(0)); });
+  gated.WaitEntered(1);
+  GroupCommitter::Ticket late = committer.Enqueue(OneJobBatch(1));
+  gated.Open();
+  leader.join();
+  ASSERT_TRUE(leader_status.ok()) << leader_status.ToString();
+  EXPECT_EQ(committer.stats().groups, 1u);  // nobody waited for the late batch yet
+  EXPECT_TRUE(committer.Wait(std::move(late)).ok());
+  EXPECT_EQ(committer.stats().groups, 2u);
+
+  // Eight callers behind one write, one op per group: each group's end hands the lead on.
+  GatedStore gated2(*store_);
+  GroupCommitter one_by_one(gated2, /*max_ops_per_group=*/1);
+  std::vector<Status> statuses(9);
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { statuses[0] = one_by_one.Commit(OneJobBatch(10)); });
+  gated2.WaitEntered(1);
+  for (int i = 1; i < 9; ++i) {
+    threads.emplace_back([&, i] { statuses[static_cast<size_t>(i)] = one_by_one.Commit(OneJobBatch(10 + i)); });
+  }
+  WaitForCommits(one_by_one, 9);
+  gated2.Open();
+  for (std::thread& th : threads) th.join();
+  for (const Status& st : statuses) EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(one_by_one.stats().groups, 9u);
+  EXPECT_EQ(LoadOrDie().jobs.size(), 11u);
+}
+
 TEST_F(SqliteStoreTest, GroupCommitterCapsGroupsByOpsButTakesAtLeastOneWholeBatch) {
   GatedStore gated(*store_);
   GroupCommitter committer(gated, /*max_ops_per_group=*/3);
