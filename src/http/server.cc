@@ -298,6 +298,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       ++s_.busy;
       keep_alive_ = false;
       s_.WriteError(res_, 503, "server busy: too many requests queued, try again");
+      res_.set_header("Retry-After", "1");
       return Write();
     }
     net::post(pool.pool, [&pool, f = std::forward<F>(f)]() mutable {
@@ -490,7 +491,7 @@ void Server::Impl::Accept() {
           const std::string body =
               R"J({"error":{"code":"Unavailable","message":"too many connections (from this address, or in total)"}})J";
           return fmt::format("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                             "Connection: close\r\nContent-Length: {}\r\n\r\n{}",
+                             "Connection: close\r\nRetry-After: 1\r\nContent-Length: {}\r\n\r\n{}",
                              body.size(), body);
         }();
         sock.non_blocking(true, aec);

@@ -309,6 +309,7 @@ TEST_F(HttpServerTest, ConnectionsAreCappedPerAddressAndOthersStillGetIn) {
   Raw ninth(port_, "127.0.0.2");
   const std::string out = ninth.ReadAll(2s);
   EXPECT_EQ(Status(out), 503) << out;
+  EXPECT_NE(out.find("Retry-After: 1\r\n"), std::string::npos) << out;
   EXPECT_TRUE(ninth.closed());
   EXPECT_EQ(server_->stats().refused_connections_total, 1);
   EXPECT_TRUE(Alive());  // from 127.0.0.1
@@ -350,7 +351,7 @@ TEST_F(HttpServerTest, AFullLaneAnswers503) {
       httplib::Client c("127.0.0.1", port_);
       c.set_read_timeout(10, 0);
       auto r = c.Get("/slow");
-      if (r && r->status == 503) ++busy;
+      if (r && r->status == 503 && r->get_header_value("Retry-After") == "1") ++busy;
       if (r && r->status == 200) ++ok;
     });
   }

@@ -78,6 +78,9 @@ void SendStatus(http::Response& res, const Status& st) {
     }
   }
   SendError(res, http, st.code(), st.message(), field);
+  // A pending limit lifts as the tenant's (or queue's) jobs start or end: a client that retries
+  // should not do it at once.
+  if (http == 429) res.set_header("Retry-After", "5");
 }
 
 void SendJson(http::Response& res, int http, const json& body) {

@@ -37,6 +37,7 @@ struct Reply {
   int status = 0;  // 0: no HTTP answer at all
   std::string raw;
   std::string content_type;
+  std::string retry_after;
   json body;
 };
 
@@ -62,6 +63,7 @@ Reply Call(int port, const std::string& method, const std::string& path, const s
   out.status = r->status;
   out.raw = r->body;
   out.content_type = r->get_header_value("Content-Type");
+  out.retry_after = r->get_header_value("Retry-After");
   out.body = json::parse(r->body, nullptr, false);
   return out;
 }
@@ -1118,6 +1120,7 @@ TEST_F(HttpApiTest, LimitsAnswer429AndQueueRulesAnswer403NamingTheRule) {
   Submit(OneTaskJson("first", cpu1), kVisionToken);
   Reply over = Post("/api/v1/jobs", OneTaskJson("second", cpu1), kVisionToken);
   EXPECT_TRUE(IsError(over, 429, "LimitExceeded"));
+  EXPECT_EQ(over.retry_after, "5");  // a client told to come back, not at once
   EXPECT_NE(over.body["error"].value("message", "").find("limits.maxPendingJobsPerTenant"), std::string::npos)
       << over.raw;
 
