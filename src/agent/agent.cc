@@ -1,4 +1,5 @@
 #include "agent/agent.h"
+#include "agent/child_exits.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -258,6 +259,7 @@ Status Agent::UseCredential(const std::string& secret, bool store) {
   cc.token = secret;
   auto client = ApiClient::Create(cc);
   if (!client.ok()) return client.status();
+  std::lock_guard<std::mutex> lock(client_mu_);
   node_client_ = std::make_unique<ApiClient>(std::move(client).value());
   return Status::Ok();
 }
@@ -267,7 +269,10 @@ void Agent::DropCredential() {
   std::cerr << fmt::format("gpupool agent {}: the server does not know this node's credential (revoked, or a "
                            "new store); registering again with the bootstrap token\n",
                            options_.node);
-  node_client_.reset();
+  {
+    std::lock_guard<std::mutex> lock(client_mu_);
+    node_client_.reset();
+  }
   RemoveNodeCredential(options_.state_dir);
 }
 
@@ -466,13 +471,26 @@ Status Agent::Start(std::chrono::seconds register_timeout) {
   }
   stopping_ = false;
   next_heartbeat_ = std::chrono::steady_clock::now();
+  if (options_.wake_on_child_exit)
+    child_exit_subscription_ = ChildExits::Get().Subscribe([this] { WakeLoop(); });
   loop_ = std::thread([this] { Loop(); });
+  if (options_.watch_assignments) {
+    watch_interrupt_ = std::make_unique<RequestInterrupter>();
+    watch_ = std::thread([this] { WatchLoop(); });
+  }
   return Status::Ok();
 }
 
 void Agent::Stop(bool stop_tasks) {
   stopping_ = true;
+  if (watch_interrupt_) watch_interrupt_->Interrupt();
+  WakeLoop();
+  if (watch_.joinable()) watch_.join();
   if (loop_.joinable()) loop_.join();
+  if (child_exit_subscription_ != 0) {
+    ChildExits::Get().Unsubscribe(child_exit_subscription_);
+    child_exit_subscription_ = 0;
+  }
   if (http_) {
     http_->Stop();
     http_.reset();
@@ -495,7 +513,11 @@ void Agent::Stop(bool stop_tasks) {
 void Agent::Loop() {
   while (!stopping_) {
     Tick();
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(options_.poll_seconds * 1000)));
+    // Until the next poll, or sooner: a task's supervisor exited, or the watch brought assignments.
+    std::unique_lock<std::mutex> lock(wake_mu_);
+    wake_cv_.wait_for(lock, std::chrono::milliseconds(static_cast<int>(options_.poll_seconds * 1000)),
+                      [this] { return wake_now_ || stopping_.load(); });
+    wake_now_ = false;
   }
 }
 
@@ -512,7 +534,7 @@ void Agent::Tick() {
   }
   PollTasks();
   if (now < next_heartbeat_) {
-    if (options_.assignment_poll_seconds <= 0 || now < next_assignments_) return;
+    if (watching_ || options_.assignment_poll_seconds <= 0 || now < next_assignments_) return;
     next_assignments_ = now + std::chrono::milliseconds(static_cast<int64_t>(options_.assignment_poll_seconds * 1000));
     auto r = NodeApi().Get(fmt::format("/api/v1/agent/nodes/{}/assignments", PercentEncode(options_.node)));
     // Anything but a good answer waits for the heartbeat, which also handles a lost registration.
@@ -554,6 +576,16 @@ void Agent::ApplyAssignments(const std::string& body) {
   }
   Reconcile(*assignments);
   PollTasks();
+}
+
+void Agent::ApplyAssignmentsOnly(const std::string& body) {
+  auto assignments = ParseAssignments(json::parse(body));
+  if (!assignments.ok()) {
+    std::cerr << fmt::format("gpupool agent {}: the server's assignments: {}\n", options_.node,
+                             assignments.status().ToString());
+    return;
+  }
+  Reconcile(*assignments);
 }
 
 Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {
@@ -716,6 +748,7 @@ void Agent::StartTask(LocalTask& t) {
     if (Status st = WritePlacementRun(options_.state_dir, id, a.placement_run); !st.ok()) return fail(st);
   }
   if (Status st = t.runtime->Start(spec); !st.ok()) return fail(st);
+  if (options_.wake_on_child_exit) ChildExits::Get().ChildStarted();
   ++starts_;
   t.started = true;
 }

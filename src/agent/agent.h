@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,7 @@ struct Response;
 namespace gpupool {
 
 class ApiClient;
+class RequestInterrupter;
 struct HttpReply;
 
 struct AgentOptions {
@@ -60,6 +62,13 @@ struct AgentOptions {
   // How often the agent asks for its assignments between heartbeats (every heartbeat brings them
   // too): what a new task waits at most before its agent sees it. 0: only with heartbeats.
   double assignment_poll_seconds = 1.0;
+  // Wait on the server for assignments (a long poll, answered as soon as they change) instead of
+  // asking every assignment_poll_seconds; a server that does not answer watches is polled as before.
+  bool watch_assignments = true;
+  int assignment_wait_seconds = 25;  // how long one long poll waits (the server allows up to 60)
+  // Wake the loop as soon as a task's supervisor (a child of this process) exits, so a task's end
+  // is reported at once rather than at the next poll (child_exits.h).
+  bool wake_on_child_exit = true;
   // Simulated GPUs only: a JSON file of GPU faults and telemetry overrides, re-read on every
   // heartbeat (docs/agent.md#fault-injection). Empty: none.
   std::string sim_faults;
@@ -189,6 +198,19 @@ class Agent {
 
   std::atomic<bool> stopping_{false};
   std::thread loop_;
+  // The assignment watch (agent_watch.cc).
+  void WatchLoop();
+  void ApplyAssignmentsOnly(const std::string& body);  // Reconcile without reporting
+  ApiClient NodeApiCopy();  // for threads other than the loop's
+  void WakeLoop();
+  std::thread watch_;
+  std::unique_ptr<RequestInterrupter> watch_interrupt_;
+  std::atomic<bool> watching_{false};  // the server answers watches: the loop does not poll assignments
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  bool wake_now_ = false;
+  uint64_t child_exit_subscription_ = 0;
+  std::mutex client_mu_;  // guards node_client_ against NodeApiCopy (the loop thread replaces it)
   std::unique_ptr<http::Server> http_;
   int metrics_port_ = 0;
   std::string endpoint_;   // http://host:port of the log server; empty: none

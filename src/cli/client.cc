@@ -311,15 +311,47 @@ Result<HttpReply> ApiClient::Delete(std::string_view path) const {
   return Send("DELETE", path, {}, {});
 }
 
+void RequestInterrupter::Interrupt() {
+  std::lock_guard<std::mutex> lock(mu_);
+  interrupted_ = true;
+  if (current_ != nullptr) static_cast<httplib::Client*>(current_)->stop();
+}
+
+bool RequestInterrupter::interrupted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return interrupted_;
+}
+
+Result<HttpReply> ApiClient::GetInterruptible(std::string_view path, RequestInterrupter& interrupt,
+                                              int read_timeout_s) const {
+  return Send("GET", path, {}, {}, &interrupt, read_timeout_s);
+}
+
 Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path, std::string_view body,
-                                  std::string_view content_type) const {
+                                  std::string_view content_type, RequestInterrupter* interrupt,
+                                  int read_timeout_s) const {
   try {
     httplib::Client http = config_.client_cert_file.empty()
                                ? httplib::Client(url_.Origin())
                                : httplib::Client(url_.Origin(), config_.client_cert_file, config_.client_key_file);
+    // Registered for the whole call; `interrupt` stops it from another thread.
+    struct Registration {
+      RequestInterrupter* r;
+      ~Registration() {
+        if (r == nullptr) return;
+        std::lock_guard<std::mutex> lock(r->mu_);
+        r->current_ = nullptr;
+      }
+    } registration{nullptr};
+    if (interrupt != nullptr) {
+      std::lock_guard<std::mutex> lock(interrupt->mu_);
+      if (interrupt->interrupted_) return Status::IoError(fmt::format("{} {}: interrupted", method, path));
+      interrupt->current_ = &http;
+      registration.r = interrupt;
+    }
     http.set_tcp_nodelay(true);
     http.set_connection_timeout(config_.connect_timeout_s);
-    http.set_read_timeout(config_.read_timeout_s);
+    http.set_read_timeout(read_timeout_s > 0 ? read_timeout_s : config_.read_timeout_s);
     http.set_write_timeout(config_.read_timeout_s);
     http.set_url_encode(false);  // paths and queries arrive escaped (PercentEncode)
     http.set_keep_alive(false);
@@ -340,6 +372,8 @@ Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path
     }
 
     httplib::Result res = http.send(req);
+    if (!res && interrupt != nullptr && interrupt->interrupted())
+      return Status::IoError(fmt::format("{} {}: interrupted", method, path));
     if (!res) {
       return Status::IoError(fmt::format("cannot reach the server at {} ({})", url_.ToString(),
                                          httplib::to_string(res.error())));

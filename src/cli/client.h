@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -119,6 +120,20 @@ std::string WithQuery(std::string_view path, const QueryParams& query);
 // the body.
 std::string ErrorMessage(const HttpReply& reply);
 
+// Lets another thread end a request in flight at once (an agent stopping while it waits on a
+// long poll). Once interrupted, every request made with it fails at once with IoError.
+class RequestInterrupter {
+ public:
+  void Interrupt();
+  bool interrupted() const;
+
+ private:
+  friend class ApiClient;
+  mutable std::mutex mu_;
+  bool interrupted_ = false;
+  void* current_ = nullptr;  // the httplib client of the request in flight
+};
+
 class ApiClient {
  public:
   // InvalidArgument when config.server is not an address ParseServerUrl accepts.
@@ -127,6 +142,9 @@ class ApiClient {
   // `path` starts with "/" and is already escaped (see PercentEncode); it is appended to the base
   // path. Any HTTP status is a reply; IoError means no reply came (unreachable, timed out, reset).
   Result<HttpReply> Get(std::string_view path, const QueryParams& query = {}) const;
+  // A GET that another thread may end through `interrupt`, waiting up to `read_timeout_s` for the
+  // answer (a long poll waits longer than ordinary calls).
+  Result<HttpReply> GetInterruptible(std::string_view path, RequestInterrupter& interrupt, int read_timeout_s) const;
   Result<HttpReply> Post(std::string_view path, std::string_view body = {},
                          std::string_view content_type = "application/json") const;
   Result<HttpReply> Put(std::string_view path, std::string_view body,
@@ -139,7 +157,8 @@ class ApiClient {
  private:
   ApiClient(ClientConfig config, ServerUrl url) : config_(std::move(config)), url_(std::move(url)) {}
   Result<HttpReply> Send(std::string_view method, std::string_view path, std::string_view body,
-                         std::string_view content_type) const;
+                         std::string_view content_type, RequestInterrupter* interrupt = nullptr,
+                         int read_timeout_s = 0) const;
 
   ClientConfig config_;
   ServerUrl url_;

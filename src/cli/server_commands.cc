@@ -295,6 +295,7 @@ struct UpFlags {
   std::string metrics_listen = "127.0.0.1:9400";
   double heartbeat_seconds = 0;
   double assignment_poll_seconds = 0.25;
+  bool no_watch = false;
   std::string sim_faults;
   std::string log_dir;
   std::string log_max = "64Mi";
@@ -335,6 +336,7 @@ int RunUp(UpFlags flags) {
     o.metrics_listen = fmt::format("{}:{}", metrics_host, metrics_port == 0 ? 0 : metrics_port + i);
     o.heartbeat_seconds = flags.heartbeat_seconds;
     o.assignment_poll_seconds = flags.assignment_poll_seconds;
+    o.watch_assignments = !flags.no_watch;
     o.sim_faults = flags.sim_faults;
     if (Status st = MakeDirs(o.state_dir); !st.ok()) {
       server.Stop();
@@ -420,8 +422,11 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--sim-faults", agent->options.sim_faults,
                         "Simulated GPUs: JSON file of injected GPU faults/telemetry, re-read every heartbeat");
   agent_cmd->add_option("--assignment-poll", agent->options.assignment_poll_seconds,
-                        "Seconds between assignment checks between heartbeats (default 1; 0: only with heartbeats)")
+                        "Without the watch: seconds between assignment checks between heartbeats (default 1; 0: only "
+                        "with heartbeats)")
       ->check(CLI::Range(0.0, 3600.0));
+  agent_cmd->add_flag("--no-watch", [agent](int64_t) { agent->options.watch_assignments = false; },
+                      "Poll for assignments instead of waiting on the server's push (a long poll)");
 
   auto up = std::make_shared<UpFlags>();
   auto* up_cmd = app.add_subcommand("up", "Server and local agent(s) in one process: the pool on this machine");
@@ -443,8 +448,11 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                      "Simulated GPUs: JSON file of injected GPU faults/telemetry for every agent (per node: "
                      "\"nodes\": {NAME: {\"gpus\": ...}})");
   up_cmd->add_option("--assignment-poll", up->assignment_poll_seconds,
-                     "Seconds between the agents' assignment checks (default 0.25; 0: only with heartbeats)")
+                     "With --no-watch: seconds between the agents' assignment checks (default 0.25; 0: only with "
+                     "heartbeats)")
       ->check(CLI::Range(0.0, 3600.0));
+  up_cmd->add_flag("--no-watch", up->no_watch,
+                   "Agents poll for assignments instead of waiting on the server's push (a long poll)");
 
   return [cmd, flags, agent_cmd, agent, up_cmd, up]() -> int {
     if (*cmd) return RunServer(*flags);

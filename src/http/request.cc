@@ -40,6 +40,12 @@ std::string Request::get_param_value(const std::string& key, size_t index) const
 
 size_t Request::get_param_value_count(const std::string& key) const { return params.count(key); }
 
+std::shared_ptr<Responder> Response::Defer(std::chrono::milliseconds timeout, Response on_timeout) {
+  if (!defer_hook || deferred_) return nullptr;
+  deferred_ = true;
+  return defer_hook(timeout, std::move(on_timeout));
+}
+
 void Response::set_content(std::string content, const std::string& content_type) {
   body = std::move(content);
   set_header("Content-Type", content_type);

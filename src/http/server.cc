@@ -309,16 +309,25 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   void Dispatch() {
     RunOnLane(route_->lane, [self = this->shared_from_this()] {
+      // Only while the handler runs (the lane's closure holds the session): a raw pointer.
+      Session* raw = self.get();
+      self->res_.defer_hook = [raw](std::chrono::milliseconds timeout, Response on_timeout) {
+        return raw->DeferAnswer(timeout, std::move(on_timeout));
+      };
+      bool threw = false;
       try {
         self->route_->handler(self->req_, self->res_);
       } catch (const std::exception& e) {
-        ++self->s_.handler_errors;
+        threw = true;
         std::fprintf(stderr, "gpupool http: handler for %s %s threw: %s\n", self->req_.method.c_str(),
                      self->req_.path.c_str(), e.what());
-        self->res_ = Response{};
-        self->s_.WriteError(self->res_, 500, "internal error");
       } catch (...) {
-        ++self->s_.handler_errors;
+        threw = true;
+      }
+      if (threw) ++self->s_.handler_errors;
+      // A deferred answer belongs to its Responder now (which may already be writing res_).
+      if (self->deferred_) return;
+      if (threw) {
         self->res_ = Response{};
         self->s_.WriteError(self->res_, 500, "internal error");
       }
@@ -328,6 +337,53 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       // arena, which glibc keeps; give them back, or every worker holds its largest answer forever.
       if (answer_bytes >= kTrimAfterBytes) malloc_trim(0);
     });
+  }
+
+  // The answer of a deferred request: whichever of Send and the timeout comes first. It does not
+  // keep the connection alive (the armed timeout does, inside the server), so a Responder held
+  // after the server stopped answers nothing and holds nothing of it.
+  class DeferredResponder : public Responder {
+   public:
+    explicit DeferredResponder(std::weak_ptr<Session> s) : session_(std::move(s)) {}
+    bool Send(Response res) override {
+      if (sent_.exchange(true)) return false;
+      if (auto s = session_.lock()) {
+        net::post(s->stream_.get_executor(), [s, res = std::move(res)]() mutable { s->AnswerDeferred(std::move(res)); });
+      }
+      return true;
+    }
+    bool sent() const override { return sent_; }
+
+   private:
+    std::atomic<bool> sent_{false};
+    std::weak_ptr<Session> session_;
+  };
+
+  // From the handler's thread, while the handler runs.
+  std::shared_ptr<Responder> DeferAnswer(std::chrono::milliseconds timeout, Response on_timeout) {
+    deferred_ = true;
+    auto r = std::make_shared<DeferredResponder>(this->weak_from_this());
+    // The timer is armed on the connection's executor; a Send from the handler itself is posted
+    // after this and finds the timer armed (or, having set `sent`, keeps it from being armed).
+    net::post(stream_.get_executor(), [self = this->shared_from_this(), r, timeout,
+                                       on_timeout = std::move(on_timeout)]() mutable {
+      if (r->sent()) return;
+      self->defer_timer_.emplace(self->stream_.get_executor());
+      self->defer_timer_->expires_after(timeout);
+      self->defer_timer_->async_wait([self, r, on_timeout = std::move(on_timeout)](beast::error_code ec) mutable {
+        if (!ec) r->Send(std::move(on_timeout));
+      });
+    });
+    return r;
+  }
+
+  // On the connection's executor.
+  void AnswerDeferred(Response res) {
+    if (defer_timer_) defer_timer_->cancel();
+    deferred_ = false;
+    res_ = std::move(res);
+    if (socket_closed_ || closed_) return;
+    Write();
   }
 
   static constexpr size_t kTrimAfterBytes = 1 << 20;
@@ -450,6 +506,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::atomic<bool> writing_{false};
   bool socket_closed_ = false;
   std::chrono::steady_clock::time_point deadline_{};
+  std::atomic<bool> deferred_{false};         // the handler deferred its answer (Response::Defer)
+  std::optional<net::steady_timer> defer_timer_;  // a deferred answer's timeout
 };
 
 }  // namespace

@@ -50,6 +50,20 @@ struct Request {
   size_t get_param_value_count(const std::string& key) const;
 };
 
+struct Response;
+
+// The answer to a request a handler deferred (Response::Defer). Send may be called from any thread,
+// at most once taking effect; the connection holds no thread while it waits.
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  // Sends `res` unless an answer went already (the timeout's, or an earlier Send): true when this
+  // one is the answer. The connection may have closed meanwhile; then nothing is sent.
+  virtual bool Send(Response res) = 0;
+  // An answer went (by Send or at the timeout): a holder may drop this Responder.
+  virtual bool sent() const = 0;
+};
+
 struct Response {
   int status = 200;
   std::string body;
@@ -57,6 +71,19 @@ struct Response {
   void set_content(std::string content, const std::string& content_type);
   void set_header(const std::string& name, const std::string& value);
   bool has_header(const std::string& name) const;
+
+  // From a handler: answer later. The handler returns at once (its worker is free) and whoever
+  // holds the Responder answers with Send; if nobody has by `timeout`, `on_timeout` is sent. What
+  // the handler wrote into this Response is ignored. For long polls and watches: thousands of
+  // deferred requests cost their connections, not threads. Not available to pre-body checks.
+  std::shared_ptr<Responder> Defer(std::chrono::milliseconds timeout, Response on_timeout);
+  bool deferred() const { return deferred_; }
+
+  // Set by the server around a handler call.
+  std::function<std::shared_ptr<Responder>(std::chrono::milliseconds, Response)> defer_hook;
+
+ private:
+  bool deferred_ = false;
 };
 
 using Handler = std::function<void(const Request&, Response&)>;

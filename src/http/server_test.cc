@@ -65,6 +65,31 @@ class Raw {
     }
     return out;
   }
+  // Reads one whole answer (its head and Content-Length bytes of body), or what came by `timeout`.
+  std::string ReadResponse(std::chrono::milliseconds timeout = 5s) {
+    std::string out;
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const size_t head_end = out.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        const size_t cl = out.find("Content-Length: ");
+        const size_t want = cl == std::string::npos || cl > head_end ? 0 : std::stoul(out.substr(cl + 16));
+        if (out.size() >= head_end + 4 + want) break;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      char buf[4096];
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) {
+        closed_ = true;
+        break;
+      }
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
   bool closed() const { return closed_; }
 
  private:
@@ -98,6 +123,25 @@ class HttpServerTest : public ::testing::Test {
       res.set_content("released", "text/plain");
     });
     server_->Get("/fast", [](const Request&, Response& res) { res.set_content("fast", "text/plain"); }, Lane::kPriority);
+    // Deferred answers: parked until Broadcast (or their timeout); "now" answers from the handler
+    // itself, before it returns.
+    server_->Get("/wait", [this](const Request& req, Response& res) {
+      Response late;
+      late.status = 204;
+      const int ms = req.has_param("ms") ? std::atoi(req.get_param_value("ms").c_str()) : 10000;
+      auto r = res.Defer(std::chrono::milliseconds(ms), std::move(late));
+      ASSERT_NE(r, nullptr);
+      EXPECT_EQ(res.Defer(1s, Response{}), nullptr);  // once only
+      if (req.has_param("now")) {
+        Response now;
+        now.set_content("at once", "text/plain");
+        EXPECT_TRUE(r->Send(std::move(now)));
+        EXPECT_FALSE(r->Send(Response{}));
+        return;
+      }
+      std::lock_guard<std::mutex> lock(park_mu_);
+      parked_.push_back(std::move(r));
+    });
     server_->set_pre_body_check([this](const Request& req, Response& res) {
       ++checks_;
       if (req.get_header_value("Authorization") == "Bearer ok") return true;
@@ -108,6 +152,25 @@ class HttpServerTest : public ::testing::Test {
     auto port = server_->Listen("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status().ToString();
     port_ = *port;
+  }
+  // Answers every parked request; returns how many answers went.
+  int Broadcast(const std::string& text) {
+    std::vector<std::shared_ptr<Responder>> parked;
+    {
+      std::lock_guard<std::mutex> lock(park_mu_);
+      parked.swap(parked_);
+    }
+    int sent = 0;
+    for (auto& r : parked) {
+      Response res;
+      res.set_content(text, "text/plain");
+      sent += r->Send(std::move(res)) ? 1 : 0;
+    }
+    return sent;
+  }
+  size_t Parked() {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    return parked_.size();
   }
   void SetUp() override {}
   void TearDown() override {
@@ -127,6 +190,8 @@ class HttpServerTest : public ::testing::Test {
   std::unique_ptr<Server> server_;
   int port_ = 0;
   std::atomic<int> bodies_seen_{0}, checks_{0};
+  std::mutex park_mu_;
+  std::vector<std::shared_ptr<Responder>> parked_;
   std::mutex block_mu_;
   std::condition_variable block_cv_;
   bool released_ = false;
@@ -481,6 +546,86 @@ TEST(HttpTextTest, PercentDecodingAndUtf8) {
   EXPECT_FALSE(ValidText(std::string("a\0b", 3)));
   EXPECT_FALSE(ValidText("a\nb"));
   EXPECT_FALSE(ValidText("\xc2\x85"));  // C1 control
+}
+
+}  // namespace
+}  // namespace gpupool::http
+
+namespace gpupool::http {
+namespace {
+
+// Deferred answers (long polls): 300 requests parked at once on a server with one worker per
+// lane, so none of them holds a thread; /fast and /hello are answered meanwhile; one broadcast
+// answers them all, each on its own kept-alive connection, which then serves another request.
+TEST_F(HttpServerTest, DeferredAnswersHoldNoThreadAndComeFromAnyThread) {
+  ServerOptions o;
+  o.normal_workers = 1;
+  o.priority_workers = 1;
+  StartWith(o);
+  constexpr int kParked = 300;
+  std::vector<std::unique_ptr<Raw>> conns;
+  for (int i = 0; i < kParked; ++i) {
+    conns.push_back(std::make_unique<Raw>(port_));
+    ASSERT_TRUE(conns.back()->Send("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"));
+  }
+  for (int i = 0; i < 500 && Parked() < static_cast<size_t>(kParked); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(Parked(), static_cast<size_t>(kParked));
+  httplib::Client c("127.0.0.1", port_);
+  auto hello = c.Get("/hello?name=x");
+  ASSERT_TRUE(hello);
+  EXPECT_EQ(hello->body, "hello x");
+  int sent = 0;
+  std::thread from_elsewhere([&] { sent = Broadcast("done"); });
+  from_elsewhere.join();
+  EXPECT_EQ(sent, kParked);
+  for (auto& conn : conns) {
+    const std::string out = conn->ReadResponse();
+    EXPECT_EQ(Status(out), 200) << out;
+    EXPECT_NE(out.find("\r\n\r\ndone"), std::string::npos) << out;
+    EXPECT_FALSE(conn->closed());
+  }
+  // Kept alive: the same connection serves the next request.
+  ASSERT_TRUE(conns[0]->Send("GET /hello?name=again HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_NE(conns[0]->ReadResponse().find("hello again"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, ADeferredRequestNobodyAnswersGetsItsTimeoutAnswer) {
+  StartWith({});
+  httplib::Client c("127.0.0.1", port_);
+  c.set_read_timeout(5, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = c.Get("/wait?ms=200");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 204);
+  EXPECT_GE(took, 150ms);
+  EXPECT_EQ(Broadcast("late"), 0);  // answered already: a late Send is refused
+  // The handler answering before it returns.
+  auto now = c.Get("/wait?now=1");
+  ASSERT_TRUE(now);
+  EXPECT_EQ(now->status, 200);
+  EXPECT_EQ(now->body, "at once");
+}
+
+// A client that leaves while parked: the answer finds a closed connection and nothing breaks;
+// stopping the server with requests parked returns.
+TEST_F(HttpServerTest, DeferredAnswersToClosedConnectionsAndAStopWithRequestsParked) {
+  StartWith({});
+  {
+    Raw gone(port_);
+    ASSERT_TRUE(gone.Send("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"));
+    for (int i = 0; i < 200 && Parked() < 1; ++i) std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(Broadcast("nobody"), 1);
+  EXPECT_TRUE(Alive());
+  Raw parked(port_);
+  ASSERT_TRUE(parked.Send("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"));
+  for (int i = 0; i < 200 && Parked() < 1; ++i) std::this_thread::sleep_for(10ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(Broadcast("after stop"), 1);  // the Responder outlives the server's connections
 }
 
 }  // namespace

@@ -88,6 +88,22 @@ void SendJson(http::Response& res, int http, const json& body) {
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
+// A service watcher whose answer goes out through a deferred HTTP answer: the view, or (a view
+// of the error shape: the watched job is gone) 404.
+class ResponderWatcher : public Watcher {
+ public:
+  explicit ResponderWatcher(std::shared_ptr<http::Responder> r) : r_(std::move(r)) {}
+  void Deliver(const json& view) override {
+    http::Response res;
+    SendJson(res, view.contains("error") ? 404 : 200, view);
+    r_->Send(std::move(res));
+  }
+  bool waiting() const override { return !r_->sent(); }
+
+ private:
+  std::shared_ptr<http::Responder> r_;
+};
+
 std::string MediaType(const http::Request& req) {
   std::string ct = req.get_header_value("Content-Type");
   const auto semi = ct.find(';');
@@ -176,7 +192,11 @@ Result<int> HttpApi::Start(const std::string& host, int port) {
 }
 
 void HttpApi::Stop() {
+  // Agents waiting on their assignments get them now, not a dropped connection.
+  service_.ReleaseWatchers();
   if (server_) server_->Stop();
+  // And drops any that came in meanwhile: the service must hold nothing of a stopped server's.
+  service_.ReleaseWatchers();
 }
 
 void HttpApi::Routes() {
@@ -262,6 +282,34 @@ void HttpApi::Routes() {
                     "text/plain; version=0.0.4; charset=utf-8");
   });
 
+  // ?wait=S&since=VERSION on a GET: a long poll (docs/api.md#long-polls). `watch` answers the view
+  // now, or nothing after registering the watcher; the deferred answer is 304 after S seconds.
+  using WatchFn = std::function<Result<std::optional<json>>(const std::string& since, std::shared_ptr<Watcher>)>;
+  auto long_poll = [](const http::Request& req, http::Response& res, const WatchFn& watch) {
+    const std::string wait_text = req.get_param_value("wait");
+    int wait_s = -1;
+    if (!wait_text.empty() && wait_text.size() <= 3 && wait_text.find_first_not_of("0123456789") == std::string::npos)
+      wait_s = std::stoi(wait_text);
+    if (wait_s < 0 || wait_s > HttpApi::kMaxWaitSeconds) {
+      return SendError(res, 400, StatusCode::kInvalidArgument,
+                       fmt::format("wait: must be whole seconds from 0 to {}", HttpApi::kMaxWaitSeconds), "wait");
+    }
+    const std::string since = req.get_param_value("since");
+    if (since.size() > 64) return SendError(res, 400, StatusCode::kInvalidArgument, "since: longer than 64 characters", "since");
+    http::Response unchanged;
+    unchanged.status = 304;
+    auto responder = res.Defer(std::chrono::seconds(wait_s), std::move(unchanged));
+    auto now = watch(since, std::make_shared<ResponderWatcher>(responder));
+    if (now.ok() && !now->has_value()) return;  // waits
+    http::Response answer;
+    if (now.ok()) {
+      SendJson(answer, 200, **now);
+    } else {
+      SendStatus(answer, now.status());
+    }
+    responder->Send(std::move(answer));
+  };
+
   // ---- jobs ----
   s.Post("/api/v1/jobs", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
@@ -330,7 +378,11 @@ void HttpApi::Routes() {
   s.Get(R"(/api/v1/jobs/([^/]+))", [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
     if (!who) return;
-    reply(res, service_.GetJob(*who, req.matches[1]));
+    if (!req.has_param("wait")) return reply(res, service_.GetJob(*who, req.matches[1]));
+    const std::string id = req.matches[1];
+    long_poll(req, res, [&](const std::string& since, std::shared_ptr<Watcher> w) {
+      return service_.WatchJob(*who, id, since, std::move(w));
+    });
   });
   auto cancel = [=, this](const http::Request& req, http::Response& res) {
     auto who = auth(req, res);
@@ -488,11 +540,18 @@ void HttpApi::Routes() {
            if (!body) return;
            reply(res, service_.Heartbeat(req.matches[1], *body));
          }, kNodeLane);
+  // ?wait=S&since=VERSION: a long poll. Answered at once when the assignments are not at VERSION,
+  // else when they change (pushed by the service once the change is durable), else after S seconds
+  // with 304 and no body. The wait holds the connection, not a worker.
   s.Get(R"(/api/v1/agent/nodes/([^/]+)/assignments)",
         [=, this](const http::Request& req, http::Response& res) {
           auto who = auth(req, res);
           if (!who || !for_node(*who, req.matches[1], res)) return;
-          reply(res, service_.Assignments(req.matches[1]));
+          if (!req.has_param("wait")) return reply(res, service_.Assignments(req.matches[1]));
+          const std::string node = req.matches[1];
+          long_poll(req, res, [&](const std::string& since, std::shared_ptr<Watcher> w) {
+            return service_.WatchAssignments(node, since, std::move(w));
+          });
         }, kNodeLane);
   s.Post(R"(/api/v1/agent/nodes/([^/]+)/tasks/([^/]+)/([0-9]{1,6})/status)",
          [=, this](const http::Request& req, http::Response& res) {

@@ -31,6 +31,8 @@ class HttpApi {
 
   // HTTP status for a Status code (400, 401, 403, 404, 409, 422, 429, 500).
   static int HttpStatusFor(StatusCode code);
+  // The longest long poll (GET .../assignments?wait=S, GET /api/v1/jobs/{id}?wait=S).
+  static constexpr int kMaxWaitSeconds = 60;
 
  private:
   void Routes();

@@ -163,6 +163,9 @@ int64_t PoolService::NowMs() const {
 
 Result<std::unique_ptr<PoolService>> PoolService::Open(ServerConfig config, std::unique_ptr<Store> store) {
   std::unique_ptr<PoolService> svc(new PoolService(std::move(config), std::move(store)));
+  svc->run_token_ = RandomHex(8);
+  svc->node_watches_.emplace(svc->run_token_, kMaxWatchesPerKey);
+  svc->job_watches_.emplace(svc->run_token_, kMaxWatchesPerKey);
   svc->disk_guard_ = std::make_unique<DiskGuard>(svc->config_.data_dir.empty() ? "." : svc->config_.data_dir,
                                                  svc->config_.store_min_free_bytes, svc->config_.free_space_probe);
   std::lock_guard<std::mutex> lock(svc->mu_);
@@ -418,12 +421,14 @@ Result<PoolService::JobState*> PoolService::VisibleJob(const Principal& who, con
 }
 
 void PoolService::PutJobOps(JobState& j, WriteBatch& batch) {
+  job_watches_->Changed(j.rec.id);
   j.rec.state = std::string(JobPhaseName(j.phase));
   j.rec.updated_ms = NowMs();
   batch.Add(PutJob{j.rec});
 }
 
 void PoolService::PutTaskOp(const JobState& j, int index, WriteBatch& batch) {
+  job_watches_->Changed(j.rec.id);
   const TaskState& ts = j.tasks[static_cast<size_t>(index)];
   TaskRecord r;
   r.job_id = j.rec.id;
@@ -457,14 +462,49 @@ Status PoolService::CommitLocked(WriteBatch& batch) {
   Status st = committer_->Commit(std::move(batch));
   batch = WriteBatch{};
   if (!st.ok()) FailStop(st);
+  // Batches are written in the order they were enqueued: with this one, every change made before
+  // it (the loop's last cycle too) is durable.
+  if (st.ok()) NotifyWatchersLocked();
   return st;
 }
 
-void PoolService::ReleaseTask(JobState& j, int index) {
+namespace {
+json GoneJob() {
+  return json{{"error", {{"code", "NotFound"}, {"message", "the job was removed (retention)"}}}};
+}
+}  // namespace
+
+void PoolService::NotifyWatchersLocked() {
+  node_watches_->Flush([this](const NodeIndex& n) -> std::optional<json> { return AssignmentsJsonLocked(n); },
+                       json::object());
+  job_watches_->Flush(
+      [this](const std::string& id) -> std::optional<json> {
+        const JobState* j = FindJob(id);
+        if (j == nullptr) return std::nullopt;
+        return JobJson(*j);
+      },
+      GoneJob());
+}
+
+void PoolService::ReleaseWatchers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  node_watches_->ReleaseAll([this](const NodeIndex& n) -> std::optional<json> { return AssignmentsJsonLocked(n); },
+                            json::object());
+  job_watches_->ReleaseAll(
+      [this](const std::string& id) -> std::optional<json> {
+        const JobState* j = FindJob(id);
+        if (j == nullptr) return std::nullopt;
+        return JobJson(*j);
+      },
+      GoneJob());
+}
+
+void PoolService::ReleaseTask(JobState& j, int index, bool agent_ended_it) {
   TaskState& ts = j.tasks[static_cast<size_t>(index)];
   if (!ts.placed) return;
   (void)ledger_.Release(ts.allocation);
   nodes_[ts.placement.node].tasks.erase({j.rec.id, index});
+  if (!agent_ended_it) MarkAssignmentsChanged(ts.placement.node);
   Resources& u = usage_[{j.rec.tenant, j.rec.queue}];
   u -= TaskDemand(j.job.groups[static_cast<size_t>(ts.group)].request);
   ts.placed = false;
@@ -488,6 +528,7 @@ void PoolService::StopTask(JobState& j, int index, TaskPhase outcome, const std:
   stopping_jobs_.insert(j.rec.id);
   if (ts.phase != TaskPhase::kStopping) {
     SetTaskPhase(j, ts, TaskPhase::kStopping);
+    MarkAssignmentsChanged(ts.placement.node);
     ts.stop_deadline_ms = now + 1000LL * (config_.grace_period_seconds + config_.heartbeat_timeout_seconds);
   }
   ts.stop_outcome = outcome;
@@ -828,6 +869,8 @@ json PoolService::JobJson(const JobState& j) const {
   json tasks = json::array();
   for (size_t i = 0; i < j.tasks.size(); ++i) tasks.push_back(TaskJson(j, static_cast<int>(i)));
   out["tasks"] = std::move(tasks);
+  // For GET /api/v1/jobs/{id}?wait=S&since=VERSION.
+  out["version"] = job_watches_->Version(j.rec.id);
   return out;
 }
 
@@ -1673,10 +1716,39 @@ Result<json> PoolService::Assignments(const std::string& node) {
   durable_.wait(lock, [&] { return durable_gen_ >= gen; });
   auto n = ledger_.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+  return AssignmentsJsonLocked(*n);
+}
+
+Result<std::optional<json>> PoolService::WatchAssignments(const std::string& node, const std::string& since,
+                                                          std::shared_ptr<Watcher> watcher) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t gen = enqueued_gen_;
+  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  auto n = ledger_.FindNode(node);
+  if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+  // Changes not yet durable (the loop's cycle in flight) are not announced: the version is the
+  // last one whose changes are on disk.
+  if (!node_watches_->Wait(*n, since, std::move(watcher), [&] { return AssignmentsJsonLocked(*n); }))
+    return {AssignmentsJsonLocked(*n)};
+  return {std::nullopt};
+}
+
+Result<std::optional<json>> PoolService::WatchJob(const Principal& who, const std::string& id,
+                                                  const std::string& since, std::shared_ptr<Watcher> watcher) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t gen = enqueued_gen_;
+  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  ASSIGN_OR_RETURN(JobState * j, VisibleJob(who, id));
+  if (!job_watches_->Wait(j->rec.id, since, std::move(watcher), [&] { return JobJson(*j); })) return {JobJson(*j)};
+  return {std::nullopt};
+}
+
+json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
   json items = json::array();
-  for (const auto& [job_id, index] : nodes_[*n].tasks) {
-    JobState* j = FindJob(job_id);
-    if (j == nullptr) continue;
+  for (const auto& [job_id, index] : nodes_[n].tasks) {
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) continue;
+    const JobState* j = it->second.get();
     const TaskState& ts = j->tasks[static_cast<size_t>(index)];
     const TaskGroup& g = j->job.groups[static_cast<size_t>(ts.group)];
     json a = {{"jobId", job_id}, {"index", index}, {"state", TaskPhaseName(ts.phase)}};
@@ -1705,7 +1777,8 @@ Result<json> PoolService::Assignments(const std::string& node) {
     a["gpus"] = p["gpus"];
     items.push_back(std::move(a));
   }
-  return json{{"assignments", std::move(items)}};
+  // The version of this list; the agent sends it back to wait for the next change.
+  return json{{"assignments", std::move(items)}, {"version", node_watches_->Version(n)}};
 }
 
 Result<json> PoolService::ReportTask(const std::string& node, const std::string& job_id, int index,
@@ -1792,7 +1865,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
       unasked_stop = true;
       if (message.empty()) message = "stopped without being asked to";
     }
-    ReleaseTask(*j, index);
+    ReleaseTask(*j, index, /*agent_ended_it=*/true);
     SetTaskPhase(*j, ts, end);
     ts.exit_code = exit_code;
     ts.end_message = message;
@@ -1856,6 +1929,7 @@ void PoolService::Loop() {
     lock.lock();
     durable_gen_ = gen;
     durable_.notify_all();
+    NotifyWatchersLocked();
     // Let submitters and agents in between cycles: under a stream of submissions the loop would
     // otherwise run back to back and hold the lock nearly all the time. Work that arrives in the
     // gap is picked up by the next cycle, in one pass.
@@ -1993,6 +2067,9 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
     const std::string id = j.rec.id;
     it = by_seq_.erase(it);
     jobs_.erase(id);
+    // Its watchers hear "gone" once the removal is durable.
+    job_watches_->Forget(id);
+    job_watches_->Changed(id);
   }
   // Cluster events (nodes lost and back, GPU conditions) age out the same way.
   batch.Add(DeleteClusterEvents{now - keep_ms});
@@ -2114,6 +2191,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
           ts.allocation = b.allocation;
           ts.updated_ms = now;
           nodes_[b.placement.node].tasks.insert({j.rec.id, b.task});
+          MarkAssignmentsChanged(b.placement.node);
           usage_[{j.rec.tenant, j.rec.queue}] +=
               TaskDemand(j.job.groups[static_cast<size_t>(ts.group)].request);
           node_names.insert(ledger_.spec(b.placement.node).name);
@@ -2191,6 +2269,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       ts.allocation = *id;
       ts.updated_ms = now;
       nodes_[d.placement.node].tasks.insert({j.rec.id, static_cast<int>(t)});
+      MarkAssignmentsChanged(d.placement.node);
       usage_[{j.rec.tenant, j.rec.queue}] += TaskDemand(req);
       PutTaskOp(j, static_cast<int>(t), batch);
       ++metrics_.task_placements;

@@ -47,6 +47,7 @@
 #include "server/job_list.h"
 #include "server/metrics.h"
 #include "server/node_credentials.h"
+#include "server/watches.h"
 #include "store/store.h"
 
 namespace gpupool {
@@ -141,6 +142,20 @@ class PoolService {
   const std::string& cluster_id() const { return cluster_id_; }
   Result<nlohmann::json> Heartbeat(const std::string& node, const nlohmann::json& body);
   Result<nlohmann::json> Assignments(const std::string& node);
+  // Long poll for a node's assignments (docs/api.md#node-side-for-agents). `since` is the `version`
+  // of the assignments the agent holds ("" none). Changed since then (or a version of another
+  // server run): the assignments now. Otherwise nothing, and `watcher` gets them once they change
+  // and are durable (or the caller's timeout answers it first). A node keeps at most
+  // kMaxWatchesPerKey waiting watchers: one more answers the oldest at once.
+  Result<std::optional<nlohmann::json>> WatchAssignments(const std::string& node, const std::string& since,
+                                                         std::shared_ptr<Watcher> watcher);
+  // The same for a job (GET /api/v1/jobs/{id}?wait=S&since=VERSION): its JSON (as GetJob) once it
+  // changes; a job that retention removes meanwhile is answered with {"error": NotFound}.
+  Result<std::optional<nlohmann::json>> WatchJob(const Principal& who, const std::string& id,
+                                                 const std::string& since, std::shared_ptr<Watcher> watcher);
+  static constexpr size_t kMaxWatchesPerKey = 4;
+  // Answers every waiting watcher with its view as it is now (the HTTP layer is stopping).
+  void ReleaseWatchers();
   Result<nlohmann::json> ReportTask(const std::string& node, const std::string& job_id, int index,
                                     const nlohmann::json& body);
 
@@ -230,12 +245,20 @@ class PoolService {
   void Event(const std::string& job_id, const std::string& type, const std::string& message,
              WriteBatch& batch);
   Status CommitLocked(WriteBatch& batch);
-  void ReleaseTask(JobState& j, int index);
+  // `agent_ended_it`: the node's agent reported the task's end, so its assignments need not be
+  // pushed again for it (the next heartbeat drops it from the list).
+  void ReleaseTask(JobState& j, int index, bool agent_ended_it = false);
   void StopTask(JobState& j, int index, TaskPhase outcome, const std::string& reason, WriteBatch& batch);
   void AfterTaskEnded(JobState& j, WriteBatch& batch);
   // Ends the job failed with `reason` and stops whatever of it still runs.
   void FailJob(JobState& j, const std::string& reason, WriteBatch& batch);
   Result<nlohmann::json> GetQueueLocked(const std::string& name);
+  nlohmann::json AssignmentsJsonLocked(NodeIndex n) const;
+  // A node whose assignments changed; its watchers hear of it at the next NotifyWatchersLocked.
+  void MarkAssignmentsChanged(NodeIndex n) { node_watches_->Changed(n); }
+  // Every change enqueued so far is durable: bumps the versions of the changed nodes and answers
+  // their watchers.
+  void NotifyWatchersLocked();
   bool ComputeMask(const JobState& j, NodeMask& mask) const;
   // Running jobs that could be preemption victims, built at most once per cycle (and again after
   // a preemption changed it).
@@ -338,6 +361,10 @@ class PoolService {
     };
     std::vector<GpuCondition> gpus;
   };
+  // Distinguishes this server run's watch versions from an earlier run's.
+  std::string run_token_;
+  std::optional<WatchSet<NodeIndex>> node_watches_;   // nodes' assignments
+  std::optional<WatchSet<std::string>> job_watches_;  // jobs, by id
   std::vector<NodeInfo> nodes_;
   std::map<std::pair<std::string, std::string>, Resources> usage_;  // (tenant, queue) -> used
 
