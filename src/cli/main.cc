@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/client_commands.h"
+#include "cli/run_command.h"
 #include "cli/server_commands.h"
 #include "cli/sim_commands.h"
 #include "config/profile_yaml.h"
@@ -93,6 +94,7 @@ int main(int argc, char** argv) {
 
   const std::function<int()> run_sim = gpupool::AddSimCommands(app);
   const std::function<int()> run_server = gpupool::AddServerCommand(app);
+  const std::function<int()> run_job = gpupool::AddRunCommand(app);
   int client_exit = -1;
   gpupool::RegisterClientCommands(app, &client_exit);
 
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (client_exit >= 0) return client_exit;
+  if (const int rc = run_job(); rc >= 0) return rc;
   if (const int rc = run_server(); rc >= 0) return rc;
 
   if (*demo_cmd) return DemoCommand(demo);

@@ -847,6 +847,8 @@ json PoolService::TaskJson(const JobState& j, int index) const {
     t["gpus"] = json::array();
   }
   if (ts.phase == TaskPhase::kStopping) t["stopReason"] = ts.stop_reason;
+  // How it ended, as its agent said ("exit code 3", "killed by SIGKILL after the grace period").
+  if (!ts.end_message.empty()) t["message"] = ts.end_message;
   return t;
 }
 

@@ -10,6 +10,7 @@ Needs: promtool and prometheus (Debian package prometheus), runc and /bin/busybo
 container jobs; without them the container jobs are skipped and the script says so).
 """
 import json
+import re
 import os
 import random
 import shutil
@@ -137,6 +138,55 @@ def run_examples(api, binary):
             if any(e.get("GPUPOOL_QOS") != "best-effort" or "PYTORCH_CUDA_ALLOC_CONF" not in e for e in envs):
                 fail("finetune-besteffort: %s" % [(e.get("GPUPOOL_QOS"), e.get("PYTORCH_CUDA_ALLOC_CONF")) for e in envs])
         print("up_e2e: example %s: %d task(s) on %s (%s)" % (name, len(envs), sorted(set(places)), ",".join(sorted(set(isolations)))), flush=True)
+
+
+def check_run(binary, url, data):
+    """`gpupool run`: output streams through, the exit code is the task's, Ctrl-C cancels."""
+    env = dict(os.environ, GPUPOOL_SERVER=url, GPUPOOL_DATA_DIR=data)
+    env.pop("GPUPOOL_TOKEN", None)
+    r = subprocess.run([binary, "run", "--gpu", "0.25", "--", "sh", "-c",
+                        "echo out-$GPUPOOL_TASK_INDEX; echo err-line >&2; exit 7"],
+                       env=env, capture_output=True, timeout=60)
+    if r.returncode != 7 or r.stdout.decode() != "out-0\n" or "err-line" not in r.stderr.decode():
+        fail("gpupool run: rc %d, stdout %r, stderr %r" % (r.returncode, r.stdout, r.stderr))
+    r = subprocess.run([binary, "run", "--", "true"], env=env, capture_output=True, timeout=60)
+    if r.returncode != 0 or r.stdout:
+        fail("gpupool run true: rc %d, stdout %r, stderr %r" % (r.returncode, r.stdout, r.stderr))
+    r = subprocess.run([binary, "run", "--", "sh", "-c", "kill -TERM $$"], env=env, capture_output=True, timeout=60)
+    if r.returncode != 128 + signal.SIGTERM:
+        fail("gpupool run of a task killed by SIGTERM: rc %d, stderr %r" % (r.returncode, r.stderr))
+    # A long output arrives whole and in order while the task runs.
+    r = subprocess.run([binary, "run", "--", "sh", "-c", "i=0; while [ $i -lt 3000 ]; do echo line-$i; i=$((i+1)); done"],
+                       env=env, capture_output=True, timeout=60)
+    lines = r.stdout.decode().splitlines()
+    if r.returncode != 0 or lines != ["line-%d" % i for i in range(3000)]:
+        fail("gpupool run: long output garbled: rc %d, %d lines, first %r" % (r.returncode, len(lines), lines[:3]))
+    # Ctrl-C: the job is cancelled, the command exits 130 once it has ended.
+    p = subprocess.Popen([binary, "run", "-v", "--", "sh", "-c", "echo started; sleep 60"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = p.stdout.readline()
+    if line != b"started\n":
+        p.kill()
+        fail("gpupool run: expected the task's first line, got %r" % line)
+    p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail("gpupool run did not end within 60 s of Ctrl-C")
+    m = re.search(r"job (j-[0-9]+) submitted", err.decode())
+    if p.returncode != 130 or not m or "cancelling" not in err.decode():
+        fail("gpupool run after Ctrl-C: rc %d, stderr %r" % (p.returncode, err))
+    state = json.loads(subprocess.run([binary, "get", m.group(1), "-o", "json"], env=env, capture_output=True,
+                                      timeout=30).stdout)["state"]
+    if state != "cancelled":
+        fail("gpupool run: Ctrl-C left job %s %s" % (m.group(1), state))
+    # Bad flags are refused before anything is submitted.
+    r = subprocess.run([binary, "run", "--gpu", "lots", "--", "true"], env=env, capture_output=True, timeout=30)
+    if r.returncode != 2 or b"--gpu" not in r.stderr:
+        fail("gpupool run --gpu lots: rc %d, stderr %r" % (r.returncode, r.stderr))
+    print("up_e2e: gpupool run streams output, exits with the task's code (7, 0, 143), Ctrl-C cancels (130)",
+          flush=True)
 
 
 def main():
@@ -286,6 +336,7 @@ def main():
                 fail("an agent answered %d to a log request without a token" % e.code)
 
         run_examples(api, binary)
+        check_run(binary, url, data)
 
         # Every /metrics endpoint passes promtool.
         endpoints = [("server", "127.0.0.1:%d" % api_port)] + [("agent", "127.0.0.1:%d" % (metrics_port + i)) for i in range(2)]
