@@ -310,8 +310,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   void Dispatch() {
     RunOnLane(route_->lane, [self = this->shared_from_this()] {
       // Only while the handler runs (the lane's closure holds the session): a raw pointer.
+      // Whether the handler deferred is known here, on this thread: the session's state may
+      // already have moved on (a Send from the handler itself is answered on the I/O thread,
+      // possibly before the handler returns), and res_ then belongs to the Responder.
       Session* raw = self.get();
-      self->res_.defer_hook = [raw](std::chrono::milliseconds timeout, Response on_timeout) {
+      bool deferred = false;
+      self->res_.defer_hook = [raw, &deferred](std::chrono::milliseconds timeout, Response on_timeout) {
+        deferred = true;
         return raw->DeferAnswer(timeout, std::move(on_timeout));
       };
       bool threw = false;
@@ -326,7 +331,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       }
       if (threw) ++self->s_.handler_errors;
       // A deferred answer belongs to its Responder now (which may already be writing res_).
-      if (self->deferred_) return;
+      if (deferred) return;
+      self->res_.defer_hook = nullptr;
       if (threw) {
         self->res_ = Response{};
         self->s_.WriteError(self->res_, 500, "internal error");
@@ -361,7 +367,6 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   // From the handler's thread, while the handler runs.
   std::shared_ptr<Responder> DeferAnswer(std::chrono::milliseconds timeout, Response on_timeout) {
-    deferred_ = true;
     auto r = std::make_shared<DeferredResponder>(this->weak_from_this());
     // The timer is armed on the connection's executor; a Send from the handler itself is posted
     // after this and finds the timer armed (or, having set `sent`, keeps it from being armed).
@@ -380,7 +385,6 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   // On the connection's executor.
   void AnswerDeferred(Response res) {
     if (defer_timer_) defer_timer_->cancel();
-    deferred_ = false;
     res_ = std::move(res);
     if (socket_closed_ || closed_) return;
     Write();
@@ -506,7 +510,6 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::atomic<bool> writing_{false};
   bool socket_closed_ = false;
   std::chrono::steady_clock::time_point deadline_{};
-  std::atomic<bool> deferred_{false};         // the handler deferred its answer (Response::Defer)
   std::optional<net::steady_timer> defer_timer_;  // a deferred answer's timeout
 };
 

@@ -137,6 +137,9 @@ class HttpServerTest : public ::testing::Test {
         now.set_content("at once", "text/plain");
         EXPECT_TRUE(r->Send(std::move(now)));
         EXPECT_FALSE(r->Send(Response{}));
+        // The handler goes on a while after its Send, which the I/O thread answers meanwhile.
+        if (req.has_param("linger_ms"))
+          std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(req.get_param_value("linger_ms").c_str())));
         return;
       }
       std::lock_guard<std::mutex> lock(park_mu_);
@@ -605,6 +608,25 @@ TEST_F(HttpServerTest, ADeferredRequestNobodyAnswersGetsItsTimeoutAnswer) {
   ASSERT_TRUE(now);
   EXPECT_EQ(now->status, 200);
   EXPECT_EQ(now->body, "at once");
+}
+
+// A handler that answers through its Responder and returns only after the answer went out: the
+// connection carries that one answer and then the next request's (the worker once took the
+// answer as its own and wrote a second, empty 200 after it, which the client read as the answer
+// to its next request).
+TEST_F(HttpServerTest, AnAnswerSentBeforeTheHandlerReturnsGoesOutOnce) {
+  StartWith({});
+  Raw conn(port_);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(conn.Send("GET /wait?now=1&linger_ms=100 HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const std::string first = conn.ReadResponse();
+    EXPECT_EQ(Status(first), 200) << first;
+    EXPECT_NE(first.find("\r\n\r\nat once"), std::string::npos) << first;
+    std::this_thread::sleep_for(150ms);  // the handler has returned
+    ASSERT_TRUE(conn.Send("GET /hello?name=next HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const std::string second = conn.ReadResponse();
+    EXPECT_NE(second.find("\r\n\r\nhello next"), std::string::npos) << second;
+  }
 }
 
 // A client that leaves while parked: the answer finds a closed connection and nothing breaks;
