@@ -26,6 +26,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/long_poll_test.cc
     src/server/watches_test.cc
     src/server/agent_push_test.cc
+    src/server/agent_reports_test.cc
   )
   target_link_libraries(server_test PRIVATE gpupool_server gpupool_agent PkgConfig::HTTPLIB)
   # The kill -9 test runs the real binary.

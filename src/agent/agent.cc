@@ -277,6 +277,14 @@ void Agent::DropCredential() {
 }
 
 bool Agent::AcceptCluster(const HttpReply& r) {
+  // Batched reports only to a server that announces them (a server of before them says nothing).
+  if (r.is_json && r.json.is_object()) {
+    bool reports = false;
+    if (r.json.contains("features") && r.json["features"].is_array()) {
+      for (const auto& f : r.json["features"]) reports |= f.is_string() && f.get<std::string>() == "reports";
+    }
+    batch_reports_ = reports;
+  }
   if (!r.is_json || !r.json.is_object() || !r.json.contains("clusterId") || !r.json["clusterId"].is_string())
     return true;  // a server that has no cluster id: nothing to check
   const std::string theirs = r.json["clusterId"].get<std::string>();
@@ -827,6 +835,9 @@ void Agent::PollTasks() {
       if ((t.exited && !t.final_reported) || (t.started && !t.exited && !t.running_reported)) due.push_back(id);
     }
   }
+  if (due.empty() || !cluster_refusal().empty()) return;  // nothing of the old pool goes to another one
+  // The reports, in one call (one durable write on the server) where the server takes them.
+  std::vector<std::pair<std::string, json>> bodies;  // task id -> report
   for (const std::string& id : due) {
     LocalTask copy;
     {
@@ -843,23 +854,55 @@ void Agent::PollTasks() {
       body["exitCode"] = copy.exit_code;
       if (!copy.final_message.empty()) body["message"] = copy.final_message;
     }
-    if (!cluster_refusal().empty()) return;  // nothing of the old pool goes to another one
+    body["jobId"] = copy.assignment.job_id;
+    body["index"] = copy.assignment.index;
+    bodies.emplace_back(id, std::move(body));
+  }
+  auto mark = [this](const std::string& id, const json& report) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) return;
+    if (report["state"] != "running") {
+      it->second.final_reported = true;
+    } else {
+      it->second.running_reported = true;
+    }
+  };
+  size_t sent = 0;
+  while (batch_reports_ && sent < bodies.size()) {
+    json reports = json::array();
+    const size_t end = std::min(bodies.size(), sent + 256);
+    for (size_t i = sent; i < end; ++i) reports.push_back(bodies[i].second);
+    auto r = NodeApi().Post(fmt::format("/api/v1/agent/nodes/{}/reports", PercentEncode(options_.node)),
+                            json{{"reports", reports}}.dump());
+    if (!Ok2xx(r) || !r->is_json || !r->json.contains("results") || !r->json["results"].is_array() ||
+        r->json["results"].size() != end - sent)
+      return;  // unreachable, refused or garbled: every report is tried again on the next tick
+    const auto& results = r->json["results"];
+    for (size_t i = sent; i < end; ++i) {
+      const auto& res = results[i - sent];
+      // Done unless the server failed on its side: a refusal (409: the task moved on, 404: the job
+      // is gone) is as final as an acceptance.
+      const std::string code = res.is_object() ? res.value("code", "") : "Internal";
+      const bool ok = res.is_object() && res.value("ok", false);
+      if (ok || (code != "Internal" && code != "IoError")) mark(bodies[i].first, bodies[i].second);
+    }
+    sent = end;
+  }
+  for (size_t i = sent; i < bodies.size(); ++i) {
+    json body = bodies[i].second;
+    const std::string job_id = body["jobId"];
+    const int index = body["index"];
+    body.erase("jobId");
+    body.erase("index");
     auto r = NodeApi().Post(fmt::format("/api/v1/agent/nodes/{}/tasks/{}/{}/status", PercentEncode(options_.node),
-                                       PercentEncode(copy.assignment.job_id), copy.assignment.index),
+                                       PercentEncode(job_id), index),
                            body.dump());
     // A 4xx means the server has moved on (the task was released or the job is gone): nothing to
     // retry. Unreachable, 5xx, or 401/403 (the credential is being replaced: the heartbeat
     // registers again): try again on the next tick.
     const bool done = r.ok() && r->status >= 200 && r->status < 500 && r->status != 401 && r->status != 403;
-    if (!done) continue;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = tasks_.find(id);
-    if (it == tasks_.end()) continue;
-    if (final) {
-      it->second.final_reported = true;
-    } else {
-      it->second.running_reported = true;
-    }
+    if (done) mark(bodies[i].first, bodies[i].second);
   }
 }
 

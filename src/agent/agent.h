@@ -206,6 +206,7 @@ class Agent {
   std::thread watch_;
   std::unique_ptr<RequestInterrupter> watch_interrupt_;
   std::atomic<bool> watching_{false};  // the server answers watches: the loop does not poll assignments
+  std::atomic<bool> batch_reports_{false};  // the server announced POST .../reports ("features")
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;
   bool wake_now_ = false;

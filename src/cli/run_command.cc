@@ -124,7 +124,9 @@ int ExitForReply(const Result<HttpReply>& r, std::ostream& err, std::string_view
     return kExitUnavailable;
   }
   err << "gpupool run: " << doing << ": " << ErrorMessage(*r) << "\n";
-  return ExitCodeForHttpStatus(r->status);
+  // Called only when the answer is not the one expected: never a success, even for a 2xx.
+  const int code = ExitCodeForHttpStatus(r->status);
+  return code == kExitOk ? kExitError : code;
 }
 
 }  // namespace

@@ -553,6 +553,14 @@ void HttpApi::Routes() {
             return service_.WatchAssignments(node, since, std::move(w));
           });
         }, kNodeLane);
+  s.Post(R"(/api/v1/agent/nodes/([^/]+)/reports)",
+         [=, this](const http::Request& req, http::Response& res) {
+           auto who = auth(req, res);
+           if (!who || !for_node(*who, req.matches[1], res)) return;
+           auto body = ReadJsonBody(req, res);
+           if (!body) return;
+           reply(res, service_.ReportTasks(req.matches[1], *body));
+         }, kNodeLane);
   s.Post(R"(/api/v1/agent/nodes/([^/]+)/tasks/([^/]+)/([0-9]{1,6})/status)",
          [=, this](const http::Request& req, http::Response& res) {
            auto who = auth(req, res);

@@ -474,6 +474,11 @@ json GoneJob() {
 }
 }  // namespace
 
+json PoolService::AgentFeatures() {
+  // What agents may use beyond the basic protocol: long polls on assignments, batched reports.
+  return json::array({"watch", "reports"});
+}
+
 void PoolService::NotifyWatchersLocked() {
   node_watches_->Flush([this](const NodeIndex& n) -> std::optional<json> { return AssignmentsJsonLocked(n); },
                        json::object());
@@ -1556,6 +1561,7 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
   wake_.notify_one();
   json out = {{"node", NodeJson(n)},
               {"clusterId", cluster_id_},
+              {"features", AgentFeatures()},
               {"heartbeatIntervalSeconds", config_.heartbeat_interval_seconds},
               {"heartbeatTimeoutSeconds", config_.heartbeat_timeout_seconds}};
   if (!secret.empty()) out["credential"] = secret;
@@ -1704,6 +1710,7 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
   auto out = Assignments(node);
   if (out.ok()) {
     (*out)["clusterId"] = cluster_id_;
+    (*out)["features"] = AgentFeatures();
     (*out)["heartbeatIntervalSeconds"] = config_.heartbeat_interval_seconds;
     (*out)["heartbeatTimeoutSeconds"] = config_.heartbeat_timeout_seconds;
   }
@@ -1783,16 +1790,20 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
   return json{{"assignments", std::move(items)}, {"version", node_watches_->Version(n)}};
 }
 
-Result<json> PoolService::ReportTask(const std::string& node, const std::string& job_id, int index,
-                                     const json& body) {
+Result<PoolService::TaskReport> PoolService::ParseTaskReport(const std::string& job_id, int index, const json& body,
+                                                               bool with_ids) {
   if (!body.is_object()) return Status::InvalidArgument("status: the body must be a JSON object");
-  std::string state;
-  int exit_code = 0;
-  std::string message;
-  int run = -1;  // the run (restart count) the report is about; -1: not said
-  std::optional<std::string> run_id;  // the placement's run id the report is about
+  TaskReport r;
+  r.job_id = job_id;
+  r.index = index;
+  std::string& state = r.state;
+  int& exit_code = r.exit_code;
+  std::string& message = r.message;
+  int& run = r.run;
+  std::optional<std::string>& run_id = r.run_id;
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& k = it.key();
+    if (with_ids && (k == "jobId" || k == "index")) continue;
     if (k == "state") {
       if (!it.value().is_string()) return Status::InvalidArgument("state: must be a string");
       state = it.value().get<std::string>();
@@ -1813,12 +1824,82 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
         return Status::InvalidArgument("runId: must be a string of at most 64 characters");
       run_id = it.value().get<std::string>();
     } else {
-      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts, runId)");
+      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts, runId" +
+                                     std::string(with_ids ? ", jobId, index" : "") + ")");
     }
   }
   if (state != "running" && state != "succeeded" && state != "failed" && state != "stopped")
     return Status::InvalidArgument("state: must be running, succeeded, failed or stopped");
+  return r;
+}
+
+Result<json> PoolService::ReportTask(const std::string& node, const std::string& job_id, int index,
+                                     const json& body) {
+  ASSIGN_OR_RETURN(TaskReport report, ParseTaskReport(job_id, index, body, /*with_ids=*/false));
   std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  ASSIGN_OR_RETURN(json task, ReportTaskLocked(node, report, batch));
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return task;
+}
+
+Result<json> PoolService::ReportTasks(const std::string& node, const json& body) {
+  if (!body.is_object() || !body.contains("reports") || !body["reports"].is_array())
+    return Status::InvalidArgument("reports: the body must be {\"reports\": [...]}");
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (it.key() != "reports") return Status::InvalidArgument(it.key() + ": unknown field (known: reports)");
+  }
+  const json& items = body["reports"];
+  if (items.size() > kMaxReportsPerCall)
+    return Status::InvalidArgument(fmt::format("reports: at most {} entries", kMaxReportsPerCall));
+  // Every entry is checked before any is applied: a malformed one is a 400 naming it, nothing stored.
+  std::vector<TaskReport> reports;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const json& t = items[i];
+    const std::string where = fmt::format("reports[{}]", i);
+    if (!t.is_object() || !t.contains("jobId") || !t["jobId"].is_string() || !t.contains("index") ||
+        !InIntRange(t["index"], 0, 999999))
+      return Status::InvalidArgument(where + ": needs jobId (string) and index (integer, 0 to 999999)");
+    auto r = ParseTaskReport(t["jobId"].get<std::string>(), static_cast<int>(t["index"].get<int64_t>()), t,
+                             /*with_ids=*/true);
+    if (!r.ok()) {
+      // "state: must be ..." becomes "reports[1].state: must be ...": the field is named whole.
+      const std::string& m = r.status().message();
+      const auto colon = m.find(": ");
+      if (r.status().code() == StatusCode::kInvalidArgument && colon != std::string::npos &&
+          m.find(' ') > colon)
+        return Status::InvalidArgument(where + "." + m);
+      return r.status().WithContext(where);
+    }
+    reports.push_back(std::move(r).value());
+  }
+  // One critical section and one durable write for all; each report has its own outcome (a late
+  // report of a task that moved on is that report's 409, not the others').
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  json results = json::array();
+  for (const TaskReport& r : reports) {
+    auto task = ReportTaskLocked(node, r, batch);
+    if (task.ok()) {
+      results.push_back({{"ok", true}});
+    } else {
+      results.push_back({{"ok", false},
+                         {"code", std::string(StatusCodeName(task.status().code()))},
+                         {"message", task.status().message()}});
+    }
+  }
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return json{{"results", std::move(results)}};
+}
+
+Result<json> PoolService::ReportTaskLocked(const std::string& node, const TaskReport& report, WriteBatch& batch) {
+  const std::string& job_id = report.job_id;
+  const int index = report.index;
+  const std::string& state = report.state;
+  const int exit_code = report.exit_code;
+  std::string message = report.message;
+  const int run = report.run;
+  const std::optional<std::string>& run_id = report.run_id;
   auto n = ledger_.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
   JobState* j = FindJob(job_id);
@@ -1839,7 +1920,6 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     return Status::FailedPrecondition(fmt::format("task {}[{}] is not assigned to node '{}' (it is {})",
                                                   job_id, index, node, TaskPhaseName(ts.phase)));
   }
-  WriteBatch batch;
   const int64_t now = NowMs();
   const TaskGroup& g = j->job.groups[static_cast<size_t>(ts.group)];
   const std::string task_name = fmt::format("{}[{}]", g.name, ts.replica);
@@ -1890,7 +1970,6 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
     PutTaskOp(*j, index, batch);
     AfterTaskEnded(*j, batch);
   }
-  RETURN_IF_ERROR(CommitLocked(batch));
   return TaskJson(*j, index);
 }
 

@@ -158,6 +158,13 @@ class PoolService {
   void ReleaseWatchers();
   Result<nlohmann::json> ReportTask(const std::string& node, const std::string& job_id, int index,
                                     const nlohmann::json& body);
+  // Many reports in one call and one durable write: {"reports": [{"jobId", "index", "state", ...}]}
+  // answers {"results": [{"ok": true} | {"ok": false, "code": "FailedPrecondition", "message"}]},
+  // one per report in order. A malformed entry is InvalidArgument naming it, nothing applied.
+  Result<nlohmann::json> ReportTasks(const std::string& node, const nlohmann::json& body);
+  static constexpr size_t kMaxReportsPerCall = 1024;
+  // The protocol features registration and heartbeat answers announce ("features").
+  static nlohmann::json AgentFeatures();
 
   nlohmann::json Health();
   // Ok while the store's filesystem has more free space than store.minFreeBytes; otherwise
@@ -253,6 +260,19 @@ class PoolService {
   // Ends the job failed with `reason` and stops whatever of it still runs.
   void FailJob(JobState& j, const std::string& reason, WriteBatch& batch);
   Result<nlohmann::json> GetQueueLocked(const std::string& name);
+  // A task status report from an agent, checked for shape (not yet against the state).
+  struct TaskReport {
+    std::string job_id;
+    int index = 0;
+    std::string state;  // running, succeeded, failed, stopped
+    int exit_code = 0;
+    std::string message;
+    int run = -1;                       // the run (restart count) the report is about; -1: not said
+    std::optional<std::string> run_id;  // the placement's run id the report is about
+  };
+  static Result<TaskReport> ParseTaskReport(const std::string& job_id, int index, const nlohmann::json& body,
+                                            bool with_ids);
+  Result<nlohmann::json> ReportTaskLocked(const std::string& node, const TaskReport& report, WriteBatch& batch);
   nlohmann::json AssignmentsJsonLocked(NodeIndex n) const;
   // A node whose assignments changed; its watchers hear of it at the next NotifyWatchersLocked.
   void MarkAssignmentsChanged(NodeIndex n) { node_watches_->Changed(n); }
