@@ -1,11 +1,19 @@
-# ---- client: the `gpupool submit|get|list|cancel|events|nodes|queues` commands ----
+# ---- api client: the HTTP client of the pool's API, shared by the CLI and the agent ----
+add_library(gpupool_api_client
+  src/client/api_client.cc
+)
+target_link_libraries(gpupool_api_client
+  PUBLIC gpupool_common nlohmann_json::nlohmann_json
+  PRIVATE PkgConfig::HTTPLIB fmt::fmt
+)
+
+# ---- client: the `gpupool submit|get|list|cancel|events|nodes|queues|run` commands ----
 add_library(gpupool_client
-  src/cli/client.cc
   src/cli/client_commands.cc
   src/cli/run_command.cc
 )
 target_link_libraries(gpupool_client
-  PUBLIC gpupool_common CLI11::CLI11
+  PUBLIC gpupool_common gpupool_api_client CLI11::CLI11
   PRIVATE PkgConfig::HTTPLIB nlohmann_json::nlohmann_json yaml-cpp fmt::fmt
 )
 

@@ -28,7 +28,7 @@
 #include "agent/gpu_metrics.h"
 #include "agent/node_identity.h"
 #include "agent/runtime_internal.h"
-#include "cli/client.h"
+#include "client/api_client.h"
 #include "common/quantity.h"
 
 namespace gpupool {

@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "agent/agent.h"
-#include "cli/client.h"
+#include "client/api_client.h"
 
 namespace gpupool {
 

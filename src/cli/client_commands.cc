@@ -24,7 +24,7 @@
 #include <thread>
 #include <utility>
 
-#include "cli/client.h"
+#include "client/api_client.h"
 
 namespace gpupool {
 

@@ -1,7 +1,7 @@
 // The client subcommands of `gpupool`: submit, get, list, cancel, events, nodes, queues. Each is a
 // function that talks to the server (docs/api.md), writes its output to `out` and its errors to
 // `err` as `gpupool: <message>`, and returns the process exit code of docs/api.md (see
-// cli/client.h). None of them throws. RegisterClientCommands wires them to CLI11.
+// client/api_client.h). None of them throws. RegisterClientCommands wires them to CLI11.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,5 +1,5 @@
 // The client commands against an in-process httplib server that answers as docs/api.md says.
-#include "cli/client.h"
+#include "client/api_client.h"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>

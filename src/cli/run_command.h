@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/client.h"
+#include "client/api_client.h"
 
 namespace gpupool {
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "agent/agent.h"
-#include "cli/client.h"
+#include "client/api_client.h"
 #include "server/config.h"
 #include "server/http_api.h"
 #include "server/service.h"

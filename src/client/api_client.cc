@@ -1,4 +1,4 @@
-#include "cli/client.h"
+#include "client/api_client.h"
 
 #include <fmt/format.h>
 #include <httplib.h>

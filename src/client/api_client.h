@@ -1,6 +1,6 @@
 // A small HTTP client for the gpupool REST API (docs/api.md): where the server is, which token to
 // send, one request per call, answers parsed as JSON, and the client exit codes of the contract.
-// cpp-httplib stays inside client.cc; nothing here throws.
+// cpp-httplib stays inside api_client.cc; nothing here throws.
 #pragma once
 
 #include <functional>
