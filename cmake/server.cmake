@@ -7,6 +7,10 @@ add_library(gpupool_server
   src/server/admission.cc
   src/server/job_list.cc
   src/server/service.cc
+  src/server/service_agents.cc
+  src/server/service_api.cc
+  src/server/service_cycle.cc
+  src/server/service_views.cc
   src/server/http_api.cc
   src/server/node_credentials.cc
 )

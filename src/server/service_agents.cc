@@ -1,0 +1,556 @@
+// PoolService, the agent protocol: registration and node credentials, heartbeats (liveness, GPU
+// reports, agent info), assignments and their long polls, task status reports (one or batched).
+#include "server/service.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <limits>
+#include <optional>
+
+#include "api/node_codec.h"
+#include "config/profile_yaml.h"
+#include "sched/preemption.h"
+#include "sched/registry.h"
+#include "sched/typical_pods.h"
+#include "server/resources_json.h"
+#include "server/service_internal.h"
+
+namespace gpupool {
+
+using nlohmann::json;
+using namespace service_internal;
+
+namespace {
+
+struct AgentInfo {
+  std::string endpoint;
+  std::string log_token;
+};
+
+// The "agent" member of a registration or heartbeat: {endpoint: "http://host:port", logToken}.
+Result<AgentInfo> ParseAgentInfo(const json& v) {
+  if (!v.is_object()) return Status::InvalidArgument("agent: must be an object {endpoint, logToken}");
+  AgentInfo info;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.key() != "endpoint" && it.key() != "logToken")
+      return Status::InvalidArgument(
+          fmt::format("agent.{}: unknown field (known: endpoint, logToken)", it.key()));
+    if (!it.value().is_string())
+      return Status::InvalidArgument(fmt::format("agent.{}: must be a string", it.key()));
+  }
+  info.endpoint = v.value("endpoint", "");
+  info.log_token = v.value("logToken", "");
+  if (!info.endpoint.starts_with("http://") || info.endpoint.size() > 256 ||
+      info.endpoint.find_first_of(" /?#", 7) != std::string::npos) {
+    return Status::InvalidArgument(
+        fmt::format("agent.endpoint: must be http://host:port, got '{}'", info.endpoint.substr(0, 256)));
+  }
+  if (info.log_token.size() < 16 || info.log_token.size() > 256 ||
+      info.log_token.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return Status::InvalidArgument("agent.logToken: must be 16 to 256 hex digits");
+  }
+  return info;
+}
+
+}  // namespace
+
+Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in) {
+  std::optional<AgentInfo> agent;
+  json body = body_in;
+  if (body.is_object() && body.contains("agent")) {
+    auto a = ParseAgentInfo(body["agent"]);
+    if (!a.ok()) return a.status();
+    agent = *a;
+    body.erase("agent");
+  }
+  // The cluster the agent belongs to, when it has been in one: a different one is refused, so a
+  // node of an old pool never joins a new one (with the old pool's tasks still on it).
+  if (body.is_object() && body.contains("clusterId")) {
+    if (!body["clusterId"].is_string() || body["clusterId"].get<std::string>().size() > 64)
+      return Status::InvalidArgument("clusterId: must be a string of at most 64 characters");
+    const std::string theirs = body["clusterId"].get<std::string>();
+    body.erase("clusterId");
+    if (!theirs.empty() && theirs != cluster_id_)
+      return Status::FailedPrecondition(fmt::format(
+          "clusterId: the agent belongs to cluster {}, this server is cluster {} (its store was created "
+          "anew); the agent does not join another pool: see docs/agent.md#cluster-identity",
+          theirs, cluster_id_));
+  }
+  auto spec = ParseNodeSpec(body, ledger_.catalog());
+  if (!spec.ok()) return spec.status();
+  const json canonical = NodeSpecToJson(*spec);
+  if (who.role == Role::kNode && who.node != spec->name)
+    return Status::PermissionDenied(fmt::format(
+        "the credential of node '{}' may not register node '{}'", who.node, spec->name));
+  if (who.role != Role::kAdmin && who.role != Role::kAgent && who.role != Role::kNode)
+    return Status::PermissionDenied("only an agent or an admin registers nodes");
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = NowMs();
+  auto existing = ledger_.FindNode(spec->name);
+  if (who.role == Role::kAgent && existing && nodes_[*existing].state == "ready" &&
+      credentials_.Live(spec->name)) {
+    // Someone holding the bootstrap token could otherwise take over a live node's assignments.
+    return Status::FailedPrecondition(fmt::format(
+        "node '{}' is ready and its node credential is live: its agent registers with that credential; "
+        "to replace the agent, an admin revokes it first (gpupool nodes revoke {})",
+        spec->name, spec->name));
+  }
+  NodeIndex n;
+  if (existing) {
+    n = *existing;
+    if (nodes_[n].spec_json != canonical)
+      return Status::FailedPrecondition(fmt::format(
+          "node '{}' is registered with a different inventory; a changed machine needs a new name",
+          spec->name));
+  } else {
+    auto added = ledger_.AddNode(*spec);
+    if (!added.ok()) return Status::InvalidArgument(added.status().message());
+    n = *added;
+    NodeInfo info;
+    info.spec_json = canonical;
+    nodes_.push_back(std::move(info));
+  }
+  NodeInfo& info = nodes_[n];
+  const bool was_lost = info.state != "ready";
+  info.state = "ready";
+  info.last_heartbeat_ms = now;
+  info.heartbeat_mono = MonoSeconds();
+  info.agent_endpoint = agent ? agent->endpoint : "";
+  info.agent_log_token = agent ? agent->log_token : "";
+  ++capacity_epoch_;
+  WriteBatch batch;
+  batch.Add(PutNode{
+      MakeNodeRecord(spec->name, canonical, ledger_.state(n).cordoned, info.draining, info.state, now)});
+  Event("", existing ? (was_lost ? "NodeReady" : "NodeReregistered") : "NodeRegistered", spec->name, batch);
+  std::string secret;
+  if (who.role != Role::kNode) secret = credentials_.Issue(spec->name, now, batch);
+  if (Status st = CommitLocked(batch); !st.ok()) {
+    if (!secret.empty()) credentials_.Forget(spec->name);
+    return st;
+  }
+  wake_pending_ = true;
+  wake_.notify_one();
+  json out = {{"node", NodeJson(n)},
+              {"clusterId", cluster_id_},
+              {"features", AgentFeatures()},
+              {"heartbeatIntervalSeconds", config_.heartbeat_interval_seconds},
+              {"heartbeatTimeoutSeconds", config_.heartbeat_timeout_seconds}};
+  if (!secret.empty()) out["credential"] = secret;
+  return out;
+}
+
+std::optional<Principal> PoolService::AuthenticateNode(std::string_view secret) {
+  auto node = credentials_.Authenticate(secret, NowMs());
+  if (!node) return std::nullopt;
+  return Principal{"", Role::kNode, *node};
+}
+
+json PoolService::ListNodeCredentials() { return credentials_.List(); }
+
+Result<json> PoolService::RevokeNodeCredential(const std::string& node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  RETURN_IF_ERROR(credentials_.Revoke(node, NowMs(), batch));
+  Event("", "NodeCredentialRevoked", node, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return json{{"node", node}, {"state", "revoked"}};
+}
+
+Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
+  if (!body.is_null() && !body.is_object())
+    return Status::InvalidArgument("heartbeat: the body must be a JSON object");
+  std::optional<AgentInfo> agent;
+  std::vector<GpuReport> gpu_reports;
+  if (body.is_object()) {
+    for (auto it = body.begin(); it != body.end(); ++it) {
+      if (it.key() != "tasks" && it.key() != "agent" && it.key() != "gpus")
+        return Status::InvalidArgument(it.key() + ": unknown field (known: tasks, agent, gpus)");
+    }
+    if (body.contains("agent")) {
+      auto a = ParseAgentInfo(body["agent"]);
+      if (!a.ok()) return a.status();
+      agent = *a;
+    }
+    if (body.contains("gpus")) {
+      const json& gs = body["gpus"];
+      if (!gs.is_array()) return Status::InvalidArgument("gpus: must be a list");
+      if (gs.size() > 1024) return Status::InvalidArgument("gpus: at most 1024 entries");
+      for (size_t i = 0; i < gs.size(); ++i) {
+        const json& g = gs[i];
+        const std::string where = fmt::format("gpus[{}]", i);
+        if (!g.is_object() || !g.contains("index") || !g["index"].is_number_integer())
+          return Status::InvalidArgument(where + ": needs index (integer)");
+        if (!InIntRange(g["index"], 0, 1023))
+          return Status::InvalidArgument(where + ".index: must be a GPU index of the node (0 to 1023)");
+        GpuReport r;
+        r.index = static_cast<int>(g["index"].get<int64_t>());
+        for (auto it = g.begin(); it != g.end(); ++it) {
+          const std::string& k = it.key();
+          const json& v = it.value();
+          if (k == "index") continue;
+          if (k == "healthy") {
+            if (!v.is_boolean()) return Status::InvalidArgument(where + ".healthy: must be true or false");
+            r.healthy = v.get<bool>();
+          } else if (k == "reason") {
+            if (!v.is_string()) return Status::InvalidArgument(where + ".reason: must be a string");
+            r.reason = v.get<std::string>().substr(0, 256);
+          } else if (k == "temperatureC" || k == "utilization" || k == "memoryUsedFraction") {
+            const double hi = k == "temperatureC" ? 1000 : 1;
+            if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= hi))
+              return Status::InvalidArgument(fmt::format("{}.{}: must be a number in [0, {}]", where, k, hi));
+            (k == "temperatureC"  ? r.temperature_c
+             : k == "utilization" ? r.utilization
+                                  : r.memory_used_fraction) = v.get<double>();
+          } else {
+            return Status::InvalidArgument(
+                fmt::format("{}.{}: unknown field (known: index, healthy, reason, temperatureC, utilization, "
+                            "memoryUsedFraction)",
+                            where, k));
+          }
+        }
+        gpu_reports.push_back(std::move(r));
+      }
+    }
+    // Every number is checked before anything of the heartbeat is applied: a bad one is a 400
+    // naming the field, with nothing stored.
+    if (!gpu_reports.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto n = ledger_.FindNode(node);
+      if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+      const size_t count = ledger_.spec(*n).gpus.size();
+      for (size_t i = 0; i < gpu_reports.size(); ++i) {
+        if (static_cast<size_t>(gpu_reports[i].index) >= count)
+          return Status::InvalidArgument(fmt::format("gpus[{}].index: node '{}' has {} GPU(s), there is no GPU {}",
+                                                     i, node, count, gpu_reports[i].index));
+      }
+    }
+    if (body.contains("tasks")) {
+      if (!body["tasks"].is_array()) return Status::InvalidArgument("tasks: must be a list");
+      if (body["tasks"].size() > 4096) return Status::InvalidArgument("tasks: at most 4096 entries");
+      for (size_t i = 0; i < body["tasks"].size(); ++i) {
+        const json& t = body["tasks"][i];
+        const std::string where = fmt::format("tasks[{}]", i);
+        if (!t.is_object() || !t.contains("jobId") || !t["jobId"].is_string() || !t.contains("index") ||
+            !t["index"].is_number_integer())
+          return Status::InvalidArgument(where + ": needs jobId (string) and index (integer)");
+        if (!InIntRange(t["index"], 0, 999999))
+          return Status::InvalidArgument(where + ".index: must be a task index, 0 to 999999");
+        if (t.contains("exitCode") && !InIntRange(t["exitCode"], kMinExitCode, kMaxExitCode))
+          return Status::InvalidArgument(
+              fmt::format("{}.exitCode: must be an integer from {} to {}", where, kMinExitCode, kMaxExitCode));
+      }
+      for (size_t i = 0; i < body["tasks"].size(); ++i) {
+        const json& t = body["tasks"][i];
+        const std::string where = fmt::format("tasks[{}]", i);
+        json status = t;
+        status.erase("jobId");
+        status.erase("index");
+        auto r = ReportTask(node, t["jobId"].get<std::string>(), t["index"].get<int>(), status);
+        if (!r.ok()) return r.status().WithContext(where);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto n = ledger_.FindNode(node);
+    if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+    NodeInfo& info = nodes_[*n];
+    info.last_heartbeat_ms = NowMs();
+    info.heartbeat_mono = MonoSeconds();
+    WriteBatch batch;
+    if (info.state != "ready") {
+      // Back from lost: its tasks were released when it was lost (the agent fenced them), so it
+      // comes back empty and its agent stops whatever is not in its assignments.
+      info.state = "ready";
+      batch.Add(PutNode{MakeNodeRecord(node, info.spec_json, ledger_.state(*n).cordoned, info.draining,
+                                       info.state, info.last_heartbeat_ms)});
+      Event("", "NodeReady", node + " heartbeats again", batch);
+      ++capacity_epoch_;
+      wake_pending_ = true;
+      wake_.notify_one();
+    }
+    // After a server restart the agent's endpoint comes back with its first heartbeat.
+    if (agent) {
+      info.agent_endpoint = agent->endpoint;
+      info.agent_log_token = agent->log_token;
+    }
+    ApplyGpuReports(*n, gpu_reports, batch);
+    credentials_.FlushLastUsed(kCredentialLastUsedStepMs, batch);
+    if (!batch.empty()) RETURN_IF_ERROR(CommitLocked(batch));
+  }
+  auto out = Assignments(node);
+  if (out.ok()) {
+    (*out)["clusterId"] = cluster_id_;
+    (*out)["features"] = AgentFeatures();
+    (*out)["heartbeatIntervalSeconds"] = config_.heartbeat_interval_seconds;
+    (*out)["heartbeatTimeoutSeconds"] = config_.heartbeat_timeout_seconds;
+  }
+  return out;
+}
+
+Result<json> PoolService::Assignments(const std::string& node) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // An assignment is handed out only once the cycle that made it is on disk: a task must never run
+  // that a restart would not know about.
+  const uint64_t gen = enqueued_gen_;
+  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  auto n = ledger_.FindNode(node);
+  if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+  return AssignmentsJsonLocked(*n);
+}
+
+Result<std::optional<json>> PoolService::WatchAssignments(const std::string& node, const std::string& since,
+                                                          std::shared_ptr<Watcher> watcher) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t gen = enqueued_gen_;
+  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  auto n = ledger_.FindNode(node);
+  if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+  // Changes not yet durable (the loop's cycle in flight) are not announced: the version is the
+  // last one whose changes are on disk.
+  if (!node_watches_->Wait(*n, since, std::move(watcher), [&] { return AssignmentsJsonLocked(*n); }))
+    return {AssignmentsJsonLocked(*n)};
+  return {std::nullopt};
+}
+
+Result<std::optional<json>> PoolService::WatchJob(const Principal& who, const std::string& id,
+                                                  const std::string& since, std::shared_ptr<Watcher> watcher) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t gen = enqueued_gen_;
+  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  ASSIGN_OR_RETURN(JobState * j, VisibleJob(who, id));
+  if (!job_watches_->Wait(j->rec.id, since, std::move(watcher), [&] { return JobJson(*j); })) return {JobJson(*j)};
+  return {std::nullopt};
+}
+
+json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
+  json items = json::array();
+  for (const auto& [job_id, index] : nodes_[n].tasks) {
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) continue;
+    const JobState* j = it->second.get();
+    const TaskState& ts = j->tasks[static_cast<size_t>(index)];
+    const TaskGroup& g = j->job.groups[static_cast<size_t>(ts.group)];
+    json a = {{"jobId", job_id}, {"index", index}, {"state", TaskPhaseName(ts.phase)}};
+    if (ts.phase == TaskPhase::kStopping) {
+      a["desired"] = "stop";
+      a["gracePeriodSeconds"] = config_.grace_period_seconds;
+      a["reason"] = ts.stop_reason;
+    } else {
+      a["desired"] = "run";
+    }
+    a["name"] = fmt::format("{}/{}-{}", j->rec.name, g.name, ts.replica);
+    a["tenant"] = j->rec.tenant;
+    a["qos"] = QosClassName(j->job.qos);
+    a["isolation"] = IsolationModeName(g.exec.isolation);
+    a["command"] = g.exec.command;
+    a["env"] = g.exec.env;
+    a["bundle"] = g.exec.bundle;
+    a["rootfs"] = g.exec.rootfs;
+    a["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
+                       {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
+    a["restarts"] = ts.restarts;
+    a["runId"] = ts.run_id;
+    json p = PlacementToJson(ts.placement, ledger_);
+    a["cpu"] = p["cpu"];
+    a["memory"] = p["memory"];
+    a["gpus"] = p["gpus"];
+    items.push_back(std::move(a));
+  }
+  // The version of this list; the agent sends it back to wait for the next change.
+  return json{{"assignments", std::move(items)}, {"version", node_watches_->Version(n)}};
+}
+
+Result<PoolService::TaskReport> PoolService::ParseTaskReport(const std::string& job_id, int index, const json& body,
+                                                               bool with_ids) {
+  if (!body.is_object()) return Status::InvalidArgument("status: the body must be a JSON object");
+  TaskReport r;
+  r.job_id = job_id;
+  r.index = index;
+  std::string& state = r.state;
+  int& exit_code = r.exit_code;
+  std::string& message = r.message;
+  int& run = r.run;
+  std::optional<std::string>& run_id = r.run_id;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    if (with_ids && (k == "jobId" || k == "index")) continue;
+    if (k == "state") {
+      if (!it.value().is_string()) return Status::InvalidArgument("state: must be a string");
+      state = it.value().get<std::string>();
+    } else if (k == "exitCode") {
+      if (!InIntRange(it.value(), kMinExitCode, kMaxExitCode))
+        return Status::InvalidArgument(
+            fmt::format("exitCode: must be an integer from {} to {}", kMinExitCode, kMaxExitCode));
+      exit_code = static_cast<int>(it.value().get<int64_t>());
+    } else if (k == "message") {
+      if (!it.value().is_string()) return Status::InvalidArgument("message: must be a string");
+      message = it.value().get<std::string>().substr(0, 4096);
+    } else if (k == "restarts") {
+      if (!InIntRange(it.value(), 0, std::numeric_limits<int>::max()))
+        return Status::InvalidArgument("restarts: must be a non-negative integer");
+      run = static_cast<int>(it.value().get<int64_t>());
+    } else if (k == "runId") {
+      if (!it.value().is_string() || it.value().get<std::string>().size() > 64)
+        return Status::InvalidArgument("runId: must be a string of at most 64 characters");
+      run_id = it.value().get<std::string>();
+    } else {
+      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts, runId" +
+                                     std::string(with_ids ? ", jobId, index" : "") + ")");
+    }
+  }
+  if (state != "running" && state != "succeeded" && state != "failed" && state != "stopped")
+    return Status::InvalidArgument("state: must be running, succeeded, failed or stopped");
+  return r;
+}
+
+Result<json> PoolService::ReportTask(const std::string& node, const std::string& job_id, int index,
+                                     const json& body) {
+  ASSIGN_OR_RETURN(TaskReport report, ParseTaskReport(job_id, index, body, /*with_ids=*/false));
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  ASSIGN_OR_RETURN(json task, ReportTaskLocked(node, report, batch));
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return task;
+}
+
+Result<json> PoolService::ReportTasks(const std::string& node, const json& body) {
+  if (!body.is_object() || !body.contains("reports") || !body["reports"].is_array())
+    return Status::InvalidArgument("reports: the body must be {\"reports\": [...]}");
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (it.key() != "reports") return Status::InvalidArgument(it.key() + ": unknown field (known: reports)");
+  }
+  const json& items = body["reports"];
+  if (items.size() > kMaxReportsPerCall)
+    return Status::InvalidArgument(fmt::format("reports: at most {} entries", kMaxReportsPerCall));
+  // Every entry is checked before any is applied: a malformed one is a 400 naming it, nothing stored.
+  std::vector<TaskReport> reports;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const json& t = items[i];
+    const std::string where = fmt::format("reports[{}]", i);
+    if (!t.is_object() || !t.contains("jobId") || !t["jobId"].is_string() || !t.contains("index") ||
+        !InIntRange(t["index"], 0, 999999))
+      return Status::InvalidArgument(where + ": needs jobId (string) and index (integer, 0 to 999999)");
+    auto r = ParseTaskReport(t["jobId"].get<std::string>(), static_cast<int>(t["index"].get<int64_t>()), t,
+                             /*with_ids=*/true);
+    if (!r.ok()) {
+      // "state: must be ..." becomes "reports[1].state: must be ...": the field is named whole.
+      const std::string& m = r.status().message();
+      const auto colon = m.find(": ");
+      if (r.status().code() == StatusCode::kInvalidArgument && colon != std::string::npos &&
+          m.find(' ') > colon)
+        return Status::InvalidArgument(where + "." + m);
+      return r.status().WithContext(where);
+    }
+    reports.push_back(std::move(r).value());
+  }
+  // One critical section and one durable write for all; each report has its own outcome (a late
+  // report of a task that moved on is that report's 409, not the others').
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  json results = json::array();
+  for (const TaskReport& r : reports) {
+    auto task = ReportTaskLocked(node, r, batch);
+    if (task.ok()) {
+      results.push_back({{"ok", true}});
+    } else {
+      results.push_back({{"ok", false},
+                         {"code", std::string(StatusCodeName(task.status().code()))},
+                         {"message", task.status().message()}});
+    }
+  }
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return json{{"results", std::move(results)}};
+}
+
+Result<json> PoolService::ReportTaskLocked(const std::string& node, const TaskReport& report, WriteBatch& batch) {
+  const std::string& job_id = report.job_id;
+  const int index = report.index;
+  const std::string& state = report.state;
+  const int exit_code = report.exit_code;
+  std::string message = report.message;
+  const int run = report.run;
+  const std::optional<std::string>& run_id = report.run_id;
+  auto n = ledger_.FindNode(node);
+  if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
+  JobState* j = FindJob(job_id);
+  if (j == nullptr) return Status::NotFound(fmt::format("job '{}' not found", job_id));
+  if (index < 0 || static_cast<size_t>(index) >= j->tasks.size())
+    return Status::NotFound(fmt::format("job '{}' has no task {}", job_id, index));
+  TaskState& ts = j->tasks[static_cast<size_t>(index)];
+  if (run_id && ts.placed && ts.placement.node == *n && !ConstantTimeEqual(*run_id, ts.run_id))
+    return Status::FailedPrecondition(fmt::format(
+        "runId: task {}[{}] is at another run than the report's (a process of an earlier placement, or of "
+        "another pool): ignored",
+        job_id, index));
+  if (!ts.placed || ts.placement.node != *n || (run >= 0 && run != ts.restarts)) {
+    // A late report for a task that has moved on (released, requeued): harmless, say so.
+    if (run >= 0 && run != ts.restarts && ts.placed && ts.placement.node == *n)
+      return Status::FailedPrecondition(fmt::format(
+          "task {}[{}]: the report is about run {}, the task is at run {}", job_id, index, run, ts.restarts));
+    return Status::FailedPrecondition(fmt::format("task {}[{}] is not assigned to node '{}' (it is {})",
+                                                  job_id, index, node, TaskPhaseName(ts.phase)));
+  }
+  const int64_t now = NowMs();
+  const TaskGroup& g = j->job.groups[static_cast<size_t>(ts.group)];
+  const std::string task_name = fmt::format("{}[{}]", g.name, ts.replica);
+  if (state == "running") {
+    if (ts.phase == TaskPhase::kAssigned) {
+      SetTaskPhase(*j, ts, TaskPhase::kRunning);
+      ts.updated_ms = now;
+      PutTaskOp(*j, index, batch);
+      Event(job_id, "TaskStarted", fmt::format("task {} started on {}", task_name, node), batch);
+    }
+  } else {
+    TaskPhase end;
+    bool unasked_stop = false;
+    if (ts.phase == TaskPhase::kStopping) {
+      end = (state == "succeeded") && ts.stop_outcome == TaskPhase::kCancelled ? TaskPhase::kCancelled
+                                                                               : ts.stop_outcome;
+    } else if (state == "succeeded") {
+      end = TaskPhase::kSucceeded;
+    } else if (state == "failed") {
+      end = TaskPhase::kFailed;
+    } else {
+      // Stopped without being asked: the agent fenced it (its lease ran out), or the machine
+      // killed it. Not the task's own doing, so it is a fault, not a failure.
+      end = TaskPhase::kFailed;
+      unasked_stop = true;
+      if (message.empty()) message = "stopped without being asked to";
+    }
+    ReleaseTask(*j, index, /*agent_ended_it=*/true);
+    SetTaskPhase(*j, ts, end);
+    ts.exit_code = exit_code;
+    ts.end_message = message;
+    ts.updated_ms = now;
+    Event(job_id, "TaskFinished",
+          fmt::format("task {} on {}: {} (exit code {}){}{}", task_name, node, TaskPhaseName(end), exit_code,
+                      message.empty() ? "" : ": ", message),
+          batch);
+    if (end == TaskPhase::kFailed && (j->job.retry.on_failure || unasked_stop) &&
+        j->phase == JobPhase::kRunning && j->rec.faults < j->job.retry.max_restarts) {
+      // A fault like a lost node: the gang restarts from its checkpoint.
+      const std::string reason = unasked_stop
+                                     ? fmt::format("task {} stopped on {}: {}", task_name, node, message)
+                                     : fmt::format("task {} failed on {} with exit code {}{}{}", task_name,
+                                                   node, exit_code, message.empty() ? "" : ": ", message);
+      SetTaskPhase(*j, ts, TaskPhase::kPreempted);
+      ts.stop_reason = reason;
+      FaultJob(*j, unasked_stop ? "task_stopped" : "task_failed", reason, batch);
+    }
+    PutTaskOp(*j, index, batch);
+    AfterTaskEnded(*j, batch);
+  }
+  return TaskJson(*j, index);
+}
+
+// ---- scheduling --------------------------------------------------------------------------------
+
+}  // namespace gpupool

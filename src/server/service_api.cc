@@ -1,0 +1,518 @@
+// PoolService, the client side: submissions, job reads, lists, cancels and events; node cordon
+// and drain; queues. Every request is checked here before anything changes.
+#include "server/service.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <limits>
+#include <optional>
+
+#include "api/node_codec.h"
+#include "config/profile_yaml.h"
+#include "sched/preemption.h"
+#include "sched/registry.h"
+#include "sched/typical_pods.h"
+#include "server/resources_json.h"
+#include "server/service_internal.h"
+
+namespace gpupool {
+
+using nlohmann::json;
+using namespace service_internal;
+
+Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body, SpecFormat format) {
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot submit jobs");
+  RETURN_IF_ERROR(disk_guard_->Check());
+  JobSpecLimits limits;
+  limits.max_bytes = config_.max_body_bytes;
+  limits.max_tasks = config_.max_tasks_per_job;
+  auto parsed = ParseJobSpec(body, format, limits);
+  if (!parsed.ok()) return parsed.status();
+  Job job = std::move(parsed).value();
+  if (who.role == Role::kTenant) {
+    if (!job.tenant.empty() && job.tenant != who.tenant)
+      return Status::PermissionDenied(
+          fmt::format("tenant: this token submits as tenant '{}' only, not '{}'", who.tenant, job.tenant));
+    job.tenant = who.tenant;
+  } else if (job.tenant.empty()) {
+    job.tenant = who.tenant.empty() ? "default" : who.tenant;
+  }
+  if (job.queue.empty()) job.queue = "default";
+  const Resources demand = JobDemand(job);
+  const auto task_count = static_cast<int64_t>(job.task_count());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!order_->HasQueue(job.queue))
+      return Status::InvalidArgument(fmt::format("queue: unknown queue '{}'", job.queue));
+    // Queue access rules bind tenants; admins may submit anywhere.
+    if (who.role != Role::kAdmin) RETURN_IF_ERROR(CheckQueueAccess(*order_, job));
+    if (Status st = order_->Admit(job.queue, demand); !st.ok()) return st;
+    // The room is reserved here, under the lock, before the durable write (which runs without it):
+    // concurrent submissions cannot all pass the check and then overshoot together.
+    RETURN_IF_ERROR(
+        pending_counts_.CheckRoom(config_, order_->FindQueue(job.queue), job.tenant, job.queue, task_count));
+    pending_counts_.Add(job.tenant, job.queue, task_count);
+    ++submissions_in_flight_;
+  }
+  const uint64_t seq = next_seq_.fetch_add(1);
+  job.id = fmt::format("j-{:012}", seq);
+  const int64_t now = NowMs();
+  auto state = std::make_unique<JobState>();
+  state->rec.id = job.id;
+  state->rec.seq = seq;
+  state->rec.tenant = job.tenant;
+  state->rec.queue = job.queue;
+  state->rec.name = job.name;
+  state->rec.priority = job.priority;
+  state->rec.state = "pending";
+  state->rec.spec_json = JobSpecToJson(job).dump();
+  state->rec.created_ms = now;
+  state->rec.updated_ms = now;
+  state->demand = demand;
+  state->pending_since_ms = now;
+  state->submit_mono = MonoSeconds();
+  int t = 0;
+  for (size_t g = 0; g < job.groups.size(); ++g) {
+    for (int rep = 0; rep < job.groups[g].replicas; ++rep, ++t) {
+      TaskState ts;
+      ts.group = static_cast<int>(g);
+      ts.replica = rep;
+      ts.updated_ms = now;
+      state->tasks.push_back(ts);
+      state->task_group.push_back(static_cast<int>(g));
+    }
+  }
+  state->job = std::move(job);
+
+  WriteBatch batch;
+  batch.Add(PutJob{state->rec});
+  for (size_t i = 0; i < state->tasks.size(); ++i) {
+    TaskRecord r;
+    r.job_id = state->rec.id;
+    r.index = static_cast<int>(i);
+    r.state = "pending";
+    r.updated_ms = now;
+    batch.Add(PutTask{r});
+  }
+  EventRecord e;
+  e.job_id = state->rec.id;
+  e.time_ms = now;
+  e.type = "Submitted";
+  e.message = fmt::format("by tenant '{}' to queue '{}': {} task(s), needs {}", state->rec.tenant,
+                          state->rec.queue, state->tasks.size(), FormatResources(demand));
+  batch.Add(AppendEvent{e});
+  if (Status st = committer_->Commit(std::move(batch)); !st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_counts_.Remove(state->rec.tenant, state->rec.queue, task_count);
+    --submissions_in_flight_;
+    return Status::Internal("the job could not be stored: " + st.message());
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  --submissions_in_flight_;  // its reservation is now the pending job's count
+  JobState* raw = state.get();
+  for (const auto& g : raw->job.groups) {
+    for (int rep = 0; rep < g.replicas; ++rep) {
+      if (scheduler_ != nullptr) scheduler_->Observe(g.request);  // policies that learn online
+      if (recent_tasks_.size() < kRecentTasks) {
+        recent_tasks_.push_back(g.request);
+      } else {
+        recent_tasks_[recent_next_] = g.request;
+        recent_next_ = (recent_next_ + 1) % kRecentTasks;
+      }
+      ++tasks_since_learn_;
+    }
+  }
+  by_seq_[seq] = raw;
+  by_tenant_[raw->rec.tenant].insert(seq);
+  pending_.insert(seq);
+  ++job_phase_count_[static_cast<size_t>(JobPhase::kPending)];
+  ++queue_phase_count_[raw->rec.queue][static_cast<size_t>(JobPhase::kPending)];
+  raw->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(raw->tasks.size());
+  jobs_[raw->rec.id] = std::move(state);
+  ++metrics_.submitted;
+  wake_pending_ = true;
+  wake_.notify_one();
+  return JobJson(*raw);
+}
+
+Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, const std::string& job_id,
+                                                          int index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto j = VisibleJob(who, job_id);
+  if (!j.ok()) return j.status();
+  const JobState& job = **j;
+  if (index < 0 || static_cast<size_t>(index) >= job.tasks.size()) {
+    return Status::NotFound(
+        fmt::format("job '{}' has no task {} (it has {})", job_id, index, job.tasks.size()));
+  }
+  const TaskState& ts = job.tasks[static_cast<size_t>(index)];
+  if (ts.last_node.empty()) {
+    return Status::FailedPrecondition(
+        fmt::format("task {} of job '{}' has not run yet: no logs", index, job_id));
+  }
+  auto n = ledger_.FindNode(ts.last_node);
+  if (!n) return Status::FailedPrecondition(fmt::format("node '{}' is no longer registered", ts.last_node));
+  const NodeInfo& info = nodes_[*n];
+  if (info.agent_endpoint.empty()) {
+    return Status::FailedPrecondition(
+        fmt::format("node '{}' has not told the server where its agent serves logs (an agent started with "
+                    "--metrics-listen does)",
+                    ts.last_node));
+  }
+  return LogSource{ts.last_node, info.agent_endpoint, info.agent_log_token,
+                   fmt::format("{}.{}", job_id, index)};
+}
+
+Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto j = VisibleJob(who, id);
+  if (!j.ok()) return j.status();
+  return JobJson(**j);
+}
+
+Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q) {
+  if (who.role == Role::kAgent || who.role == Role::kNode)
+    return Status::PermissionDenied("agent tokens cannot list jobs");
+  const bool detailed = q.with_tasks || q.with_spec;
+  const int max_limit = detailed ? kMaxDetailedPage : kMaxListLimit;
+  if (q.limit < 1 || q.limit > max_limit)
+    return Status::InvalidArgument(fmt::format("limit: must be between 1 and {}{}", max_limit,
+                                               detailed ? " when fields asks for tasks or spec" : ""));
+  std::vector<JobSummary> page;
+  uint64_t last = 0;
+  bool more = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Where to look: one tenant's jobs when the caller or the filter names one tenant, the pending
+    // set when only pending jobs are asked for, otherwise every job. Each source is ordered by seq.
+    static const std::set<uint64_t> kNone;
+    const std::set<uint64_t>* source = nullptr;
+    std::string only_tenant;
+    if (who.role == Role::kTenant) {
+      only_tenant = who.tenant;
+      if (!q.tenants.empty() && !q.tenants.count(who.tenant)) source = &kNone;
+    } else if (q.tenants.size() == 1) {
+      only_tenant = *q.tenants.begin();
+    }
+    if (source == nullptr && !only_tenant.empty()) {
+      auto t = by_tenant_.find(only_tenant);
+      source = t == by_tenant_.end() ? &kNone : &t->second;
+    } else if (source == nullptr && q.states.size() == 1 && q.states.count("pending")) {
+      source = &pending_;
+    }
+    int scanned = 0, listed_tasks = 0;
+    auto visit = [&](uint64_t seq, const JobState& j) -> bool {  // false: the page is full
+      if (scanned++ == kMaxListScan) {
+        more = true;  // the token resumes after the last job examined
+        return false;
+      }
+      const bool match = (who.role != Role::kTenant || j.rec.tenant == who.tenant) &&
+                         (q.states.empty() || q.states.count(std::string(JobPhaseName(j.phase)))) &&
+                         (q.tenants.empty() || q.tenants.count(j.rec.tenant)) &&
+                         (q.queues.empty() || q.queues.count(j.rec.queue));
+      if (!match) {
+        last = seq;
+        return true;
+      }
+      if (static_cast<int>(page.size()) == q.limit || (q.with_tasks && listed_tasks >= kMaxListedTasks)) {
+        more = true;  // a matching job follows the page
+        return false;
+      }
+      last = seq;
+      JobSummary& s = page.emplace_back();
+      s.id = j.rec.id;
+      s.name = j.rec.name;
+      s.tenant = j.rec.tenant;
+      s.queue = j.rec.queue;
+      s.reason = j.rec.reason;
+      s.priority = j.rec.priority;
+      s.qos = j.job.qos;
+      s.state = JobPhaseName(j.phase);
+      s.faults = j.rec.faults;
+      s.created_ms = j.rec.created_ms;
+      s.updated_ms = j.rec.updated_ms;
+      if (j.phase == JobPhase::kPending && j.rec.not_before_ms > NowMs()) s.not_before_ms = j.rec.not_before_ms;
+      s.tasks = static_cast<int>(j.tasks.size());
+      s.task_counts = j.task_counts;
+      if (q.with_spec) s.spec_json = j.rec.spec_json;
+      if (q.with_tasks) {
+        s.tasks_json = json::array();
+        for (size_t i = 0; i < j.tasks.size(); ++i) s.tasks_json.push_back(TaskJson(j, static_cast<int>(i)));
+        listed_tasks += s.tasks;
+      }
+      return true;
+    };
+    if (source != nullptr) {
+      for (auto it = source->upper_bound(q.after_seq); it != source->end(); ++it) {
+        auto j = by_seq_.find(*it);
+        if (j != by_seq_.end() && !visit(*it, *j->second)) break;
+      }
+    } else {
+      for (auto it = by_seq_.upper_bound(q.after_seq); it != by_seq_.end(); ++it) {
+        if (!visit(it->first, *it->second)) break;
+      }
+    }
+  }
+  // The JSON is built without the lock.
+  json items = json::array();
+  for (const JobSummary& s : page) items.push_back(JobSummaryJson(s, q.with_spec, q.with_tasks));
+  json out = {{"items", std::move(items)}};
+  if (more) out["nextPageToken"] = std::to_string(last);
+  return out;
+}
+
+Result<json> PoolService::CancelJob(const Principal& who, const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto jr = VisibleJob(who, id);
+  if (!jr.ok()) return jr.status();
+  JobState& j = **jr;
+  if (IsTerminal(j.phase))
+    return Status::FailedPrecondition(fmt::format("job '{}' is already {}", id, JobPhaseName(j.phase)));
+  WriteBatch batch;
+  const std::string by = who.role == Role::kAdmin ? "an admin" : "tenant '" + who.tenant + "'";
+  for (size_t i = 0; i < j.tasks.size(); ++i) {
+    TaskState& ts = j.tasks[i];
+    if (ts.phase == TaskPhase::kPending) {
+      SetTaskPhase(j, ts, TaskPhase::kCancelled);
+      ts.updated_ms = NowMs();
+      PutTaskOp(j, static_cast<int>(i), batch);
+    } else {
+      StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job cancelled", batch);
+    }
+  }
+  SetJobPhase(j, JobPhase::kCancelled);
+  j.rec.reason = "cancelled by " + by;
+  pending_.erase(j.rec.seq);
+  partial_.erase(j.rec.seq);
+  if (reserved_for_ == j.rec.id) reserved_for_.clear();
+  ++metrics_.finished["cancelled"];
+  Event(j.rec.id, "Cancelled", j.rec.reason, batch);
+  PutJobOps(j, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return JobJson(j);
+}
+
+Result<json> PoolService::JobEvents(const Principal& who, const std::string& id, int64_t after_id,
+                                    int limit) {
+  if (limit < 1 || limit > 1000) return Status::InvalidArgument("limit: must be between 1 and 1000");
+  json pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto jr = VisibleJob(who, id);
+    if (!jr.ok()) return jr.status();
+    JobState& j = **jr;
+    if (j.phase == JobPhase::kPending) {
+      pending = {{"message", j.pending_message.empty() ? "not tried yet" : j.pending_message},
+                 {"task", j.pending_task},
+                 {"totalNodes", j.diagnosis.total_nodes},
+                 {"feasibleNodes", j.diagnosis.feasible_nodes}};
+      json reasons = json::array();
+      for (const auto& [reason, count] : j.diagnosis.reasons)
+        reasons.push_back({{"reason", reason}, {"nodes", count}});
+      pending["reasons"] = std::move(reasons);
+      // Per-node reasons for the first task group, as the filters see it now.
+      json nodes = json::object();
+      const TaskRequest& first = j.job.groups.front().request;
+      NodeMask mask;
+      const bool masked = ComputeMask(j, mask);
+      scheduler_->SetNodeMask(masked ? &mask : nullptr);
+      const std::vector<std::string> why = scheduler_->ExplainNodes(first);
+      scheduler_->SetNodeMask(nullptr);
+      size_t shown = 0;
+      for (size_t n = 0; n < why.size() && shown < 200; ++n, ++shown) {
+        nodes[ledger_.spec(static_cast<NodeIndex>(n)).name] = why[n].empty() ? "fits" : why[n];
+      }
+      pending["nodes"] = std::move(nodes);
+      if (why.size() > shown) pending["nodesTruncated"] = true;
+      if (!j.waiting_for.empty()) pending["waitingFor"] = j.waiting_for;
+    }
+  }
+  auto events = store_->ListEvents(id, after_id, limit);
+  if (!events.ok()) return events.status();
+  json items = json::array();
+  for (const EventRecord& e : *events) {
+    items.push_back(
+        {{"id", e.id}, {"time", FormatTime(e.time_ms)}, {"type", e.type}, {"message", e.message}});
+  }
+  json out = {{"items", std::move(items)}};
+  if (!pending.is_null()) out["pending"] = std::move(pending);
+  return out;
+}
+
+// ---- nodes -------------------------------------------------------------------------------------
+
+json PoolService::ListNodes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  json items = json::array();
+  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) items.push_back(NodeJson(n));
+  return {{"items", std::move(items)}};
+}
+
+Result<json> PoolService::GetNode(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto n = ledger_.FindNode(name);
+  if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
+  return NodeJson(*n);
+}
+
+Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto n = ledger_.FindNode(name);
+  if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
+  NodeInfo& info = nodes_[*n];
+  if (!cordoned && info.draining) info.draining = false;
+  RETURN_IF_ERROR(ledger_.SetCordoned(*n, cordoned));
+  ++capacity_epoch_;
+  WriteBatch batch;
+  batch.Add(PutNode{
+      MakeNodeRecord(name, info.spec_json, cordoned, info.draining, info.state, info.last_heartbeat_ms)});
+  Event("", cordoned ? "NodeCordoned" : "NodeUncordoned", name, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  wake_pending_ = true;
+  wake_.notify_one();
+  return NodeJson(*n);
+}
+
+Result<json> PoolService::DrainNode(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto n = ledger_.FindNode(name);
+  if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
+  NodeInfo& info = nodes_[*n];
+  RETURN_IF_ERROR(ledger_.SetCordoned(*n, true));
+  info.draining = true;
+  WriteBatch batch;
+  const auto tasks = info.tasks;
+  for (const auto& [job_id, index] : tasks) {
+    JobState* j = FindJob(job_id);
+    if (j == nullptr) continue;
+    // Every job on the node goes back to its queue and restarts elsewhere from its checkpoint.
+    for (size_t i = 0; i < j->tasks.size(); ++i) {
+      StopTask(*j, static_cast<int>(i), TaskPhase::kPreempted, "node " + name + " drained", batch);
+    }
+    Event(job_id, "Draining", fmt::format("node {} is drained: the job stops and is queued again", name),
+          batch);
+  }
+  batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, true, true, info.state, info.last_heartbeat_ms)});
+  Event("", "NodeDrained", name, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  return NodeJson(*n);
+}
+
+// ---- queues ------------------------------------------------------------------------------------
+
+json PoolService::ListQueues() {
+  std::lock_guard<std::mutex> lock(mu_);
+  json items = json::array();
+  std::vector<QueueSpec> all = order_->options().queues;
+  std::sort(all.begin(), all.end(), [](const QueueSpec& a, const QueueSpec& b) { return a.name < b.name; });
+  for (const QueueSpec& q : all) {
+    auto r = GetQueueLocked(q.name);
+    if (r.ok()) items.push_back(*r);
+  }
+  return {{"items", std::move(items)}};
+}
+
+Result<json> PoolService::GetQueue(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return GetQueueLocked(name);
+}
+
+Result<json> PoolService::GetQueueLocked(const std::string& name) {
+  const auto& all = order_->options().queues;
+  auto it = std::find_if(all.begin(), all.end(), [&](const QueueSpec& q) { return q.name == name; });
+  if (it == all.end()) return Status::NotFound(fmt::format("queue '{}' not found", name));
+  json j = QueueJson(*it);
+  Resources used;
+  for (const auto& [key, r] : usage_) {
+    if (key.second == name) used += r;
+  }
+  j["used"] = ResourceMapJson(used);
+  int64_t pending = 0, running = 0;
+  if (auto c = queue_phase_count_.find(name); c != queue_phase_count_.end()) {
+    pending = c->second[static_cast<size_t>(JobPhase::kPending)];
+    running = c->second[static_cast<size_t>(JobPhase::kRunning)];
+  }
+  j["pending"] = pending;
+  j["running"] = running;
+  return j;
+}
+
+Result<json> PoolService::CreateQueue(const json& body) {
+  RETURN_IF_ERROR(disk_guard_->Check());
+  auto q = ParseQueueJson(body, "queue");
+  if (!q.ok()) return q.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (order_->HasQueue(q->name))
+    return Status::FailedPrecondition(fmt::format("queue '{}' already exists", q->name));
+  std::vector<QueueSpec> next = queues_;
+  next.push_back(*q);
+  QueueOrderOptions options = config_.ordering;
+  options.queues = next;
+  auto order = QueueOrder::Create(options);
+  if (!order.ok()) return Status::InvalidArgument(order.status().message());
+  WriteBatch batch;
+  batch.Add(PutQueue{{q->name, QueueJson(*q).dump()}});
+  Event("", "QueueCreated", q->name, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  queues_ = std::move(next);
+  order_.emplace(std::move(order).value());
+  ++capacity_epoch_;
+  return GetQueueLocked(q->name);
+}
+
+Result<json> PoolService::UpdateQueue(const std::string& name, const json& body) {
+  RETURN_IF_ERROR(disk_guard_->Check());
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& all = order_->options().queues;
+  auto it = std::find_if(all.begin(), all.end(), [&](const QueueSpec& q) { return q.name == name; });
+  if (it == all.end()) return Status::NotFound(fmt::format("queue '{}' not found", name));
+  json merged = QueueJson(*it);
+  if (!body.is_object()) return Status::InvalidArgument("queue: the body must be a JSON object");
+  for (auto b = body.begin(); b != body.end(); ++b) {
+    if (b.key() == "name" && b.value() != name)
+      return Status::InvalidArgument("queue.name: a queue cannot be renamed");
+    if (b.key() == "parent" && b.value() != merged["parent"])
+      return Status::InvalidArgument("queue.parent: the parent of a queue is fixed");
+    merged[b.key()] = b.value();
+  }
+  auto q = ParseQueueJson(merged, "queue");
+  if (!q.ok()) return q.status();
+  std::vector<QueueSpec> next;
+  bool found = false;
+  for (const QueueSpec& s : order_->options().queues) {
+    if (s.name == name) {
+      next.push_back(*q);
+      found = true;
+    } else {
+      next.push_back(s);
+    }
+  }
+  if (!found) next.push_back(*q);
+  QueueOrderOptions options = config_.ordering;
+  options.queues = next;
+  auto order = QueueOrder::Create(options);
+  if (!order.ok()) return Status::InvalidArgument(order.status().message());
+  WriteBatch batch;
+  batch.Add(PutQueue{{q->name, QueueJson(*q).dump()}});
+  Event("", "QueueUpdated", q->name, batch);
+  RETURN_IF_ERROR(CommitLocked(batch));
+  queues_ = order->options().queues;
+  order_.emplace(std::move(order).value());
+  ++capacity_epoch_;
+  wake_pending_ = true;
+  wake_.notify_one();
+  return GetQueueLocked(name);
+}
+
+// ---- node side ---------------------------------------------------------------------------------
+
+}  // namespace gpupool

@@ -1,0 +1,561 @@
+// PoolService, the scheduling loop: the cycle (queue order, the placement pipeline, gang
+// placement), retention, preemption and backfill reservations. Runs on the loop thread.
+#include "server/service.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <limits>
+#include <optional>
+
+#include "api/node_codec.h"
+#include "config/profile_yaml.h"
+#include "sched/preemption.h"
+#include "sched/registry.h"
+#include "sched/typical_pods.h"
+#include "server/resources_json.h"
+#include "server/service_internal.h"
+
+namespace gpupool {
+
+using nlohmann::json;
+using namespace service_internal;
+
+void PoolService::Start() {
+  if (loop_.joinable()) return;
+  stopping_ = false;
+  loop_ = std::thread([this] { Loop(); });
+}
+
+void PoolService::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (loop_.joinable()) loop_.join();
+}
+
+void PoolService::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    wake_.wait_for(lock, std::chrono::milliseconds(config_.cycle_interval_ms),
+                   [this] { return wake_pending_ || stopping_.load(); });
+    if (stopping_) break;
+    wake_pending_ = false;
+    WriteBatch batch;
+    CycleLocked(batch);
+    // The batch takes its place in the write order under the lock, so every later change is
+    // written after it; the write itself happens without the lock, so submitters and agents are
+    // not held up by the loop's fsync. Agents see this cycle's assignments only once they are
+    // durable (Assignments waits for durable_gen_).
+    GroupCommitter::Ticket ticket = committer_->Enqueue(std::move(batch));
+    const uint64_t gen = ++enqueued_gen_;
+    lock.unlock();
+    if (Status st = committer_->Wait(std::move(ticket)); !st.ok()) FailStop(st);
+    lock.lock();
+    durable_gen_ = gen;
+    durable_.notify_all();
+    NotifyWatchersLocked();
+    // Let submitters and agents in between cycles: under a stream of submissions the loop would
+    // otherwise run back to back and hold the lock nearly all the time. Work that arrives in the
+    // gap is picked up by the next cycle, in one pass.
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(kMinCycleGapMs));
+    lock.lock();
+  }
+}
+
+int PoolService::RunCycle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteBatch batch;
+  const int placed = CycleLocked(batch);
+  (void)CommitLocked(batch);
+  return placed;
+}
+
+namespace {
+
+// Records which task each reservation belongs to.
+class RecordingBinder : public Binder {
+ public:
+  Status Bind(const Job&, int task_index, AllocationId allocation, const Placement& placement) override {
+    bound.push_back({task_index, allocation, placement});
+    return Status::Ok();
+  }
+  struct Bound {
+    int task;
+    AllocationId allocation;
+    Placement placement;
+  };
+  std::vector<Bound> bound;
+};
+
+}  // namespace
+
+bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
+  const size_t n = ledger_.node_count();
+  bool any = false;
+  mask.reasons = {"reserved for a waiting gang", "node labels do not match the job's node affinity",
+                  "no task of a together-with job on the node", "runs a task of an apart-from job",
+                  "node is lost"};
+  mask.reason.assign(n, 0);
+  for (size_t i = 0; i < n && i < nodes_.size(); ++i) {
+    if (nodes_[i].state != "ready") {
+      mask.reason[i] = 5;
+      any = true;
+    }
+  }
+  if (!reserved_for_.empty() && reserved_for_ != j.rec.id) {
+    for (size_t i = 0; i < n && i < reserved_nodes_.size(); ++i) {
+      if (reserved_nodes_[i] && mask.reason[i] == 0) {
+        mask.reason[i] = 1;
+        any = true;
+      }
+    }
+  }
+  const Affinity& aff = j.job.affinity;
+  if (aff.empty()) return any;
+  for (size_t i = 0; i < n; ++i) {
+    if (mask.reason[i] != 0) continue;
+    const NodeSpec& spec = ledger_.spec(static_cast<NodeIndex>(i));
+    uint8_t why = 0;
+    for (const auto& req : aff.node) {
+      if (!req.Matches(spec.labels)) why = 2;
+    }
+    if (why == 0 && (!aff.together_with.empty() || !aff.apart_from.empty())) {
+      std::set<const JobState*> on_node;
+      for (const auto& [job_id, index] : nodes_[i].tasks) {
+        auto it = jobs_.find(job_id);
+        if (it != jobs_.end()) on_node.insert(it->second.get());
+      }
+      for (const auto& term : aff.together_with) {
+        bool found = false;
+        for (const JobState* other : on_node) {
+          if (other != &j && LabelsMatch(term, other->job.labels)) found = true;
+        }
+        if (!found) why = 3;
+      }
+      for (const auto& term : aff.apart_from) {
+        for (const JobState* other : on_node) {
+          if (LabelsMatch(term, other->job.labels)) why = 4;
+        }
+      }
+    }
+    if (why != 0) mask.reason[i] = why;
+  }
+  return true;
+}
+
+void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
+  const int64_t keep_ms = config_.finished_job_retention_seconds * 1000;
+  if (keep_ms <= 0) return;
+  const int64_t now = NowMs();
+  if (now < next_removal_ms_) return;
+  // One pass over the jobs at most every tenth of the retention period (1 s to 1 min).
+  next_removal_ms_ = now + std::clamp<int64_t>(keep_ms / 10, 1000, 60000);
+  uint64_t removed_max = removed_max_seq_;
+  int removed = 0;
+  for (auto it = by_seq_.begin(); it != by_seq_.end();) {
+    if (removed == kMaxRemovalsPerPass) {
+      next_removal_ms_ = now;  // more to do: the next cycle goes on
+      break;
+    }
+    JobState& j = *it->second;
+    bool ended =
+        j.phase == JobPhase::kSucceeded || j.phase == JobPhase::kFailed || j.phase == JobPhase::kCancelled;
+    int64_t last_change = j.rec.updated_ms;
+    for (const TaskState& ts : j.tasks) {
+      // A failed or cancelled job may still be stopping tasks: it stays until they have stopped.
+      ended &= ts.phase != TaskPhase::kAssigned && ts.phase != TaskPhase::kRunning &&
+               ts.phase != TaskPhase::kStopping;
+      last_change = std::max(last_change, ts.updated_ms);
+    }
+    if (!ended || last_change > now - keep_ms) {
+      ++it;
+      continue;
+    }
+    batch.Add(DeleteJob{j.rec.id});
+    removed_max = std::max(removed_max, it->first);
+    pending_.erase(it->first);
+    partial_.erase(it->first);
+    stopping_jobs_.erase(j.rec.id);
+    ++metrics_.jobs_removed;
+    ++removed;
+    --job_phase_count_[static_cast<size_t>(j.phase)];
+    if (auto q = queue_phase_count_.find(j.rec.queue); q != queue_phase_count_.end()) {
+      --q->second[static_cast<size_t>(j.phase)];
+      if (q->second == std::array<int64_t, 5>{}) queue_phase_count_.erase(q);
+    }
+    if (auto t = by_tenant_.find(j.rec.tenant); t != by_tenant_.end()) {
+      t->second.erase(it->first);
+      if (t->second.empty()) by_tenant_.erase(t);
+    }
+    const std::string id = j.rec.id;
+    it = by_seq_.erase(it);
+    jobs_.erase(id);
+    // Its watchers hear "gone" once the removal is durable.
+    job_watches_->Forget(id);
+    job_watches_->Changed(id);
+  }
+  // Cluster events (nodes lost and back, GPU conditions) age out the same way.
+  batch.Add(DeleteClusterEvents{now - keep_ms});
+  if (removed_max != removed_max_seq_) {
+    removed_max_seq_ = removed_max;
+    batch.Add(PutMeta{kRemovedMaxSeqKey, std::to_string(removed_max)});
+  }
+}
+
+int PoolService::CycleLocked(WriteBatch& batch) {
+  const double t0 = MonoSeconds();
+  ++metrics_.cycles;
+  CheckNodes(batch);
+  ExpireStops(batch);
+  RemoveExpiredJobs(batch);
+  LearnTypicalPods();
+  const int64_t now = NowMs();
+
+  // Preemptors stop waiting once their victims have stopped.
+  for (uint64_t seq : pending_) {
+    JobState& j = *by_seq_[seq];
+    for (auto it = j.waiting_for.begin(); it != j.waiting_for.end();) {
+      JobState* v = FindJob(*it);
+      bool stopping = false;
+      if (v != nullptr) {
+        for (const TaskState& ts : v->tasks) stopping |= ts.phase == TaskPhase::kStopping;
+      }
+      it = stopping ? std::next(it) : j.waiting_for.erase(it);
+    }
+  }
+  if (!reserved_for_.empty()) {
+    JobState* r = FindJob(reserved_for_);
+    if (r == nullptr || r->phase != JobPhase::kPending) {
+      reserved_for_.clear();
+      ++capacity_epoch_;
+    }
+  }
+
+  std::vector<PendingEntry> entries;
+  std::vector<JobState*> states;
+  for (uint64_t seq : pending_) {
+    JobState* j = by_seq_[seq];
+    if (!j->waiting_for.empty()) continue;
+    if (j->rec.not_before_ms > now) {
+      // Retry backoff after a fault (docs/jobspec.md#retry).
+      const std::string message =
+          fmt::format("waiting for its retry backoff (restart {} of {}) until {}", j->rec.faults,
+                      j->job.retry.max_restarts, FormatTime(j->rec.not_before_ms));
+      if (message != j->pending_message) j->pending_message = message;
+      continue;
+    }
+    entries.push_back({seq, j->rec.tenant, j->rec.queue, j->rec.priority, j->demand});
+    states.push_back(j);
+  }
+  std::vector<UsageEntry> usage;
+  for (const auto& [key, r] : usage_) usage.push_back({key.first, key.second, r});
+  Resources total;
+  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
+    const NodeSpec& s = ledger_.spec(n);
+    total.cpu += s.cpu.units();
+    total.memory += s.memory.units();
+    for (const auto& g : s.gpus) total.gpu += g.mig_enabled ? 0 : 1000;
+  }
+
+  int placed = 0;
+  NodeMask mask;
+  RunningView running_view;
+  // Job shapes that failed in this cycle: capacity only shrinks during a cycle, so a job of the
+  // same shape cannot fit either and skips the pass over the nodes.
+  std::set<std::string> failed_shapes;
+  if (!entries.empty() && ledger_.node_count() > 0) {
+    QueueOrder::Pass pass = order_->Begin(entries, usage, total);
+    while (auto next = pass.Next()) {
+      if (placed >= config_.max_jobs_per_cycle) break;
+      const size_t i = *next;
+      JobState& j = *states[i];
+      // Nothing was freed since this job last failed to fit: it cannot fit now either. A job that
+      // wants to be together with others may fit after a placement, so it is always tried.
+      if (j.failed_epoch == capacity_epoch_ && j.job.affinity.together_with.empty()) {
+        pass.Skipped(i);
+        const uint64_t preempt_epoch = capacity_epoch_ + metrics_.placements;
+        if (config_.preemption && j.preempt_epoch != preempt_epoch) {
+          j.preempt_epoch = preempt_epoch;
+          if (TryPreempt(j, entries[i], running_view, batch)) continue;
+        }
+        MaybeReserve(j, batch);
+        continue;
+      }
+      const std::string shape = j.rec.id == reserved_for_ ? "" : JobShapeKey(j.job);
+      if (!shape.empty() && failed_shapes.count(shape)) {
+        pass.Skipped(i);
+        j.failed_epoch = capacity_epoch_;
+        const uint64_t preempt_epoch = capacity_epoch_ + metrics_.placements;
+        if (config_.preemption && j.preempt_epoch != preempt_epoch) {
+          j.preempt_epoch = preempt_epoch;
+          if (TryPreempt(j, entries[i], running_view, batch)) continue;
+        }
+        MaybeReserve(j, batch);
+        continue;
+      }
+      const bool masked = ComputeMask(j, mask);
+      scheduler_->SetNodeMask(masked ? &mask : nullptr);
+      bool spread_self = false;
+      for (const auto& term : j.job.affinity.apart_from) spread_self |= LabelsMatch(term, j.job.labels);
+      RecordingBinder binder;
+      JobResult r = scheduler_->ScheduleJob(j.job, &binder, [&](const Placement& p) {
+        if (spread_self && p.node < mask.reason.size()) mask.reason[p.node] = 4;
+      });
+      scheduler_->SetNodeMask(nullptr);
+      if (r.placed) {
+        std::set<std::string> node_names;
+        for (const auto& b : binder.bound) {
+          TaskState& ts = j.tasks[static_cast<size_t>(b.task)];
+          SetTaskPhase(j, ts, TaskPhase::kAssigned);
+          ts.placed = true;
+          ts.run_id = NewRunId();
+          ts.placement = b.placement;
+          ts.last_node = ledger_.spec(b.placement.node).name;
+          ts.allocation = b.allocation;
+          ts.updated_ms = now;
+          nodes_[b.placement.node].tasks.insert({j.rec.id, b.task});
+          MarkAssignmentsChanged(b.placement.node);
+          usage_[{j.rec.tenant, j.rec.queue}] +=
+              TaskDemand(j.job.groups[static_cast<size_t>(ts.group)].request);
+          node_names.insert(ledger_.spec(b.placement.node).name);
+          PutTaskOp(j, b.task, batch);
+        }
+        const bool partial = binder.bound.size() < j.tasks.size();
+        if (partial) partial_.insert(j.rec.seq);
+        SetJobPhase(j, JobPhase::kRunning);
+        j.rec.reason = "";
+        j.pending_message.clear();
+        j.started_ms = now;
+        pending_.erase(j.rec.seq);
+        if (reserved_for_ == j.rec.id) {
+          reserved_for_.clear();
+          ++capacity_epoch_;
+        }
+        Event(j.rec.id, "Scheduled",
+              fmt::format("placed {} of {} task(s) on {}", binder.bound.size(), j.tasks.size(),
+                          fmt::join(node_names, ", ")),
+              batch);
+        PutJobOps(j, batch);
+        ++metrics_.placements;
+        metrics_.task_placements += binder.bound.size();
+        metrics_.scheduling_latency.Observe(MonoSeconds() - j.submit_mono);
+        pass.Placed(i);
+        ++placed;
+        continue;
+      }
+      pass.Skipped(i);
+      j.failed_epoch = capacity_epoch_;
+      if (!shape.empty()) failed_shapes.insert(shape);
+      if (r.first_failed_task >= 0) {
+        const TaskState& ft = j.tasks[static_cast<size_t>(r.first_failed_task)];
+        j.pending_task = fmt::format("{}[{}]", j.job.groups[static_cast<size_t>(ft.group)].name, ft.replica);
+      }
+      std::string message = r.status.message();
+      if (message.empty()) message = r.diagnosis.ToString();
+      j.diagnosis = r.diagnosis;
+      if (message != j.pending_message) {
+        j.pending_message = message;
+        j.rec.reason = message;
+        Event(j.rec.id, "Pending", message, batch);
+        PutJobOps(j, batch);
+      }
+      const uint64_t preempt_epoch = capacity_epoch_ + metrics_.placements;
+      if (config_.preemption && j.preempt_epoch != preempt_epoch) {
+        j.preempt_epoch = preempt_epoch;
+        if (TryPreempt(j, entries[i], running_view, batch)) continue;
+      }
+      MaybeReserve(j, batch);
+    }
+  }
+  // Running jobs whose gang minimum was met place their remaining tasks as room appears.
+  for (auto it = partial_.begin(); it != partial_.end();) {
+    JobState& j = *by_seq_[*it];
+    bool still = false;
+    for (size_t t = 0; t < j.tasks.size(); ++t) {
+      TaskState& ts = j.tasks[t];
+      if (ts.phase != TaskPhase::kPending) continue;
+      const bool masked = ComputeMask(j, mask);
+      scheduler_->SetNodeMask(masked ? &mask : nullptr);
+      const TaskRequest& req = j.job.groups[static_cast<size_t>(ts.group)].request;
+      Decision d;
+      auto id = scheduler_->Place(req, &d);
+      scheduler_->SetNodeMask(nullptr);
+      if (!id.ok()) {
+        still = true;
+        continue;
+      }
+      SetTaskPhase(j, ts, TaskPhase::kAssigned);
+      ts.placed = true;
+      ts.run_id = NewRunId();
+      ts.placement = d.placement;
+      ts.last_node = ledger_.spec(d.placement.node).name;
+      ts.allocation = *id;
+      ts.updated_ms = now;
+      nodes_[d.placement.node].tasks.insert({j.rec.id, static_cast<int>(t)});
+      MarkAssignmentsChanged(d.placement.node);
+      usage_[{j.rec.tenant, j.rec.queue}] += TaskDemand(req);
+      PutTaskOp(j, static_cast<int>(t), batch);
+      ++metrics_.task_placements;
+    }
+    it = still ? std::next(it) : partial_.erase(it);
+  }
+  metrics_.cycle_duration.Observe(MonoSeconds() - t0);
+  return placed;
+}
+
+void PoolService::BuildRunningView(RunningView& view) {
+  view = RunningView{};
+  view.built = true;
+  std::vector<Resources> group_demand;
+  for (auto& [seq, v] : by_seq_) {
+    if (v->phase != JobPhase::kRunning) continue;
+    bool stopping = false;
+    Resources used;
+    group_demand.clear();
+    for (const auto& g : v->job.groups) group_demand.push_back(TaskDemand(g.request));
+    for (const TaskState& ts : v->tasks) {
+      stopping |= ts.phase == TaskPhase::kStopping;
+      if (IsLive(ts.phase)) used += group_demand[static_cast<size_t>(ts.group)];
+    }
+    if (stopping) continue;
+    view.any_best_effort |= v->job.qos == QosClass::kBestEffort;
+    view.entries.push_back(
+        {seq, v->rec.tenant, v->rec.queue, v->rec.priority, v->job.qos, used, v->started_ms});
+    view.jobs.push_back(v);
+  }
+}
+
+bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView& view, WriteBatch& batch) {
+  if (!view.built) BuildRunningView(view);
+  // Only best-effort work is ever preempted: with none running there is nothing to look for.
+  if (!view.any_best_effort) return false;
+  const std::vector<RunningEntry>& running = view.entries;
+  const std::vector<JobState*>& running_jobs = view.jobs;
+  std::vector<UsageEntry> usage;
+  for (const auto& [key, r] : usage_) usage.push_back({key.first, key.second, r});
+  const std::vector<PreemptionCandidate> candidates =
+      PreemptionCandidates(*order_, entry, j.job.qos, running, usage);
+  if (candidates.empty()) return false;
+
+  // What-if: release victims in order until the job fits, then put everything back exactly.
+  struct Released {
+    JobState* job;
+    int task;
+    Placement placement;
+  };
+  std::vector<Released> released;
+  size_t needed = 0;
+  bool fits = false;
+  NodeMask mask;
+  for (size_t c = 0; c < candidates.size() && !fits; ++c) {
+    JobState* v = running_jobs[candidates[c].index];
+    for (size_t t = 0; t < v->tasks.size(); ++t) {
+      TaskState& ts = v->tasks[t];
+      if (!ts.placed) continue;
+      (void)ledger_.Release(ts.allocation);
+      released.push_back({v, static_cast<int>(t), ts.placement});
+    }
+    needed = c + 1;
+    const bool masked = ComputeMask(j, mask);
+    scheduler_->SetNodeMask(masked ? &mask : nullptr);
+    JobResult trial = scheduler_->ScheduleJob(j.job);
+    scheduler_->SetNodeMask(nullptr);
+    if (trial.placed) {
+      for (AllocationId a : trial.allocations) (void)ledger_.Release(a);
+      fits = true;
+    }
+  }
+  for (const Released& r : released) {
+    auto id = ledger_.Commit(r.placement);
+    if (!id.ok()) FailStop(id.status().WithContext("restoring an allocation after a preemption what-if"));
+    r.job->tasks[static_cast<size_t>(r.task)].allocation = *id;
+  }
+  if (!fits) return false;
+  std::vector<std::string> victims;
+  for (size_t c = 0; c < needed; ++c) {
+    JobState* v = running_jobs[candidates[c].index];
+    const std::string why =
+        candidates[c].reason == PreemptReason::kPriority
+            ? fmt::format("preempted by {} (priority {} > {})", j.rec.id, j.rec.priority, v->rec.priority)
+            : fmt::format("preempted by {} (queue '{}' reclaims its guaranteed quota)", j.rec.id,
+                          j.rec.queue);
+    for (size_t t = 0; t < v->tasks.size(); ++t)
+      StopTask(*v, static_cast<int>(t), TaskPhase::kPreempted, why, batch);
+    Event(v->rec.id, "Preempted",
+          why + fmt::format("; tasks get SIGTERM and {} s to checkpoint", config_.grace_period_seconds),
+          batch);
+    j.waiting_for.insert(v->rec.id);
+    victims.push_back(v->rec.id);
+    ++metrics_.preemptions;
+  }
+  Event(j.rec.id, "Preempting",
+        fmt::format("stopping {} to make room: {}", victims.size(), fmt::join(victims, ", ")), batch);
+  view.built = false;  // the victims are stopping now
+  j.pending_message = fmt::format("waiting for {} preempted job(s) to stop", victims.size());
+  j.rec.reason = j.pending_message;
+  PutJobOps(j, batch);
+  return true;
+}
+
+void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
+  if (!reserved_for_.empty()) return;
+  if (NowMs() - j.pending_since_ms < 1000LL * config_.reserve_after_seconds) return;
+  // Nodes that could hold this job's largest task when empty, closest to free first.
+  const TaskRequest* largest = nullptr;
+  for (const auto& g : j.job.groups) {
+    if (largest == nullptr || g.request.total_gpu_share() > largest->total_gpu_share()) largest = &g.request;
+  }
+  std::vector<NodeIndex> candidates;
+  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
+    const NodeSpec& s = ledger_.spec(n);
+    if (!ledger_.state(n).schedulable() || nodes_[n].state != "ready") continue;
+    if (static_cast<int>(s.gpus.size()) < largest->gpu_count || s.cpu < largest->cpu ||
+        s.memory < largest->memory)
+      continue;
+    if (!largest->gpu_models.empty() && !s.gpus.empty() &&
+        std::find(largest->gpu_models.begin(), largest->gpu_models.end(), s.gpus[0].model) ==
+            largest->gpu_models.end())
+      continue;
+    candidates.push_back(n);
+  }
+  std::sort(candidates.begin(), candidates.end(), [&](NodeIndex a, NodeIndex b) {
+    const auto& sa = ledger_.state(a);
+    const auto& sb = ledger_.state(b);
+    if (sa.free_gpu_share != sb.free_gpu_share) return sa.free_gpu_share > sb.free_gpu_share;
+    return a < b;
+  });
+  Resources covered;
+  std::vector<uint8_t> reserved(ledger_.node_count(), 0);
+  std::vector<std::string> names;
+  for (NodeIndex n : candidates) {
+    if (covered.gpu >= j.demand.gpu && covered.cpu >= j.demand.cpu && covered.memory >= j.demand.memory)
+      break;
+    const NodeSpec& s = ledger_.spec(n);
+    covered.cpu += s.cpu.units();
+    covered.memory += s.memory.units();
+    covered.gpu += 1000 * static_cast<int64_t>(s.gpus.size());
+    reserved[n] = 1;
+    names.push_back(s.name);
+  }
+  if (covered.gpu < j.demand.gpu || covered.cpu < j.demand.cpu || covered.memory < j.demand.memory) return;
+  reserved_for_ = j.rec.id;
+  reserved_nodes_ = std::move(reserved);
+  Event(j.rec.id, "Reserved",
+        fmt::format("waited {} s: holding {} for this job; smaller jobs stop backfilling them",
+                    (NowMs() - j.pending_since_ms) / 1000, fmt::join(names, ", ")),
+        batch);
+}
+
+// ---- health, metrics, invariants ---------------------------------------------------------------
+
+}  // namespace gpupool
