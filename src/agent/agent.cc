@@ -576,24 +576,18 @@ void Agent::Tick() {
 }
 
 void Agent::ApplyAssignments(const std::string& body) {
-  auto assignments = ParseAssignments(json::parse(body));
-  if (!assignments.ok()) {
-    std::cerr << fmt::format("gpupool agent {}: the server's assignments: {}\n", options_.node,
-                             assignments.status().ToString());
-    return;
-  }
-  Reconcile(*assignments);
-  PollTasks();
+  if (ApplyAssignmentsOnly(body)) PollTasks();
 }
 
-void Agent::ApplyAssignmentsOnly(const std::string& body) {
+bool Agent::ApplyAssignmentsOnly(const std::string& body) {
   auto assignments = ParseAssignments(json::parse(body));
   if (!assignments.ok()) {
     std::cerr << fmt::format("gpupool agent {}: the server's assignments: {}\n", options_.node,
                              assignments.status().ToString());
-    return;
+    return false;
   }
   Reconcile(*assignments);
+  return true;
 }
 
 Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {

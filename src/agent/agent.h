@@ -200,7 +200,7 @@ class Agent {
   std::thread loop_;
   // The assignment watch (agent_watch.cc).
   void WatchLoop();
-  void ApplyAssignmentsOnly(const std::string& body);  // Reconcile without reporting
+  bool ApplyAssignmentsOnly(const std::string& body);  // Reconcile without reporting; false: malformed
   ApiClient NodeApiCopy();  // for threads other than the loop's
   void WakeLoop();
   std::thread watch_;

@@ -63,7 +63,7 @@ void Agent::WatchLoop() {
       version = r->json["version"].get<std::string>();
       // Start and stop here; the loop thread sends the reports (one thread reports, so no report
       // goes twice).
-      ApplyAssignmentsOnly(r->json.dump());
+      (void)ApplyAssignmentsOnly(r->json.dump());
       WakeLoop();
       continue;
     }
