@@ -4,6 +4,7 @@
 # state directory so a restarted agent adopts what is still running.
 add_library(gpupool_agent_runtime
   src/agent/runtime_internal.cc
+  src/agent/supervisor_protocol.cc
   src/agent/log_pump.cc
   src/agent/process_runtime.cc
   src/agent/runc_runtime.cc
@@ -12,8 +13,26 @@ target_link_libraries(gpupool_agent_runtime
   PUBLIC gpupool_common
   PRIVATE nlohmann_json::nlohmann_json fmt::fmt)
 
+# The supervisor of each task, a program of its own (src/agent/supervisor_main.cc): the agent starts
+# it with posix_spawn, so starting a task never copies the agent's address space. It links libc and
+# the standard library only, statically where the build allows (no dynamic loader work per task;
+# sanitizer builds cannot link statically).
+add_executable(gpupool-supervise
+  src/agent/supervisor_main.cc
+  src/agent/supervisor_protocol.cc
+  src/agent/log_pump.cc
+)
+target_include_directories(gpupool-supervise PRIVATE src)
+if(NOT GPUPOOL_SANITIZE)
+  target_link_options(gpupool-supervise PRIVATE -static)
+endif()
+add_dependencies(gpupool_agent_runtime gpupool-supervise)
+# Where a binary that is not beside it (a test) finds it.
+set_source_files_properties(src/agent/runtime_internal.cc PROPERTIES
+  COMPILE_DEFINITIONS "GPUPOOL_SUPERVISOR_BUILD_PATH=\"$<TARGET_FILE:gpupool-supervise>\"")
+
 if(GPUPOOL_BUILD_TESTS)
   # Starts real processes and (when runc and /bin/busybox are installed) containers.
-  gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc)
+  gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc src/agent/supervisor_test.cc)
   target_link_libraries(runtime_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
 endif()

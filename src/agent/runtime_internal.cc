@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <spawn.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/resource.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -25,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/log_pump.h"
+#include "agent/supervisor_protocol.h"
 
 namespace gpupool::agent_internal {
 
@@ -51,349 +54,6 @@ int DupHigh(int fd) {
   int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
   ::close(fd);
   return high;
-}
-
-// ---- async-signal-safe helpers for the forked children -----------------------------------------
-
-// Message kinds on the status pipe. Each message is 8 bytes, written atomically.
-enum : int32_t {
-  kMsgTaskPid = 1,
-  kMsgExec = 2,
-  kMsgChdir = 3,
-  kMsgCgroup = 4,
-  kMsgStdio = 5,
-  kMsgFork = 6,
-  kMsgSetsid = 7,
-};
-
-void SafeSend(int fd, int32_t kind, int32_t value) {
-  int32_t msg[2] = {kind, value};
-  ssize_t r;
-  do {
-    r = ::write(fd, msg, sizeof(msg));
-  } while (r < 0 && errno == EINTR);
-}
-
-// Appends the decimal form of `v` to buf at *len.
-void SafeAppendInt(char* buf, size_t cap, size_t* len, long v) {
-  char tmp[24];
-  size_t n = 0;
-  bool neg = v < 0;
-  unsigned long u = neg ? 0UL - static_cast<unsigned long>(v) : static_cast<unsigned long>(v);
-  do {
-    tmp[n++] = static_cast<char>('0' + u % 10);
-    u /= 10;
-  } while (u != 0 && n < sizeof(tmp));
-  if (neg && *len < cap) buf[(*len)++] = '-';
-  while (n > 0 && *len < cap) buf[(*len)++] = tmp[--n];
-}
-
-void SafeAppendStr(char* buf, size_t cap, size_t* len, const char* s) {
-  while (*s != '\0' && *len < cap) buf[(*len)++] = *s++;
-}
-
-void ResetSignals() {
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig == SIGKILL || sig == SIGSTOP) continue;
-    ::sigaction(sig, &sa, nullptr);  // fails harmlessly for the signals glibc reserves
-  }
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-}
-
-// Closes every descriptor from `first` up, without allocating.
-void CloseFrom(int first, int max_fd) {
-  if (::close_range(static_cast<unsigned>(first), ~0U, 0) == 0) return;
-  for (int fd = first; fd < max_fd; ++fd) ::close(fd);
-}
-
-// Everything the children use, as plain C data prepared before fork.
-struct ChildPlan {
-  const char* executable;
-  char* const* argv;
-  char* const* envp;
-  const char* workdir;
-  const char* const* cgroup_procs;  // null-terminated
-  const char* exit_path;
-  const char* exit_tmp_path;
-  int devnull, out, err, pipe_w;
-  int max_fd;
-  int go_r;                         // the task execs only after reading a byte here (EOF: exit)
-  const char* lease_path;           // null: no fencing
-  const char* fence_exe;            // null: no fence command
-  char* const* fence_argv;
-  char* const* fence_envp;
-  LogSink log_out, log_err;         // fds filled in by the supervisor
-};
-
-// What the supervisor tracks while the task runs: the read ends of the task's output pipes and the
-// files they go to, and a pidfd of the task (-1 where the kernel has none) to wake on its exit.
-struct PumpState {
-  int pipes[2] = {-1, -1};
-  LogSink* sinks[2] = {nullptr, nullptr};
-  int pidfd = -1;
-};
-
-// Drains the task's output for up to `ms` milliseconds (returns early when the task exits).
-void Pump(PumpState* ps, int ms) {
-  if (PumpLogs(ps->pipes, ps->sinks, ps->pidfd, ms) == 0 && ps->pidfd < 0) {
-    struct timespec ts{ms / 1000, (ms % 1000) * 1000L * 1000L};
-    ::nanosleep(&ts, nullptr);
-  }
-}
-
-// The lease file's two deadlines, parsed without allocating. False when missing or malformed.
-bool SafeReadLease(const char* path, int64_t* term_ms, int64_t* kill_ms) {
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[128];
-  ssize_t n;
-  do {
-    n = ::read(fd, buf, sizeof(buf) - 1);
-  } while (n < 0 && errno == EINTR);
-  ::close(fd);
-  if (n <= 0) return false;
-  int64_t values[2] = {0, 0};
-  int found = 0;
-  ssize_t i = 0;
-  while (found < 2) {
-    while (i < n && buf[i] == ' ') ++i;
-    if (i >= n || buf[i] < '0' || buf[i] > '9') return false;
-    int64_t v = 0;
-    while (i < n && buf[i] >= '0' && buf[i] <= '9') {
-      if (v > (INT64_MAX - 9) / 10) return false;
-      v = v * 10 + (buf[i] - '0');
-      ++i;
-    }
-    values[found++] = v;
-  }
-  *term_ms = values[0];
-  *kill_ms = values[1];
-  return true;
-}
-
-int64_t SafeBootMs() {
-  struct timespec ts;
-  if (::clock_gettime(CLOCK_BOOTTIME, &ts) != 0) ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
-
-// Waits for the task; with a lease file, enforces it (see runtime_internal.h). Returns the
-// waitpid result and sets *fenced when the lease ran out.
-pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced, PumpState* ps) {
-  *fenced = false;
-  bool term_sent = false;
-  bool kill_sent = false;
-  int64_t kill_at = 0;
-  pid_t helper = -1;
-  int64_t last_kill_ms = 0;
-  while (true) {
-    pid_t r = ::waitpid(task, status, WNOHANG);
-    if (r == task) break;
-    if (r < 0 && errno != EINTR) {
-      if (helper > 0) ::waitpid(helper, nullptr, 0);
-      return r;
-    }
-    if (helper > 0 && ::waitpid(helper, nullptr, WNOHANG) == helper) helper = -1;
-    if (p.lease_path == nullptr) {
-      Pump(ps, 100);
-      continue;
-    }
-    const int64_t now = SafeBootMs();
-    int64_t term_ms = 0, kill_ms = 0;
-    if (!term_sent && SafeReadLease(p.lease_path, &term_ms, &kill_ms) && now >= term_ms) {
-      term_sent = true;
-      *fenced = true;
-      // Once fenced, stay fenced: a later renewal does not take the SIGKILL back.
-      kill_at = kill_ms > term_ms ? kill_ms : term_ms;
-      ::kill(-task, SIGTERM);
-    }
-    if (term_sent && now >= kill_at && (!kill_sent || now - last_kill_ms >= 1000)) {
-      // Repeated every second while the task lives (a container runc could not kill at once).
-      kill_sent = true;
-      last_kill_ms = now;
-      if (p.fence_exe != nullptr && helper <= 0) {
-        helper = ::fork();
-        if (helper == 0) {
-          int fd = ::open("/dev/null", O_RDWR);
-          if (fd >= 0) {
-            ::dup2(fd, 0);
-            ::dup2(fd, 1);
-            ::dup2(fd, 2);
-          }
-          ::execve(p.fence_exe, p.fence_argv, p.fence_envp);
-          ::_exit(127);
-        }
-        if (helper > 0) {
-          // Give runc a moment to kill the container before its `runc run` goes.
-          for (int i = 0; i < 50; ++i) {
-            if (::waitpid(helper, nullptr, WNOHANG) == helper) {
-              helper = -1;
-              break;
-            }
-            Pump(ps, 100);
-          }
-        }
-      }
-      ::kill(-task, SIGKILL);
-    }
-    Pump(ps, 100);
-  }
-  if (helper > 0) ::waitpid(helper, nullptr, 0);
-  return task;
-}
-
-[[noreturn]] void RunTask(const ChildPlan& p, int out_w, int err_w) {
-  // fd 3 is the status pipe (CLOEXEC), fd 4 the go pipe; 0 is /dev/null, and stdout/stderr become
-  // the write ends of the log pipes. Every other descriptor (the log files, the read ends) is
-  // CLOEXEC: the task never holds its log files.
-  ::setpgid(0, 0);
-  if (::dup2(out_w, 1) < 0 || ::dup2(err_w, 2) < 0) {
-    SafeSend(3, kMsgStdio, errno);
-    ::_exit(127);
-  }
-  // Wait until the agent has recorded the task: an agent that dies before that closes the pipe,
-  // and the task must not run (a restarted agent, knowing nothing of it, starts it again).
-  char go = 0;
-  ssize_t n;
-  do {
-    n = ::read(4, &go, 1);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) ::_exit(125);
-  ::close(4);
-  for (const char* const* cg = p.cgroup_procs; *cg != nullptr; ++cg) {
-    int fd = ::open(*cg, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || ::write(fd, "0", 1) != 1) {
-      SafeSend(3, kMsgCgroup, errno);
-      ::_exit(127);
-    }
-    ::close(fd);
-  }
-  if (::chdir(p.workdir) != 0) {
-    SafeSend(3, kMsgChdir, errno);
-    ::_exit(127);
-  }
-  ResetSignals();
-  ::execve(p.executable, p.argv, p.envp);
-  SafeSend(3, kMsgExec, errno);
-  ::_exit(127);
-}
-
-[[noreturn]] void RunSupervisor(const ChildPlan& p) {
-  if (::setsid() < 0) {
-    SafeSend(p.pipe_w, kMsgSetsid, errno);
-    ::_exit(126);
-  }
-  if (::dup2(p.devnull, 0) < 0 || ::dup2(p.out, 1) < 0 || ::dup2(p.err, 2) < 0) {
-    SafeSend(p.pipe_w, kMsgStdio, errno);
-    ::_exit(126);
-  }
-  if (p.pipe_w != 3 && ::dup2(p.pipe_w, 3) < 0) {
-    SafeSend(p.pipe_w, kMsgStdio, errno);
-    ::_exit(126);
-  }
-  ::fcntl(3, F_SETFD, FD_CLOEXEC);
-  if (::dup2(p.go_r, 4) < 0) {
-    SafeSend(3, kMsgStdio, errno);
-    ::_exit(126);
-  }
-  ::fcntl(4, F_SETFD, FD_CLOEXEC);
-  // Drop every other descriptor of the agent (listening sockets, databases, the go pipe's write
-  // end): the supervisor outlives the agent and must not hold them.
-  CloseFrom(5, p.max_fd);
-  // The agent may ignore SIGPIPE or SIGCHLD; the supervisor wants the defaults for waitpid.
-  ResetSignals();
-  // The log files move to 5 and 6 (CLOEXEC); the task's output arrives on two pipes.
-  LogSink log_out = p.log_out;
-  LogSink log_err = p.log_err;
-  log_out.fd = ::fcntl(1, F_DUPFD_CLOEXEC, 5);
-  log_err.fd = ::fcntl(2, F_DUPFD_CLOEXEC, 5);
-  int out_pipe[2], err_pipe[2];
-  if (log_out.fd < 0 || log_err.fd < 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0 ||
-      ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    SafeSend(3, kMsgStdio, errno);
-    ::_exit(126);
-  }
-
-  pid_t task = ::fork();
-  if (task < 0) {
-    SafeSend(3, kMsgFork, errno);
-    ::_exit(126);
-  }
-  if (task == 0) RunTask(p, out_pipe[1], err_pipe[1]);
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  PumpState ps;
-  ps.pipes[0] = out_pipe[0];
-  ps.pipes[1] = err_pipe[0];
-  ps.sinks[0] = &log_out;
-  ps.sinks[1] = &log_err;
-  for (int fd : ps.pipes) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-#ifdef SYS_pidfd_open
-  ps.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, task, 0));
-#endif
-  ::close(4);
-  ::setpgid(task, task);  // also done by the task: whichever runs first wins the race
-  SafeSend(3, kMsgTaskPid, static_cast<int32_t>(task));
-  ::close(3);
-  // The supervisor keeps no log descriptors open beyond the task's lifetime needs.
-  int fd = ::open("/dev/null", O_RDWR);
-  if (fd >= 0) {
-    ::dup2(fd, 0);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    if (fd > 2) ::close(fd);
-  }
-
-  int status = 0;
-  bool fenced = false;
-  pid_t r = SuperviseTask(p, task, &status, &fenced, &ps);
-  if (ps.pidfd >= 0) ::close(ps.pidfd);
-  ps.pidfd = -1;
-  // What the task wrote before it ended: drain until the pipes close, for at most a second (a
-  // process the task left behind may hold them open; it gets EPIPE once we are gone).
-  const int64_t drain_until = SafeBootMs() + 1000;
-  while ((ps.pipes[0] >= 0 || ps.pipes[1] >= 0) && SafeBootMs() < drain_until) Pump(&ps, 50);
-  if (log_out.fd >= 0) ::close(log_out.fd);
-  if (log_err.fd >= 0) ::close(log_err.fd);
-
-  char buf[96];
-  size_t len = 0;
-  if (r == task && WIFSIGNALED(status)) {
-    SafeAppendStr(buf, sizeof(buf), &len, "{\"signal\":");
-    SafeAppendInt(buf, sizeof(buf), &len, WTERMSIG(status));
-  } else if (r == task && WIFEXITED(status)) {
-    SafeAppendStr(buf, sizeof(buf), &len, "{\"code\":");
-    SafeAppendInt(buf, sizeof(buf), &len, WEXITSTATUS(status));
-  } else {
-    SafeAppendStr(buf, sizeof(buf), &len, "{\"code\":-1,\"lost\":true");
-  }
-  if (fenced) SafeAppendStr(buf, sizeof(buf), &len, ",\"fenced\":true");
-  SafeAppendStr(buf, sizeof(buf), &len, "}\n");
-  int out = ::open(p.exit_tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out >= 0) {
-    ssize_t w = ::write(out, buf, len);
-    ::fsync(out);
-    ::close(out);
-    if (w == static_cast<ssize_t>(len)) ::rename(p.exit_tmp_path, p.exit_path);
-  }
-  ::_exit(0);
-}
-
-std::string StageText(int32_t kind) {
-  switch (kind) {
-    case kMsgExec: return "cannot execute";
-    case kMsgChdir: return "cannot change to the working directory";
-    case kMsgCgroup: return "cannot join the task's cgroup";
-    case kMsgStdio: return "cannot set up stdio";
-    case kMsgFork: return "cannot fork the task";
-    case kMsgSetsid: return "cannot start a session";
-    default: return "unknown failure";
-  }
 }
 
 bool WritableDir(const std::string& path) {
@@ -732,6 +392,39 @@ Status RemoveCgroupDirs(const std::vector<std::string>& dirs) {
 
 // ---- the supervisor ------------------------------------------------------------------------------
 
+namespace {
+
+// Above every descriptor the supervisor's start rearranges (0..4), close-on-exec.
+int Above(int fd, int min_fd) {
+  if (fd < 0 || fd >= min_fd) return fd;
+  int high = ::fcntl(fd, F_DUPFD_CLOEXEC, min_fd);
+  ::close(fd);
+  return high;
+}
+
+std::string FindSupervisor() {
+  if (const char* env = std::getenv("GPUPOOL_SUPERVISOR"); env != nullptr && *env != '\0') return env;
+  char self[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    std::string dir(self, static_cast<size_t>(n));
+    dir.resize(dir.rfind('/') + 1);
+    std::string beside = dir + kSupervisorName;
+    if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+#ifdef GPUPOOL_SUPERVISOR_BUILD_PATH
+  if (::access(GPUPOOL_SUPERVISOR_BUILD_PATH, X_OK) == 0) return GPUPOOL_SUPERVISOR_BUILD_PATH;
+#endif
+  return {};
+}
+
+}  // namespace
+
+const std::string& SupervisorPath() {
+  static const std::string path = FindSupervisor();
+  return path;
+}
+
 Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   if (req.argv.empty()) return Status::InvalidArgument("argv is empty");
   auto has_nul = [](const std::string& s) { return s.find('\0') != std::string::npos; };
@@ -739,83 +432,79 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
     if (has_nul(a)) return Status::InvalidArgument("an argument contains a NUL byte");
   for (const auto& e : req.envp)
     if (has_nul(e)) return Status::InvalidArgument("an environment entry contains a NUL byte");
+  const std::string& supervisor = SupervisorPath();
+  if (supervisor.empty())
+    return Status::FailedPrecondition(fmt::format(
+        "the task supervisor '{}' is neither beside this program nor at GPUPOOL_SUPERVISOR (build it with "
+        "the '{}' target)",
+        kSupervisorName, kSupervisorName));
 
-  // Everything the children touch is built here, before fork.
-  std::vector<char*> argv;
-  for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  std::vector<std::string> procs_files;
-  for (const auto& dir : req.cgroup_dirs) procs_files.push_back(dir + "/cgroup.procs");
-  std::vector<const char*> procs;
-  for (const auto& f : procs_files) procs.push_back(f.c_str());
-  procs.push_back(nullptr);
-  std::string exit_tmp = req.exit_path + ".tmp";
+  SupervisorPlan plan;
+  plan.executable = req.executable;
+  plan.argv = req.argv;
+  plan.envp = req.envp;
+  plan.workdir = req.workdir;
+  for (const auto& dir : req.cgroup_dirs) plan.cgroup_procs.push_back(dir + "/cgroup.procs");
+  plan.exit_path = req.exit_path;
+  plan.lease_path = req.lease_path;
+  plan.fence_argv = req.fence_kill_argv;
+  plan.stdout_path = req.stdout_path;
+  plan.stderr_path = req.stderr_path;
+  plan.log_max_bytes = req.log_max_bytes;
+  plan.log_keep = std::clamp(req.log_keep, 0, kMaxLogKeep);
+  std::vector<std::string> args = EncodeSupervisorArgs(plan);
+  args.insert(args.begin(), std::string(kSupervisorName));
+  std::vector<char*> sup_argv;
+  for (auto& a : args) sup_argv.push_back(a.data());
+  sup_argv.push_back(nullptr);
+  // The supervisor's own environment: not the task's (see supervisor_protocol.h).
+  std::string path_env = "PATH=" + DefaultPath();
+  char* sup_envp[] = {path_env.data(), nullptr};
 
-  FdCloser devnull(OpenHigh("/dev/null", O_RDWR));
+  // Every descriptor handed over sits at 10 or above, so the dup2s onto 0..4 never clobber one
+  // that a later dup2 still reads.
+  constexpr int kHigh = 10;
+  FdCloser devnull(Above(OpenHigh("/dev/null", O_RDWR), kHigh));
   if (devnull.get() < 0) return Status::IoError(fmt::format("cannot open /dev/null: {}", ErrnoText(errno)));
-  FdCloser out(OpenHigh(req.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  FdCloser out(Above(OpenHigh(req.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), kHigh));
   if (out.get() < 0)
     return Status::IoError(fmt::format("cannot create {}: {}", req.stdout_path, ErrnoText(errno)));
-  FdCloser err(OpenHigh(req.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  FdCloser err(Above(OpenHigh(req.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), kHigh));
   if (err.get() < 0)
     return Status::IoError(fmt::format("cannot create {}: {}", req.stderr_path, ErrnoText(errno)));
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0)
     return Status::IoError(fmt::format("cannot create a pipe: {}", ErrnoText(errno)));
-  FdCloser pipe_r(DupHigh(pipefd[0]));
-  FdCloser pipe_w(DupHigh(pipefd[1]));
+  FdCloser pipe_r(Above(pipefd[0], kHigh));
+  FdCloser pipe_w(Above(pipefd[1], kHigh));
   if (pipe_r.get() < 0 || pipe_w.get() < 0) return Status::IoError("cannot place the status pipe");
-  // The go channel, above the descriptors the supervisor rearranges (0..4). A socket pair rather
-  // than a pipe: send() with MSG_NOSIGNAL, so a task that died early costs no SIGPIPE here.
+  // The go channel. A socket pair rather than a pipe: send() with MSG_NOSIGNAL, so a task that
+  // died early costs no SIGPIPE here.
   int gofd[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, gofd) != 0)
     return Status::IoError(fmt::format("cannot create a socket pair: {}", ErrnoText(errno)));
-  FdCloser go_r(::fcntl(gofd[0], F_DUPFD_CLOEXEC, 10));
-  FdCloser go_w(::fcntl(gofd[1], F_DUPFD_CLOEXEC, 10));
-  ::close(gofd[0]);
-  ::close(gofd[1]);
-  if (go_r.get() < 0 || go_w.get() < 0) return Status::IoError("cannot place the go pipe");
+  FdCloser go_r(Above(gofd[0], kHigh));
+  FdCloser go_w(Above(gofd[1], kHigh));
+  if (go_r.get() < 0 || go_w.get() < 0) return Status::IoError("cannot place the go socket");
 
-  struct rlimit rl;
-  int max_fd = 1024;
-  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-    max_fd = static_cast<int>(std::min<rlim_t>(rl.rlim_cur, 65536));
-
-  std::vector<char*> fence_argv;
-  for (const auto& a : req.fence_kill_argv) fence_argv.push_back(const_cast<char*>(a.c_str()));
-  fence_argv.push_back(nullptr);
-  std::string fence_path_env = "PATH=" + DefaultPath();
-  char* fence_envp[] = {fence_path_env.data(), nullptr};
-
-  ChildPlan plan{req.executable.c_str(), argv.data(), envp.data(), req.workdir.c_str(), procs.data(),
-                 req.exit_path.c_str(), exit_tmp.c_str(), devnull.get(), out.get(), err.get(),
-                 pipe_w.get(), max_fd, go_r.get(),
-                 req.lease_path.empty() ? nullptr : req.lease_path.c_str(),
-                 req.fence_kill_argv.empty() ? nullptr : req.fence_kill_argv[0].c_str(),
-                 fence_argv.data(), fence_envp, LogSink{}, LogSink{}};
-  const int keep = std::clamp(req.log_keep, 0, kMaxLogKeep);
-  std::vector<std::string> rotated_out, rotated_err;
-  for (int i = 1; i <= keep; ++i) {
-    rotated_out.push_back(RotatedLogPath(req.stdout_path, i));
-    rotated_err.push_back(RotatedLogPath(req.stderr_path, i));
-  }
-  for (auto [sink, path, rotated] : {std::tuple{&plan.log_out, &req.stdout_path, &rotated_out},
-                                     std::tuple{&plan.log_err, &req.stderr_path, &rotated_err}}) {
-    sink->path = path->c_str();
-    sink->keep = keep;
-    sink->max_bytes = req.log_max_bytes;
-    for (int i = 0; i < keep; ++i) sink->rotated[i] = (*rotated)[static_cast<size_t>(i)].c_str();
-    // Files a previous run of the same id left behind are not this run's.
-    for (const auto& old_file : *rotated) ::unlink(old_file.c_str());
-  }
-
+  // Log files of a previous run of the same id are not this run's; the supervisor removes the
+  // rotated ones, the current ones were truncated above.
   ::unlink(req.exit_path.c_str());
-  pid_t sup = ::fork();
-  if (sup < 0) return Status::Internal(fmt::format("cannot fork the supervisor: {}", ErrnoText(errno)));
-  if (sup == 0) RunSupervisor(plan);
+  posix_spawn_file_actions_t actions;
+  if (int e = ::posix_spawn_file_actions_init(&actions); e != 0)
+    return Status::Internal(fmt::format("posix_spawn_file_actions_init: {}", ErrnoText(e)));
+  const int moves[][2] = {{devnull.get(), 0}, {out.get(), 1}, {err.get(), 2}, {pipe_w.get(), 3}, {go_r.get(), 4}};
+  int fa_err = 0;
+  for (const auto& m : moves)
+    if (fa_err == 0) fa_err = ::posix_spawn_file_actions_adddup2(&actions, m[0], m[1]);
+  if (fa_err == 0) fa_err = ::posix_spawn_file_actions_addclosefrom_np(&actions, 5);
+  pid_t sup = -1;
+  int spawn_err = fa_err != 0 ? fa_err : ::posix_spawn(&sup, supervisor.c_str(), &actions, nullptr,
+                                                        sup_argv.data(), sup_envp);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (spawn_err != 0)
+    return Status::Internal(
+        fmt::format("cannot start the task supervisor {}: {}", supervisor, ErrnoText(spawn_err)));
   pipe_w.reset();
   go_r.reset();
 

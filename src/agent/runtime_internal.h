@@ -2,12 +2,12 @@
 // detection, the supervisor that runs a task and records how it ended, and the task table both
 // runtimes build on (Poll/Stop/Remove/List and adoption of tasks left by an earlier agent).
 //
-// The supervisor: Start forks a small process S (its own session) which forks the task T (its own
-// process group, pgid = T), waits for T and writes `<task dir>/exit.json` ({"code":N} or
-// {"signal":N}) before it exits. Exit codes therefore reach any runtime object that reads the task
-// directory, whether it started the task or adopted it after an agent restart. S runs only
-// async-signal-safe calls (everything it needs is prepared before the fork), so starting a task
-// from a multi-threaded agent is safe. With a lease file (SpawnRequest::lease_path) S does not block
+// The supervisor: Start spawns a small program S, `gpupool-supervise` (posix_spawn: the agent's
+// address space is never copied; S is its own session), which forks the task T (its own process
+// group, pgid = T), waits for T and writes `<task dir>/exit.json` ({"code":N} or {"signal":N})
+// before it exits. Exit codes therefore reach any runtime object that reads the task directory,
+// whether it started the task or adopted it after an agent restart. S takes its plan on its command
+// line (supervisor_protocol.h) and is single-threaded, so its fork of T is safe. With a lease file (SpawnRequest::lease_path) S does not block
 // in waitpid: every ~100 ms it reaps T if it is done, reads the lease (two CLOCK_BOOTTIME deadlines
 // in ms, parsed by hand) and, past the first, sends SIGTERM to T's group once, past the second
 // SIGKILL (after running `fence_kill_argv`, e.g. `runc kill --all <id> KILL`, when given), and
@@ -127,6 +127,10 @@ struct SpawnResult {
   pid_t supervisor = -1;
   pid_t task = -1;
 };
+// The supervisor program: GPUPOOL_SUPERVISOR when set, else beside the running program, else where
+// the build put it. Empty when none is found (SpawnSupervised then fails, naming it).
+constexpr char kSupervisorName[] = "gpupool-supervise";
+const std::string& SupervisorPath();
 // Returns once the task has exec'd, or an error naming the stage that failed ("no such file",
 // "cannot change to workdir", "cannot join cgroup"). On error the supervisor has been reaped.
 Result<SpawnResult> SpawnSupervised(const SpawnRequest& req);

@@ -273,14 +273,16 @@ TEST(Fencing, ARenewedLeaseKeepsTheTaskRunning) {
   auto rt = MakeProcess(dir.path() + "/state");
   ASSERT_NE(rt, nullptr);
   const std::string lease = dir.path() + "/lease";
-  WriteLease(lease, agent_internal::BootTimeMs() + 400, agent_internal::BootTimeMs() + 700);
+  // Renewed every 0.1 s for 3 s, three times the lease; the 1 s margin absorbs a slow fsync of
+  // the lease file on a loaded machine.
+  WriteLease(lease, agent_internal::BootTimeMs() + 1000, agent_internal::BootTimeMs() + 1500);
   std::string id = UniqueId("renewed");
   LaunchSpec spec = Spec(id, {"sleep", "30"});
   spec.lease_path = lease;
   ASSERT_TRUE(rt->Start(spec).ok());
-  for (int i = 0; i < 20; ++i) {  // 2 s, five times the lease
+  for (int i = 0; i < 30; ++i) {
     const int64_t now = agent_internal::BootTimeMs();
-    WriteLease(lease, now + 400, now + 700);
+    WriteLease(lease, now + 1000, now + 1500);
     std::this_thread::sleep_for(100ms);
   }
   auto r = rt->Poll(id);

@@ -1,0 +1,81 @@
+// What the agent and a task's supervisor (`gpupool-supervise`, src/agent/supervisor_main.cc) share:
+// the supervisor's command line, the messages it sends back on its status pipe, and the small
+// async-signal-safe helpers both sides use around fork and exec.
+//
+// The supervisor is its own small executable, started with posix_spawn (vfork semantics): starting
+// a task never copies the agent's address space (in `gpupool up` that is the whole server), which
+// is what a fork of the agent cost per task. Its descriptors when it starts:
+//   0 /dev/null, 1 and 2 the task's stdout and stderr log files, 3 the status pipe (write end),
+//   4 the go socket (read end); nothing else.
+// Its environment is not the task's (a tenant's LD_PRELOAD or GLIBC_TUNABLES never reach it): the
+// task's environment travels as `--env=` arguments.
+//
+// This file does no I/O of its own beyond the safe helpers, and uses nothing but libc and the
+// standard library, so that the supervisor links only what it needs.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpupool::agent_internal {
+
+// ---- the command line ------------------------------------------------------------------------------
+
+// Everything a supervisor needs to start, watch and record one task.
+struct SupervisorPlan {
+  std::string executable;                 // the task's program (a path)
+  std::vector<std::string> argv;          // the task's argv (argv[0] included)
+  std::vector<std::string> envp;          // the task's environment, "KEY=value"
+  std::string workdir;
+  std::vector<std::string> cgroup_procs;  // cgroup.procs files the task writes itself into
+  std::string exit_path;                  // where the supervisor records how the task ended
+  std::string lease_path;                 // empty: no fencing
+  std::vector<std::string> fence_argv;    // run at the KILL deadline (argv[0] is a path); empty: none
+  std::string stdout_path, stderr_path;   // the log files (open on 1 and 2), for rotation
+  int64_t log_max_bytes = 0;              // <= 0: unbounded
+  int log_keep = 0;
+};
+
+// `--name=value` arguments, then `--`, then the task's argv. Values may hold any byte but NUL.
+std::vector<std::string> EncodeSupervisorArgs(const SupervisorPlan& plan);
+// The reverse; false (and `*why` names the argument) on anything malformed.
+bool DecodeSupervisorArgs(int argc, const char* const* argv, SupervisorPlan* plan, std::string* why);
+
+// ---- the status pipe ---------------------------------------------------------------------------
+
+// Message kinds on the status pipe (fd 3 of the supervisor and, until it execs, of the task). Each
+// message is two int32 (kind, value), written atomically.
+enum : int32_t {
+  kMsgTaskPid = 1,  // value: the task's pid
+  kMsgExec = 2,     // value: errno of the task's execve
+  kMsgChdir = 3,
+  kMsgCgroup = 4,
+  kMsgStdio = 5,
+  kMsgFork = 6,
+  kMsgSetsid = 7,
+  kMsgPlan = 8,  // the supervisor could not read its command line
+};
+// "cannot execute", "cannot change to the working directory", ...
+const char* StageText(int32_t kind);
+
+// ---- async-signal-safe helpers -----------------------------------------------------------------
+
+void SafeSend(int fd, int32_t kind, int32_t value);
+// Appends the decimal form of `v` / the string `s` to buf at *len (never past cap).
+void SafeAppendInt(char* buf, size_t cap, size_t* len, long v);
+void SafeAppendStr(char* buf, size_t cap, size_t* len, const char* s);
+// Every signal back to its default disposition, and an empty signal mask.
+void ResetSignals();
+// Closes every descriptor from `first` up.
+void CloseFrom(int first);
+// The lease file's two deadlines ("<term_ms> <kill_ms>", CLOCK_BOOTTIME ms), parsed without
+// allocating. False when missing or malformed.
+bool SafeReadLease(const char* path, int64_t* term_ms, int64_t* kill_ms);
+// CLOCK_BOOTTIME (else CLOCK_MONOTONIC) in milliseconds.
+int64_t SafeBootMs();
+
+}  // namespace gpupool::agent_internal
