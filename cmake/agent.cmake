@@ -1,6 +1,8 @@
 # ---- agent: the node agent loop, the task environment and MPS control daemons ----
 add_library(gpupool_agent
   src/agent/agent.cc
+  src/agent/agent_tasks.cc
+  src/agent/agent_health.cc
   src/agent/agent_watch.cc
   src/agent/child_exits.cc
   src/agent/task_env.cc

@@ -1,8 +1,8 @@
 # ---- http: the event-driven HTTP/1.1 server (Boost.Beast over Asio, TLS through OpenSSL) ----
-# Used by the server's API and the agent's endpoint; Beast stays inside server.cc.
+# Used by the server's API and the agent's endpoint; Beast stays inside server_impl.h, server.cc and session.cc.
 find_package(Boost 1.74 REQUIRED)
 find_package(OpenSSL REQUIRED)
-add_library(gpupool_http src/http/request.cc src/http/server.cc)
+add_library(gpupool_http src/http/request.cc src/http/server.cc src/http/session.cc)
 target_link_libraries(gpupool_http
   PUBLIC gpupool_common
   PRIVATE Boost::boost OpenSSL::SSL OpenSSL::Crypto Threads::Threads fmt::fmt)

@@ -11,6 +11,7 @@ add_library(gpupool_server
   src/server/service_api.cc
   src/server/service_cycle.cc
   src/server/service_views.cc
+  src/server/service_recover.cc
   src/server/http_api.cc
   src/server/node_credentials.cc
 )

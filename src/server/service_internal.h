@@ -1,7 +1,7 @@
 // What the files of PoolService share beyond its class: constants and small helpers (no state).
-// service.cc holds the state and its changes, service_api.cc the client requests,
-// service_agents.cc the agent protocol, service_cycle.cc the scheduling loop, service_views.cc
-// the JSON views, health, metrics and invariants.
+// service.cc holds the state and its changes, service_recover.cc the recovery from the store,
+// service_api.cc the client requests, service_agents.cc the agent protocol, service_cycle.cc the
+// scheduling loop, service_views.cc the JSON views, health, metrics and invariants.
 #pragma once
 
 #include <fmt/format.h>

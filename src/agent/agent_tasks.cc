@@ -1,0 +1,419 @@
+// Agent: the node's tasks. Assignments in, runtimes started, stopped, adopted and polled, and
+// their states reported back (see agent.h).
+#include "agent/agent.h"
+#include "agent/child_exits.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <openssl/crypto.h>
+
+#include "http/server.h"
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "agent/gpu_metrics.h"
+#include "agent/node_identity.h"
+#include "agent/runtime_internal.h"
+#include "client/api_client.h"
+#include "common/quantity.h"
+
+namespace gpupool {
+
+using nlohmann::json;
+
+namespace {
+
+bool Ok2xx(const Result<HttpReply>& r) {
+  return r.ok() && r->status >= 200 && r->status < 300;
+}
+
+}  // namespace
+
+void Agent::ApplyAssignments(const std::string& body) {
+  if (ApplyAssignmentsOnly(body)) PollTasks();
+}
+
+bool Agent::ApplyAssignmentsOnly(const std::string& body) {
+  auto assignments = ParseAssignments(json::parse(body));
+  if (!assignments.ok()) {
+    std::cerr << fmt::format("gpupool agent {}: the server's assignments: {}\n", options_.node,
+                             assignments.status().ToString());
+    return false;
+  }
+  Reconcile(*assignments);
+  return true;
+}
+
+Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {
+  if (a.bundle.empty() && a.rootfs.empty()) return process_runtime_.get();
+  if (!runc_runtime_)
+    return Status::FailedPrecondition(fmt::format("the task needs a container, but runc cannot run here: {}",
+                                                  runc_error_));
+  return runc_runtime_.get();
+}
+
+void Agent::Reconcile(const std::vector<Assignment>& assignments) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, t] : tasks_) t.in_assignments = false;
+  for (const Assignment& a : assignments) {
+    const std::string id = a.run_id();
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) {
+      LocalTask t;
+      t.assignment = a;
+      if (a.desired == "stop") {
+        // Asked to stop something this agent does not know: a task an earlier agent started (adopt
+        // it and stop it), or one that never ran here (it is stopped).
+        auto inserted = tasks_.emplace(id, std::move(t)).first;
+        LocalTask& lt = inserted->second;
+        if (Adopt(lt)) {
+          lt.stop_requested = true;
+          (void)lt.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+        } else {
+          if (AdoptableTask(id)) ClearStray(id);
+          lt.exited = true;
+          lt.final_state = "stopped";
+          lt.final_message = "not running on this node";
+        }
+        continue;
+      }
+      // An expired lease: the server may have given up on this node; start nothing new (the task
+      // is still listed on the next good answer, which renews the lease).
+      // A process under this id that was started for another placement is nobody's now: it is
+      // stopped and removed first; this placement's run starts on a later pass.
+      if (AdoptableTask(id) && StrayOfAnotherPlacement(a)) {
+        ClearStray(id);
+        continue;
+      }
+      if (!LeaseValid() && !AdoptableTask(id)) continue;
+      auto inserted = tasks_.emplace(id, std::move(t));
+      StartTask(inserted.first->second);
+      continue;
+    }
+    LocalTask& t = it->second;
+    t.in_assignments = true;
+    if (a.desired == "stop" && !t.stop_requested && !t.exited) {
+      t.stop_requested = true;
+      t.assignment.grace_period_seconds = a.grace_period_seconds;
+      if (t.runtime != nullptr) (void)t.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+    }
+  }
+  // Tasks the server no longer lists: stop what still runs, forget what has been reported.
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    LocalTask& t = it->second;
+    if (t.in_assignments) {
+      ++it;
+      continue;
+    }
+    if (t.started && !t.exited) {
+      if (!t.stop_requested && t.runtime != nullptr) {
+        t.stop_requested = true;
+        (void)t.runtime->Stop(it->first, std::chrono::seconds(10));
+      }
+      ++it;
+      continue;
+    }
+    if (t.exited && t.final_reported) {
+      ReleaseMps(t);
+      if (t.runtime != nullptr) (void)t.runtime->Remove(it->first);
+      it = tasks_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+// REQUIRES: mu_ held.
+Status Agent::EnsureMps(LocalTask& t) {
+  const Assignment& a = t.assignment;
+  if (a.isolation != "mps" || !mps_) return Status::Ok();
+  for (const AssignedGpu& g : a.gpus) {
+    // An index outside the inventory is TaskEnvironment's to refuse.
+    if (g.index < 0 || static_cast<size_t>(g.index) >= inventory_.gpus.size()) continue;
+    // The inventory's UUID: the one TaskEnvironment names the pipe directory after.
+    const std::string& uuid = inventory_.gpus[static_cast<size_t>(g.index)].uuid;
+    if (std::find(t.mps_gpus.begin(), t.mps_gpus.end(), uuid) != t.mps_gpus.end()) continue;
+    RETURN_IF_ERROR(mps_->Ensure(uuid, a.run_id()));
+    t.mps_gpus.push_back(uuid);
+  }
+  return Status::Ok();
+}
+
+// REQUIRES: mu_ held.
+void Agent::ReleaseMps(LocalTask& t) {
+  if (!mps_) return;
+  for (const std::string& uuid : t.mps_gpus) {
+    if (Status st = mps_->Release(uuid, t.assignment.run_id()); !st.ok())
+      std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
+  }
+  t.mps_gpus.clear();
+}
+
+// REQUIRES: mu_ held.
+void Agent::StartTask(LocalTask& t) {
+  const Assignment& a = t.assignment;
+  const std::string id = a.run_id();
+  auto fail = [&](const Status& st) {
+    ReleaseMps(t);
+    ++start_failures_;
+    t.exited = true;
+    t.final_state = "failed";
+    t.final_message = "could not start: " + st.message();
+  };
+  auto rt = RuntimeFor(a);
+  if (!rt.ok()) return fail(rt.status());
+  if (Adopt(t)) return;
+  t.runtime = *rt;
+  TaskEnvOptions eo;
+  eo.node = options_.node;
+  eo.mps_pipe_root = options_.state_dir + "/mps";
+  if (a.isolation == "mps" && mps_) {
+    if (Status st = EnsureMps(t); !st.ok()) return fail(st);
+    eo.mps_daemons = true;
+  }
+  auto env = TaskEnvironment(a, inventory_, eo);
+  if (!env.ok()) return fail(env.status());
+  if (a.command.empty() && a.bundle.empty()) return fail(Status::InvalidArgument("the task has no command"));
+  LaunchSpec spec;
+  spec.id = id;
+  spec.argv = a.command;
+  spec.env = std::move(env).value();
+  spec.cpu_milli = a.cpu_milli;
+  spec.memory_bytes = a.memory_bytes;
+  spec.bundle = a.bundle;
+  spec.rootfs = a.rootfs;
+  spec.lease_path = lease_path_;
+  if (!inventory_.simulated) {
+    spec.devices = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"};
+    for (const AssignedGpu& g : a.gpus) {
+      const GpuInfo& info = inventory_.gpus[static_cast<size_t>(g.index)];
+      if (info.minor_number >= 0) spec.devices.push_back(fmt::format("/dev/nvidia{}", info.minor_number));
+    }
+    if (a.isolation == "mig" && (!a.rootfs.empty() || !a.bundle.empty())) {
+      // In a container, a MIG instance also needs the nvidia-caps nodes of its GPU and compute instance.
+      std::ifstream minors("/proc/driver/nvidia-caps/mig-minors");
+      std::stringstream text;
+      text << minors.rdbuf();
+      auto caps = TaskMigCapDevices(a, inventory_, text.str());
+      if (!caps.ok()) return fail(caps.status());
+      spec.devices.insert(spec.devices.end(), caps->begin(), caps->end());
+    }
+  }
+  // Recorded before the start: whatever runs under this id afterwards is this placement's.
+  if (!a.placement_run.empty()) {
+    if (Status st = WritePlacementRun(options_.state_dir, id, a.placement_run); !st.ok()) return fail(st);
+  }
+  if (Status st = t.runtime->Start(spec); !st.ok()) return fail(st);
+  if (options_.wake_on_child_exit) ChildExits::Get().ChildStarted();
+  ++starts_;
+  t.started = true;
+}
+
+// REQUIRES: mu_ held.
+bool Agent::Adopt(LocalTask& t) {
+  const std::string id = t.assignment.run_id();
+  auto rt = RuntimeFor(t.assignment);
+  if (!rt.ok()) return false;
+  const auto known = (*rt)->List();
+  if (std::find(known.begin(), known.end(), id) == known.end()) return false;
+  if (StrayOfAnotherPlacement(t.assignment)) return false;  // not this placement's: never adopted
+  // This very run was started by an earlier agent (run ids differ between restarts of a task):
+  // running, it is adopted; ended while no agent watched, its outcome is reported, never rerun.
+  t.runtime = *rt;
+  t.started = true;
+  auto st = t.runtime->Poll(id);
+  if (st.ok() && st->state == RunState::kRunning) {
+    // Count it among its daemon's users again (restarting a daemon that died meanwhile).
+    if (Status ms = EnsureMps(t); !ms.ok())
+      std::cerr << fmt::format("gpupool agent {}: adopted task {}: {}\n", options_.node, id, ms.ToString());
+  }
+  return true;
+}
+
+bool Agent::StrayOfAnotherPlacement(const Assignment& a) {
+  if (a.placement_run.empty()) return false;  // a server of before run ids: by task id, as before
+  return ReadPlacementRun(options_.state_dir, a.run_id()) != a.placement_run;
+}
+
+void Agent::ClearStray(const std::string& id) {
+  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
+    if (rt == nullptr) continue;
+    const auto known = rt->List();
+    if (std::find(known.begin(), known.end(), id) == known.end()) continue;
+    auto st = rt->Poll(id);
+    if (st.ok() && st->state == RunState::kRunning) {
+      std::cerr << fmt::format("gpupool agent {}: task {} runs here for another placement (an earlier one, or "
+                               "another pool's): stopping it, not adopting it\n",
+                               options_.node, id);
+      (void)rt->Stop(id, std::chrono::seconds(0));
+      continue;
+    }
+    // Ended: free the id for this placement's run (the old logs are moved aside, not served).
+    (void)rt->Remove(id);
+    std::error_code ec;
+    for (const std::string& path : {rt->StdoutPath(id), rt->StderrPath(id)}) {
+      if (std::filesystem::exists(path, ec)) std::filesystem::rename(path, path + ".stray", ec);
+    }
+  }
+}
+
+// Polls every started task and sends the reports that are due. Takes mu_.
+void Agent::PollTasks() {
+  std::vector<std::string> due;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, t] : tasks_) {
+      if (t.started && !t.exited && t.runtime != nullptr) {
+        auto st = t.runtime->Poll(id);
+        if (st.ok() && st->state == RunState::kExited) {
+          t.exited = true;
+          t.exit_code = st->exit_code;
+          if (t.stop_requested || st->fenced) {
+            t.final_state = "stopped";
+          } else if (st->term_signal == 0 && st->exit_code == 0) {
+            t.final_state = "succeeded";
+          } else {
+            t.final_state = "failed";
+          }
+          t.final_message = st->message;
+          if (st->fenced) t.final_message = FencedMessage(st->message);
+          ReleaseMps(t);
+        }
+      }
+      if ((t.exited && !t.final_reported) || (t.started && !t.exited && !t.running_reported)) due.push_back(id);
+    }
+  }
+  if (due.empty() || !cluster_refusal().empty()) return;  // nothing of the old pool goes to another one
+  // The reports, in one call (one durable write on the server) where the server takes them.
+  std::vector<std::pair<std::string, json>> bodies;  // task id -> report
+  for (const std::string& id : due) {
+    LocalTask copy;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = tasks_.find(id);
+      if (it == tasks_.end()) continue;
+      copy = it->second;
+    }
+    const bool final = copy.exited;
+    // The run it is about: the server ignores a late report of an earlier run of the task.
+    json body = {{"state", final ? copy.final_state : "running"}, {"restarts", copy.assignment.restarts}};
+    if (!copy.assignment.placement_run.empty()) body["runId"] = copy.assignment.placement_run;
+    if (final) {
+      body["exitCode"] = copy.exit_code;
+      if (!copy.final_message.empty()) body["message"] = copy.final_message;
+    }
+    body["jobId"] = copy.assignment.job_id;
+    body["index"] = copy.assignment.index;
+    bodies.emplace_back(id, std::move(body));
+  }
+  auto mark = [this](const std::string& id, const json& report) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) return;
+    if (report["state"] != "running") {
+      it->second.final_reported = true;
+    } else {
+      it->second.running_reported = true;
+    }
+  };
+  size_t sent = 0;
+  while (batch_reports_ && sent < bodies.size()) {
+    json reports = json::array();
+    const size_t end = std::min(bodies.size(), sent + 256);
+    for (size_t i = sent; i < end; ++i) reports.push_back(bodies[i].second);
+    auto r = NodeApi().Post(fmt::format("/api/v1/agent/nodes/{}/reports", PercentEncode(options_.node)),
+                            json{{"reports", reports}}.dump());
+    if (!Ok2xx(r) || !r->is_json || !r->json.contains("results") || !r->json["results"].is_array() ||
+        r->json["results"].size() != end - sent)
+      return;  // unreachable, refused or garbled: every report is tried again on the next tick
+    const auto& results = r->json["results"];
+    for (size_t i = sent; i < end; ++i) {
+      const auto& res = results[i - sent];
+      // Done unless the server failed on its side: a refusal (409: the task moved on, 404: the job
+      // is gone) is as final as an acceptance.
+      const std::string code = res.is_object() ? res.value("code", "") : "Internal";
+      const bool ok = res.is_object() && res.value("ok", false);
+      if (ok || (code != "Internal" && code != "IoError")) mark(bodies[i].first, bodies[i].second);
+    }
+    sent = end;
+  }
+  for (size_t i = sent; i < bodies.size(); ++i) {
+    json body = bodies[i].second;
+    const std::string job_id = body["jobId"];
+    const int index = body["index"];
+    body.erase("jobId");
+    body.erase("index");
+    auto r = NodeApi().Post(fmt::format("/api/v1/agent/nodes/{}/tasks/{}/{}/status", PercentEncode(options_.node),
+                                       PercentEncode(job_id), index),
+                           body.dump());
+    // A 4xx means the server has moved on (the task was released or the job is gone): nothing to
+    // retry. Unreachable, 5xx, or 401/403 (the credential is being replaced: the heartbeat
+    // registers again): try again on the next tick.
+    const bool done = r.ok() && r->status >= 200 && r->status < 500 && r->status != 401 && r->status != 403;
+    if (done) mark(bodies[i].first, bodies[i].second);
+  }
+}
+
+int Agent::NewestRunOnDisk(Runtime& rt, const std::string& task) {
+  namespace fs = std::filesystem;
+  int newest = -1;
+  std::error_code ec;
+  const fs::path dir = fs::path(rt.StdoutPath(task)).parent_path().parent_path();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int n = -1;
+    if (name == task) {
+      n = 0;
+    } else if (name.size() > task.size() + 2 && name.compare(0, task.size() + 2, task + ".r") == 0) {
+      const char* first = name.data() + task.size() + 2;
+      const char* last = name.data() + name.size();
+      int v = 0;
+      auto [p, err] = std::from_chars(first, last, v);
+      if (err == std::errc() && p == last && v > 0) n = v;
+    }
+    if (n > newest && ::access((it->path() / "stdout.log").c_str(), R_OK) == 0) newest = n;
+  }
+  return newest;
+}
+
+bool Agent::AdoptableTask(const std::string& id) {
+  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
+    if (rt == nullptr) continue;
+    for (const std::string& known : rt->List())
+      if (known == id) return true;
+  }
+  return false;
+}
+
+std::string Agent::FencedMessage(const std::string& runtime_message) {
+  int64_t since = 0;
+  double timeout = 0;
+  {
+    std::lock_guard<std::mutex> lock(lease_mu_);
+    since = last_contact_ms_;
+    timeout = lease_timeout_s_;
+  }
+  const double seconds = since > 0 ? static_cast<double>(agent_internal::BootTimeMs() - since) / 1000 : timeout;
+  std::string how = runtime_message;
+  constexpr std::string_view kPrefix = "fenced (lease expired): ";
+  if (how.rfind(kPrefix, 0) == 0) how = how.substr(kPrefix.size());
+  return fmt::format("fenced: no contact with the server for {:.0f} s ({})", seconds, how);
+}
+
+}  // namespace gpupool
