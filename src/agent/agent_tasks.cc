@@ -131,7 +131,7 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
     }
     if (t.exited && t.final_reported) {
       ReleaseMps(t);
-      if (t.runtime != nullptr) (void)t.runtime->Remove(it->first);
+      if (t.runtime != nullptr && t.runtime->Remove(it->first).ok()) RemovePlacementRun(options_.state_dir, it->first);
       it = tasks_.erase(it);
       continue;
     }

@@ -26,7 +26,7 @@ std::optional<std::string> Slurp(const std::string& path) {
   return s;
 }
 
-Status WriteAtomic(const std::string& path, const std::string& content, mode_t mode) {
+Status WriteAtomic(const std::string& path, const std::string& content, mode_t mode, bool sync = true) {
   const std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
@@ -39,7 +39,7 @@ Status WriteAtomic(const std::string& path, const std::string& content, mode_t m
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) ok = false; else off += static_cast<size_t>(n);
   }
-  ok = ok && ::fsync(fd) == 0;
+  ok = ok && (!sync || ::fsync(fd) == 0);
   const int saved = errno;
   ::close(fd);
   if (!ok) {
@@ -80,7 +80,13 @@ void RemoveNodeCredential(const std::string& state_dir) { ::unlink(NodeCredentia
 Status WritePlacementRun(const std::string& state_dir, const std::string& task, const std::string& run) {
   std::error_code ec;
   std::filesystem::create_directories(state_dir + "/runs", ec);
-  return WriteAtomic(state_dir + "/runs/" + task, run + "\n", 0600);
+  // Not fsynced (see runtime_internal.h, WriteFileAtomic): a file lost with the machine reads as
+  // "", which marks what is on disk under the id as another placement's: never adopted.
+  return WriteAtomic(state_dir + "/runs/" + task, run + "\n", 0600, /*sync=*/false);
+}
+
+void RemovePlacementRun(const std::string& state_dir, const std::string& task) {
+  ::unlink((state_dir + "/runs/" + task).c_str());
 }
 
 std::string ReadPlacementRun(const std::string& state_dir, const std::string& task) {

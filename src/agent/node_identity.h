@@ -30,6 +30,8 @@ Status WriteClusterId(const std::string& state_dir, const std::string& id);
 // written before the task starts; "" when none was recorded.
 Status WritePlacementRun(const std::string& state_dir, const std::string& task, const std::string& run);
 std::string ReadPlacementRun(const std::string& state_dir, const std::string& task);
+// Once the run's task is removed from its runtime, its placement's record goes too.
+void RemovePlacementRun(const std::string& state_dir, const std::string& task);
 
 // A credential as the server issues them: 64 lowercase hex digits.
 bool LooksLikeNodeCredential(const std::string& s);

@@ -176,7 +176,7 @@ class RuncRuntime final : public SupervisedRuntime {
       RETURN_IF_ERROR(PrepareTaskDir(spec.id));
       generated = TaskDir(spec.id) + "/bundle";
       RETURN_IF_ERROR(MakeDirs(generated));
-      RETURN_IF_ERROR(WriteFileAtomic(generated + "/config.json", config));
+      RETURN_IF_ERROR(WriteFileAtomic(generated + "/config.json", config, /*sync=*/false));  // rewritten every start
       bundle = generated;
     }
     RETURN_IF_ERROR(MakeDirs(runc_root_));

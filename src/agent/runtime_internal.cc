@@ -149,7 +149,7 @@ Result<std::string> ReadFile(const std::string& path) {
   return out;
 }
 
-Status WriteFileAtomic(const std::string& path, const std::string& content) {
+Status WriteFileAtomic(const std::string& path, const std::string& content, bool sync) {
   std::string tmp = path + ".tmp";
   {
     FdCloser fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -163,7 +163,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
       }
       off += static_cast<size_t>(n);
     }
-    if (::fsync(fd.get()) != 0)
+    if (sync && ::fsync(fd.get()) != 0)
       return Status::IoError(fmt::format("cannot sync {}: {}", tmp, ErrnoText(errno)));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0)
@@ -775,7 +775,9 @@ Status SupervisedRuntime::PrepareTaskDir(const std::string& id) {
 
 Status SupervisedRuntime::Register(TaskRecord rec) {
   rec.our_child = true;
-  Status st = WriteFileAtomic(RecordPath(rec.id), TaskRecordToJson(rec));
+  // Not fsynced: the record is for an agent that restarts while the task runs; after a power loss
+  // there is no task to adopt (and a record lost with it leaves nothing behind to adopt).
+  Status st = WriteFileAtomic(RecordPath(rec.id), TaskRecordToJson(rec), /*sync=*/false);
   std::string id = rec.id;
   tasks_[id] = std::move(rec);
   return st.WithContext(fmt::format("task {} runs, but its state could not be saved", id));

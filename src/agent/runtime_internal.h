@@ -56,8 +56,11 @@ Status ValidateLaunchSpec(const LaunchSpec& spec);
 
 // ---- files -------------------------------------------------------------------------------------
 Result<std::string> ReadFile(const std::string& path);
-// Writes `path.tmp` and renames it over `path`.
-Status WriteFileAtomic(const std::string& path, const std::string& content);
+// Writes `path.tmp` and renames it over `path`: a reader sees the old file or the new one, whenever
+// this process dies. `sync` also fsyncs it first, so it survives the machine losing power; the
+// records of tasks skip that (a task does not survive its machine either, and the fsync was a large
+// share of a task's start).
+Status WriteFileAtomic(const std::string& path, const std::string& content, bool sync = true);
 // Writes into an existing file (cgroup control files): no truncation games, one write.
 Status WriteControlFile(const std::string& path, const std::string& content);
 Status MakeDirs(const std::string& path);

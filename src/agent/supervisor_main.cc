@@ -278,10 +278,11 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced, P
   }
   if (fenced) SafeAppendStr(buf, sizeof(buf), &len, ",\"fenced\":true");
   SafeAppendStr(buf, sizeof(buf), &len, "}\n");
+  // Through a rename, so the agent reads all of it or nothing. Not fsynced: it must outlive the
+  // agent, not the machine (after a power loss the node's tasks are lost and replaced anyway).
   int out = ::open(p.exit_tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out >= 0) {
     ssize_t w = ::write(out, buf, len);
-    ::fsync(out);
     ::close(out);
     if (w == static_cast<ssize_t>(len)) ::rename(p.exit_tmp_path, p.exit_path);
   }
