@@ -134,5 +134,28 @@ TEST_F(AgentPushTest, AnAgentWithoutTheWatchPollsAsBefore) {
   EXPECT_TRUE(WaitForState(id, "succeeded", 20s)) << State(id);
 }
 
+// What a node keeps of a task ends with the task: once its end is reported and the task is gone
+// from the node's assignments (the next placement pushes the new list), its placement record
+// (runs/<run>) and its runtime state go; only its logs stay, for `gpupool logs`.
+TEST_F(AgentPushTest, AFinishedTaskLeavesOnlyItsLogsBehind) {
+  ASSERT_NO_FATAL_FAILURE(StartAgent([](AgentOptions&) {}));
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(Submit(R"(["true"])"));
+    ASSERT_TRUE(WaitForState(ids.back(), "succeeded", 20s)) << ids.back() << " is " << State(ids.back());
+  }
+  const std::string runs = dir_ + "/agent/runs/";
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = true;
+    for (size_t k = 0; k + 1 < ids.size(); ++k) gone = gone && !std::filesystem::exists(runs + ids[k] + ".0");
+    if (!gone) std::this_thread::sleep_for(50ms);
+  }
+  for (size_t k = 0; k + 1 < ids.size(); ++k) {
+    EXPECT_FALSE(std::filesystem::exists(runs + ids[k] + ".0")) << ids[k];
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/agent/process/" + ids[k] + ".0/task.json")) << ids[k];
+  }
+}
+
 }  // namespace
 }  // namespace gpupool
