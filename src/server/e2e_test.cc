@@ -959,5 +959,49 @@ TEST_F(E2eTest, AGangThatDoesNotFitHoldsNothingWhileASmallJobRuns) {
   ExpectConsistent(*service_, "gang");
 }
 
+// `gpupool` (the lean client) runs the client commands itself and execs gpupool-core beside it for
+// the rest: both list the same commands, and a command of the core answers the same through either.
+std::string Output(const std::string& command) {
+  std::string out;
+  FILE* f = ::popen(command.c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
+
+// The "Subcommands:" section of a --help: one line per command, its name and what it does.
+std::vector<std::string> Subcommands(const std::string& help) {
+  std::vector<std::string> lines;
+  std::istringstream in(help.substr(std::min(help.size(), help.find("Subcommands:"))));
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line))
+    if (line.size() > 2 && line[0] == ' ' && line[2] != ' ') lines.push_back(line);
+  return lines;
+}
+
+TEST(E2eProcessTest, TheLeanClientAndTheCoreKnowTheSameCommands) {
+  const std::string binary = GPUPOOL_BINARY;
+  if (binary.empty() || !std::filesystem::exists(binary))
+    GTEST_SKIP() << "no gpupool binary at '" << binary << "'";
+  const std::string core = std::filesystem::path(binary).parent_path() / "gpupool-core";
+  ASSERT_TRUE(std::filesystem::exists(core)) << core;
+  const auto lean_commands = Subcommands(Output(binary + " --help"));
+  const auto core_commands = Subcommands(Output(core + " --help"));
+  EXPECT_GE(core_commands.size(), 15u);
+  EXPECT_EQ(lean_commands, core_commands);
+  // Core commands through the lean client: the same output, and their errors and exit codes.
+  EXPECT_EQ(Output(binary + " policies"), Output(core + " policies"));
+  EXPECT_NE(Output(binary + " policies").find("balanced"), std::string::npos);
+  EXPECT_EQ(Output(binary + " version"), Output(core + " version"));
+  EXPECT_EQ(WEXITSTATUS(std::system((binary + " profile check /nonexistent.yaml >/dev/null 2>&1").c_str())), 1);
+  EXPECT_EQ(WEXITSTATUS(std::system((binary + " sim run --bogus >/dev/null 2>&1").c_str())), 2);
+  // A core command still runs when the lean client is started under another name or path.
+  EXPECT_EQ(Output("cd / && " + std::filesystem::absolute(binary).string() + " version"), Output(core + " version"));
+}
+
 }  // namespace
 }  // namespace gpupool

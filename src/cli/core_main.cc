@@ -1,8 +1,10 @@
-// gpupool: the command-line entry point. Subcommands:
+// gpupool-core: every command of gpupool (the `gpupool` users run is lean_main.cc, which runs the
+// client commands itself and execs this program for the rest). Subcommands defined here:
 //   demo              schedule the bundled Alibaba cluster under each placement policy
 //   policies          list the placement policies and registered plugins
 //   profile check F   validate a scheduling profile (YAML)
 //   version
+// and, from the other files of src/cli: server, agent, up, sim ..., the client commands and run.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
