@@ -358,14 +358,15 @@ int RunUp(UpFlags flags) {
                              metrics_host, (*agent)->metrics_port());
     agents.push_back(std::move(agent).value());
   }
-  // The binary's own path, so that the hint can be pasted as is.
+  // The client's path (the `gpupool` beside this gpupool-core), so that the hint can be pasted as is.
   std::error_code ec;
-  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::filesystem::exists(self.parent_path() / "gpupool", ec)) self = self.parent_path() / "gpupool";
   if (ec || self.empty()) self = "gpupool";
   std::cout << fmt::format(
                    "gpupool up: ready. Try, in another shell:\n  export GPUPOOL_SERVER={} GPUPOOL_DATA_DIR={}\n"
                    "  {} submit -f examples/jobs/hello-gpu.yaml && sleep 2 && {} list\n",
-                   server.url, server.config.data_dir, self, self)
+                   server.url, server.config.data_dir, self.string(), self.string())
             << std::flush;
   int sig = 0;
   sigwait(&stop_signals, &sig);
