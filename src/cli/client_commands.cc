@@ -38,17 +38,7 @@ constexpr std::string_view kYamlType = "application/yaml";
 
 // ---- small text helpers -----------------------------------------------------
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
+// Trim and Lower: client/api_client.h.
 
 std::string Join(const std::vector<std::string>& parts, std::string_view sep) {
   std::string out;

@@ -111,6 +111,9 @@ using QueryParams = std::vector<std::pair<std::string, std::string>>;
 
 // Percent-encodes everything but RFC 3986 unreserved characters (for path segments and queries).
 std::string PercentEncode(std::string_view text);
+// Without leading and trailing white space; ASCII lower case. (Shared with the client commands.)
+std::string_view Trim(std::string_view s);
+std::string Lower(std::string_view s);
 
 // "path?k=v&k2=v2", with keys and values percent-encoded; no '?' when `query` is empty.
 std::string WithQuery(std::string_view path, const QueryParams& query);
