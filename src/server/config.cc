@@ -382,7 +382,7 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
       const auto& l = j["limits"];
       if (Status st = CheckKeys(l, "limits",
                                 {"maxBodyBytes", "maxJobsPerCycle", "maxPendingJobsPerTenant",
-                                 "maxPendingTasksPerTenant", "maxTasksPerJob"});
+                                 "maxPendingTasksPerTenant", "maxTasksPerJob", "maxNodes"});
           !st.ok())
         return fail(st);
       if (l.contains("maxPendingJobsPerTenant")) {
@@ -399,6 +399,11 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         auto v = GetInt(l["maxTasksPerJob"], "limits.maxTasksPerJob", 1, 100000);
         if (!v.ok()) return fail(v.status());
         c.max_tasks_per_job = static_cast<int>(*v);
+      }
+      if (l.contains("maxNodes")) {
+        auto v = GetInt(l["maxNodes"], "limits.maxNodes", 1, 1000000);
+        if (!v.ok()) return fail(v.status());
+        c.max_nodes = static_cast<int>(*v);
       }
       if (l.contains("maxBodyBytes")) {
         auto v = GetInt(l["maxBodyBytes"], "limits.maxBodyBytes", 1024, int64_t{64} << 20);

@@ -77,6 +77,9 @@ struct ServerConfig {
   std::map<std::string, TenantLimits> tenant_limits;
   // Tasks of one job (replicas over all its groups); a bigger spec is refused with 400.
   int max_tasks_per_job = 10000;
+  // Nodes the pool knows (ready or lost); registering one more name is refused with 429, so the
+  // bootstrap token cannot grow the node table without bound.
+  int max_nodes = 10000;
   int cycle_interval_ms = 200;  // the loop also runs at once after every submission or release
   bool sync_full = true;        // SQLite synchronous=FULL (FALSE: NORMAL, survives process crashes only)
   // A job that ended (succeeded, failed, cancelled) and has not changed for this long is removed,

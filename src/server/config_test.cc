@@ -35,7 +35,7 @@ preemption: {enabled: false, gracePeriodSeconds: 10}
 backfill: {reserveAfterSeconds: 120}
 heartbeat: {intervalSeconds: 2, timeoutSeconds: 10}
 hotspot: {temperatureC: 80, utilization: 0.99, memoryUsedFraction: 0.95, windowSeconds: 20, cooldownSeconds: 300, migrate: false}
-limits: {maxBodyBytes: 65536, maxJobsPerCycle: 100, maxPendingJobsPerTenant: 20, maxPendingTasksPerTenant: 200, maxTasksPerJob: 64}
+limits: {maxBodyBytes: 65536, maxJobsPerCycle: 100, maxPendingJobsPerTenant: 20, maxPendingTasksPerTenant: 200, maxTasksPerJob: 64, maxNodes: 7}
 store: {synchronous: normal, finishedJobRetentionSeconds: 3600}
 )");
   auto c = LoadServerConfig(path);
@@ -50,6 +50,7 @@ store: {synchronous: normal, finishedJobRetentionSeconds: 3600}
   EXPECT_EQ(c->max_pending_jobs_per_tenant, 20);
   EXPECT_EQ(c->max_pending_tasks_per_tenant, 200);
   EXPECT_EQ(c->max_tasks_per_job, 64);
+  EXPECT_EQ(c->max_nodes, 7);
   EXPECT_EQ(c->tenant_limits.at("vision").max_pending_jobs, 50);
   EXPECT_EQ(c->tenant_limits.at("vision").max_pending_tasks, 500);
   const QueueSpec& r = c->ordering.queues[0];
@@ -119,6 +120,7 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
       {"limits: {maxPendingJobsPerTenant: 0}\n", "limits.maxPendingJobsPerTenant: must be in [1, "},
       {"limits: {maxPendingTasksPerTenant: many}\n", "limits.maxPendingTasksPerTenant: must be an integer"},
       {"limits: {maxTasksPerJob: 1000000}\n", "limits.maxTasksPerJob: must be in [1, 100000]"},
+      {"limits: {maxNodes: 0}\n", "limits.maxNodes: must be in [1, 1000000]"},
       {"limits: {maxPendingJobs: 5}\n", "limits.maxPendingJobs: unknown key"},
       {"tenants: {vision: {maxPendingJobs: -1}}\n", "tenants.vision.maxPendingJobs: must be in [1, "},
       {"tenants: {vision: {maxJobs: 1}}\n", "tenants.vision.maxJobs: unknown key"},

@@ -110,6 +110,10 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
           "node '{}' is registered with a different inventory; a changed machine needs a new name",
           spec->name));
   } else {
+    if (nodes_.size() >= static_cast<size_t>(config_.max_nodes))
+      return Status::LimitExceeded(fmt::format(
+          "the pool knows {} node(s), the limit is {} (limits.maxNodes); node '{}' is not registered",
+          nodes_.size(), config_.max_nodes, spec->name));
     auto added = ledger_.AddNode(*spec);
     if (!added.ok()) return Status::InvalidArgument(added.status().message());
     n = *added;

@@ -488,6 +488,34 @@ TEST_F(ServiceTest, ReregistrationMustMatchTheInventory) {
             StatusCode::kInvalidArgument);
 }
 
+// Whoever holds the bootstrap token registers node names; the node table does not grow past
+// limits.maxNodes (what a leaked token could otherwise fill memory and the store with), and a
+// refused name leaves nothing behind. Known names still re-register.
+TEST_F(ServiceTest, NodeNamesPastTheLimitAreRefusedAndNothingIsStored) {
+  config_.max_nodes = 3;
+  Open();
+  const Principal bootstrap{"", Role::kAgent};
+  auto node = [](const std::string& name) {
+    return json{{"name", name}, {"cpu", "8"}, {"memory", "64Gi"}, {"gpus", json::array({{{"model", "A100-80GB"}}})}};
+  };
+  for (const char* name : {"n1", "n2", "n3"}) ASSERT_TRUE(service_->RegisterNode(bootstrap, node(name)).ok()) << name;
+  auto refused = service_->RegisterNode(bootstrap, node("n4"));
+  ASSERT_EQ(refused.status().code(), StatusCode::kLimitExceeded);
+  EXPECT_NE(refused.status().message().find("limits.maxNodes"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("'n4'"), std::string::npos);
+  EXPECT_EQ(service_->ListNodes()["items"].size(), 3u);
+  EXPECT_EQ(service_->GetNode("n4").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(service_->ListNodeCredentials()["items"].size(), 3u);
+  // An admin is bound by it too; a known name re-registers (an agent restart).
+  EXPECT_EQ(service_->RegisterNode(node("n5")).status().code(), StatusCode::kLimitExceeded);
+  EXPECT_TRUE(service_->RegisterNode(node("n2")).ok());
+  // After a restart the stored nodes count: still three, still full.
+  Open();
+  EXPECT_EQ(service_->ListNodes()["items"].size(), 3u);
+  EXPECT_EQ(service_->RegisterNode(bootstrap, node("n4")).status().code(), StatusCode::kLimitExceeded);
+  ExpectConsistent();
+}
+
 // ---- faults --------------------------------------------------------------------------------------
 
 std::vector<std::string> EventTypes(PoolService& s, const std::string& id) {
