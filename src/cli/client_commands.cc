@@ -795,6 +795,13 @@ int TaskLogs(const CommandOptions& options, const LogsOptions& logs, std::ostrea
         offset += static_cast<int64_t>(reply->body.size());
         continue;  // there may be more already
       }
+      if (reply->status == 200 && reply->log_size >= 0 && reply->log_size < offset) {
+        // The file is shorter than what was read: the agent rotated it (--log-max-bytes) and
+        // started a new one. Follow the new file from its start.
+        err << fmt::format("gpupool logs: the {} log was rotated; following the new file\n", stream) << std::flush;
+        offset = 0;
+        continue;
+      }
       if (!logs.follow) return kExitOk;
       // Nothing new: done once the task has finished (and everything it wrote was read).
       Answer job = Call(options, err, Method::kGet, JobPath(logs.job_id));

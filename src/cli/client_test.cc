@@ -711,6 +711,45 @@ int ClosedPort() {
   return port;
 }
 
+// `gpupool logs -f` across a rotation: the agent caps a log file (--log-max-bytes) and starts a
+// new one, so the file becomes shorter than what the follower has read (X-Log-Size < offset). The
+// follower starts the new file from its beginning instead of waiting past its end forever.
+TEST_F(ClientCommandTest, LogsFollowAcrossARotation) {
+  std::mutex mu;
+  int rotations_seen = 0, job_polls = 0;
+  std::string file = "aaaa\n";
+  bool rotated = false;
+  server_.On("GET", "/api/v1/jobs/j-1/tasks/0/logs", [&](const httplib::Request& req, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t offset = std::stoul(req.get_param_value("offset"));
+    if (!rotated && offset >= file.size()) {
+      // Everything of the first file was read; now it is rotated and the new one is shorter.
+      rotated = true;
+      file = "bb\n";
+      ++rotations_seen;
+    }
+    const size_t from = std::min(offset, file.size());
+    res.set_header("X-Log-Size", std::to_string(file.size()));
+    res.set_header("X-Log-Offset", std::to_string(from));
+    res.set_content(file.substr(from), "text/plain");
+  });
+  server_.On("GET", "/api/v1/jobs/j-1", [&](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(mu);
+    const bool done = ++job_polls > 5;
+    res.set_content(std::string(R"({"id": "j-1", "state": ")") + (done ? "succeeded" : "running") +
+                        R"(", "tasks": [{"index": 0, "state": ")" + (done ? "succeeded" : "running") + R"("}]})",
+                    "application/json");
+  });
+  LogsOptions logs;
+  logs.job_id = "j-1";
+  logs.follow = true;
+  logs.poll_ms = 1;
+  EXPECT_EQ(TaskLogs(Options(), logs, out_, err_), 0) << err_.str();
+  EXPECT_EQ(out_.str(), "aaaa\nbb\n");
+  EXPECT_NE(err_.str().find("rotated"), std::string::npos) << err_.str();
+  EXPECT_EQ(rotations_seen, 1);
+}
+
 TEST(UnreachableTest, ExitsWithFive) {
   const int port = ClosedPort();
   ASSERT_GT(port, 0);

@@ -79,6 +79,10 @@ class LogPump {
       for (int round = 0; round < 64; ++round) {  // a burst of output: keep reading, boundedly
         auto r = client_.Get(WithQuery(path_, {{"stream", s == 0 ? "stdout" : "stderr"},
                                                {"offset", std::to_string(offset_[s])}}));
+        if (r.ok() && r->status == 200 && r->body.empty() && r->log_size >= 0 && r->log_size < offset_[s]) {
+          offset_[s] = 0;  // rotated (the agent's --log-max-bytes): the new file from its start
+          continue;
+        }
         if (!r.ok() || r->status != 200 || r->body.empty()) break;
         (s == 0 ? out_ : err_) << r->body << std::flush;
         offset_[s] += static_cast<int64_t>(r->body.size());

@@ -382,6 +382,11 @@ Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path
     reply.status = res->status;
     reply.content_type = res->get_header_value("Content-Type");
     reply.body = std::move(res->body);
+    if (const std::string size = res->get_header_value("X-Log-Size"); !size.empty()) {
+      int64_t v = -1;
+      const auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), v);
+      if (ec == std::errc() && end == size.data() + size.size() && v >= 0) reply.log_size = v;
+    }
     if (!Trim(reply.body).empty()) {
       reply.json = nlohmann::ordered_json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
       reply.is_json = !reply.json.is_discarded();

@@ -105,6 +105,8 @@ struct HttpReply {
   std::string body;             // as received
   bool is_json = false;         // body parsed as JSON
   nlohmann::ordered_json json;  // the parsed body (keys in the server's order); null otherwise
+  // The size of the log file a task-log answer read from (its X-Log-Size header); -1 when absent.
+  int64_t log_size = -1;
 };
 
 using QueryParams = std::vector<std::pair<std::string, std::string>>;
