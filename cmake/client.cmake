@@ -4,7 +4,7 @@ add_library(gpupool_api_client
 )
 target_link_libraries(gpupool_api_client
   PUBLIC gpupool_common nlohmann_json::nlohmann_json
-  PRIVATE PkgConfig::HTTPLIB fmt::fmt
+  PRIVATE Boost::boost OpenSSL::SSL OpenSSL::Crypto Threads::Threads fmt::fmt
 )
 
 # ---- client: the `gpupool submit|get|list|cancel|events|nodes|queues|run` commands ----
@@ -14,10 +14,10 @@ add_library(gpupool_client
 )
 target_link_libraries(gpupool_client
   PUBLIC gpupool_common gpupool_api_client CLI11::CLI11
-  PRIVATE PkgConfig::HTTPLIB nlohmann_json::nlohmann_json yaml-cpp fmt::fmt
+  PRIVATE nlohmann_json::nlohmann_json yaml-cpp fmt::fmt
 )
 
 if(GPUPOOL_BUILD_TESTS)
-  gpupool_test(client_test src/cli/client_test.cc src/cli/run_command_test.cc)
-  target_link_libraries(client_test PRIVATE gpupool_client PkgConfig::HTTPLIB nlohmann_json::nlohmann_json)
+  gpupool_test(client_test src/cli/client_test.cc src/cli/run_command_test.cc src/client/api_client_test.cc)
+  target_link_libraries(client_test PRIVATE gpupool_client gpupool_http PkgConfig::HTTPLIB nlohmann_json::nlohmann_json)
 endif()

@@ -1,7 +1,17 @@
 #include "client/api_client.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include <cctype>
 #include <cerrno>
@@ -15,6 +25,12 @@
 #include <system_error>
 
 namespace gpupool {
+
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace net = boost::asio;
+namespace ssl = boost::asio::ssl;
+using tcp = boost::asio::ip::tcp;
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -314,7 +330,8 @@ Result<HttpReply> ApiClient::Delete(std::string_view path) const {
 void RequestInterrupter::Interrupt() {
   std::lock_guard<std::mutex> lock(mu_);
   interrupted_ = true;
-  if (current_ != nullptr) static_cast<httplib::Client*>(current_)->stop();
+  // io_context::stop is safe from any thread: the request's run() returns at once.
+  if (current_ != nullptr) static_cast<net::io_context*>(current_)->stop();
 }
 
 bool RequestInterrupter::interrupted() const {
@@ -327,13 +344,72 @@ Result<HttpReply> ApiClient::GetInterruptible(std::string_view path, RequestInte
   return Send("GET", path, {}, {}, &interrupt, read_timeout_s);
 }
 
+namespace {
+
+// The host as a resolver and a certificate check want it: an IPv6 literal without its brackets.
+std::string BareHost(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
+  return host;
+}
+
+// What went wrong, in words a user can act on.
+std::string Describe(const boost::system::error_code& ec, uint64_t max_reply_bytes) {
+  if (ec == beast::error::timeout) return "timed out";
+  if (ec == http::error::body_limit) return fmt::format("the answer is over {} bytes", max_reply_bytes);
+  if (ec == http::error::header_limit) return fmt::format("the answer's head is over {} bytes", kMaxReplyHeadBytes);
+  if (ec.category() == net::error::get_ssl_category()) {
+    std::string what = ec.message();
+    const long verify = static_cast<long>(ERR_GET_REASON(static_cast<unsigned long>(ec.value())));
+    if (verify == SSL_R_CERTIFICATE_VERIFY_FAILED) what = "the server's certificate could not be verified";
+    return "TLS: " + what;
+  }
+  return ec.message();
+}
+
+// One request and its answer over a fresh connection (the server closes it after answering).
+template <class Stream>
+net::awaitable<void> Exchange(Stream& stream, beast::tcp_stream& lowest, tcp::resolver& resolver,
+                              const std::string& host, const std::string& port, bool tls,
+                              std::chrono::seconds connect_timeout, std::chrono::seconds read_timeout,
+                              http::request<http::string_body>& req, http::response_parser<http::string_body>& parser,
+                              uint64_t max_reply_bytes, const char*& phase) {
+  boost::system::error_code ec;
+  const auto ip = net::ip::make_address(host, ec);
+  lowest.expires_after(connect_timeout);
+  phase = "connect";
+  if (!ec) {
+    co_await lowest.async_connect(tcp::endpoint(ip, static_cast<uint16_t>(std::stoi(port))), net::use_awaitable);
+  } else {
+    phase = "resolve";
+    const auto endpoints = co_await resolver.async_resolve(host, port, net::use_awaitable);
+    phase = "connect";
+    co_await lowest.async_connect(endpoints, net::use_awaitable);
+  }
+  lowest.socket().set_option(tcp::no_delay(true));
+  if (tls) {
+    phase = "TLS handshake";
+    if constexpr (!std::is_same_v<Stream, beast::tcp_stream>) co_await stream.async_handshake(ssl::stream_base::client, net::use_awaitable);
+  }
+  lowest.expires_after(read_timeout);
+  phase = "send";
+  co_await http::async_write(stream, req, net::use_awaitable);
+  phase = "answer";
+  beast::flat_buffer buffer;
+  co_await http::async_read_header(stream, buffer, parser, net::use_awaitable);
+  // The parser's own body limit is checked here too, before a byte of the body is read: a
+  // Content-Length over it is refused at once, not after the whole deadline.
+  if (const auto length = parser.content_length(); length && *length > max_reply_bytes)
+    throw boost::system::system_error(http::error::body_limit);
+  if (!parser.is_done()) co_await http::async_read(stream, buffer, parser, net::use_awaitable);
+}
+
+}  // namespace
+
 Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path, std::string_view body,
                                   std::string_view content_type, RequestInterrupter* interrupt,
                                   int read_timeout_s) const {
   try {
-    httplib::Client http = config_.client_cert_file.empty()
-                               ? httplib::Client(url_.Origin())
-                               : httplib::Client(url_.Origin(), config_.client_cert_file, config_.client_key_file);
+    net::io_context ioc(1);
     // Registered for the whole call; `interrupt` stops it from another thread.
     struct Registration {
       RequestInterrupter* r;
@@ -346,47 +422,141 @@ Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path
     if (interrupt != nullptr) {
       std::lock_guard<std::mutex> lock(interrupt->mu_);
       if (interrupt->interrupted_) return Status::IoError(fmt::format("{} {}: interrupted", method, path));
-      interrupt->current_ = &http;
+      interrupt->current_ = &ioc;
       registration.r = interrupt;
     }
-    http.set_tcp_nodelay(true);
-    http.set_connection_timeout(config_.connect_timeout_s);
-    http.set_read_timeout(read_timeout_s > 0 ? read_timeout_s : config_.read_timeout_s);
-    http.set_write_timeout(config_.read_timeout_s);
-    http.set_url_encode(false);  // paths and queries arrive escaped (PercentEncode)
-    http.set_keep_alive(false);
-    if (url_.scheme == "https") {
-      http.enable_server_certificate_verification(true);
-      if (!config_.ca_file.empty()) http.set_ca_cert_path(config_.ca_file.c_str());
-    }
+    const bool tls = url_.scheme == "https";
+    const std::string host = BareHost(url_.host);
+    const std::string port = std::to_string(url_.port);
 
-    httplib::Request req;
-    req.method = std::string(method);
-    req.path = url_.base_path + std::string(path);
-    req.set_header("Accept", "application/json");
-    req.set_header("User-Agent", "gpupool-cli");
-    if (!config_.token.empty()) req.set_header("Authorization", "Bearer " + config_.token);
+    http::request<http::string_body> req;
+    const http::verb verb = http::string_to_verb(beast::string_view(method.data(), method.size()));
+    if (verb == http::verb::unknown) return Status::InvalidArgument(fmt::format("unknown method '{}'", method));
+    req.method(verb);
+    req.target(url_.base_path + std::string(path));
+    req.version(11);
+    const bool default_port = url_.port == (tls ? 443 : 80);
+    req.set(http::field::host, default_port ? url_.host : url_.host + ":" + port);
+    req.set(http::field::accept, "application/json");
+    req.set(http::field::user_agent, "gpupool-cli");
+    req.set(http::field::connection, "close");
+    if (!config_.token.empty()) req.set(http::field::authorization, "Bearer " + config_.token);
     if (!body.empty()) {  // an empty POST (cancel, cordon, ...) carries no content type
-      req.body = std::string(body);
-      req.set_header("Content-Type", content_type.empty() ? "application/json" : std::string(content_type));
+      req.set(http::field::content_type, content_type.empty() ? "application/json" : std::string(content_type));
+      req.body() = std::string(body);
     }
+    req.prepare_payload();
 
-    httplib::Result res = http.send(req);
-    if (!res && interrupt != nullptr && interrupt->interrupted())
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(config_.max_reply_bytes);
+    parser.header_limit(kMaxReplyHeadBytes);
+
+    const auto connect_timeout = std::chrono::seconds(std::max(1, config_.connect_timeout_s));
+    const auto read_timeout = std::chrono::seconds(read_timeout_s > 0 ? read_timeout_s : std::max(1, config_.read_timeout_s));
+    tcp::resolver resolver(ioc);
+    const char* phase = "connect";
+    std::exception_ptr failure;
+    bool done = false;
+    auto finish = [&](std::exception_ptr e) {
+      failure = e;
+      done = true;
+    };
+    // Declared before the streams that use it, so that it outlives them.
+    std::optional<ssl::context> ctx;
+    std::optional<beast::tcp_stream> plain;
+    std::optional<beast::ssl_stream<beast::tcp_stream>> secure;
+    if (tls) {
+      ctx.emplace(ssl::context::tls_client);
+      ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                       ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+      // OpenSSL's own calls, not asio's wrappers: those report success when OpenSSL failed without
+      // queueing an error, and a CA file that is not there must never mean "no check".
+      SSL_CTX* native = ctx->native_handle();
+      auto openssl_error = [] {
+        const unsigned long e = ERR_get_error();
+        ERR_clear_error();
+        char text[256] = "no detail from OpenSSL";
+        if (e != 0) ERR_error_string_n(e, text, sizeof(text));
+        return std::string(text);
+      };
+      if (config_.ca_file.empty()) {
+        if (SSL_CTX_set_default_verify_paths(native) != 1)
+          return Status::InvalidArgument(fmt::format("the system's CA certificates: {}", openssl_error()));
+      } else {
+        if (!std::ifstream(config_.ca_file).good())
+          return Status::InvalidArgument(fmt::format("CA certificates '{}': cannot be read", config_.ca_file));
+        if (SSL_CTX_load_verify_locations(native, config_.ca_file.c_str(), nullptr) != 1)
+          return Status::InvalidArgument(fmt::format("CA certificates '{}': {}", config_.ca_file, openssl_error()));
+      }
+      if (!config_.client_cert_file.empty()) {
+        if (!std::ifstream(config_.client_cert_file).good())
+          return Status::InvalidArgument(
+              fmt::format("client certificate '{}': cannot be read", config_.client_cert_file));
+        if (SSL_CTX_use_certificate_chain_file(native, config_.client_cert_file.c_str()) != 1)
+          return Status::InvalidArgument(
+              fmt::format("client certificate '{}': {}", config_.client_cert_file, openssl_error()));
+        if (!std::ifstream(config_.client_key_file).good())
+          return Status::InvalidArgument(fmt::format("client key '{}': cannot be read", config_.client_key_file));
+        if (SSL_CTX_use_PrivateKey_file(native, config_.client_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+            SSL_CTX_check_private_key(native) != 1)
+          return Status::InvalidArgument(fmt::format("client key '{}': {}", config_.client_key_file, openssl_error()));
+      }
+      secure.emplace(ioc, *ctx);
+      secure->set_verify_mode(ssl::verify_peer);
+      secure->set_verify_callback(ssl::host_name_verification(host));
+      boost::system::error_code ip_ec;
+      (void)net::ip::make_address(host, ip_ec);
+      // SNI names a host, never an address (RFC 6066).
+      if (ip_ec && SSL_set_tlsext_host_name(secure->native_handle(), host.c_str()) != 1)
+        return Status::InvalidArgument(fmt::format("server name '{}' cannot be sent over TLS", host));
+      net::co_spawn(ioc,
+                    Exchange(*secure, beast::get_lowest_layer(*secure), resolver, host, port, true, connect_timeout,
+                             read_timeout, req, parser, config_.max_reply_bytes, phase),
+                    finish);
+    } else {
+      plain.emplace(ioc);
+      net::co_spawn(ioc, Exchange(*plain, *plain, resolver, host, port, false, connect_timeout, read_timeout, req, parser, config_.max_reply_bytes, phase),
+                    finish);
+    }
+    // The streams' own deadlines end every step; this bounds the name lookup too.
+    ioc.run_for(connect_timeout + read_timeout + std::chrono::seconds(1));
+    if (interrupt != nullptr && interrupt->interrupted())
       return Status::IoError(fmt::format("{} {}: interrupted", method, path));
-    if (!res) {
-      return Status::IoError(fmt::format("cannot reach the server at {} ({})", url_.ToString(),
-                                         httplib::to_string(res.error())));
+    if (!done) {
+      return Status::IoError(fmt::format("cannot reach the server at {} ({}: timed out)", url_.ToString(), phase));
     }
+    if (failure) {
+      std::string what;
+      try {
+        std::rethrow_exception(failure);
+      } catch (const boost::system::system_error& e) {
+        what = Describe(e.code(), config_.max_reply_bytes);
+        // Why the certificate was refused: an unknown issuer, another host's name, expired...
+        if (secure) {
+          const long verify = SSL_get_verify_result(secure->native_handle());
+          if (verify != X509_V_OK) what += fmt::format(" ({})", X509_verify_cert_error_string(verify));
+        }
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      return Status::IoError(fmt::format("cannot reach the server at {} ({}: {})", url_.ToString(), phase, what));
+    }
+    auto& res = parser.get();
     HttpReply reply;
-    reply.status = res->status;
-    reply.content_type = res->get_header_value("Content-Type");
-    reply.body = std::move(res->body);
-    if (const std::string size = res->get_header_value("X-Log-Size"); !size.empty()) {
+    reply.status = static_cast<int>(res.result_int());
+    reply.content_type = std::string(res[http::field::content_type]);
+    reply.body = std::move(res.body());
+    // A byte count header: a non-negative integer, else absent (-1).
+    auto byte_count = [&res](const char* name) -> int64_t {
+      auto it = res.find(name);
+      if (it == res.end()) return -1;
+      const std::string_view text(it->value().data(), it->value().size());
       int64_t v = -1;
-      const auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), v);
-      if (ec == std::errc() && end == size.data() + size.size() && v >= 0) reply.log_size = v;
-    }
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      return ec == std::errc() && end == text.data() + text.size() && v >= 0 ? v : -1;
+    };
+    reply.log_size = byte_count("X-Log-Size");
+    reply.log_offset = byte_count("X-Log-Offset");
     if (!Trim(reply.body).empty()) {
       reply.json = nlohmann::ordered_json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
       reply.is_json = !reply.json.is_discarded();

@@ -1,6 +1,6 @@
 // A small HTTP client for the gpupool REST API (docs/api.md): where the server is, which token to
 // send, one request per call, answers parsed as JSON, and the client exit codes of the contract.
-// cpp-httplib stays inside api_client.cc; nothing here throws.
+// Boost.Beast (and OpenSSL for https) stay inside api_client.cc; nothing here throws.
 #pragma once
 
 #include <functional>
@@ -47,6 +47,11 @@ struct ServerUrl {
 // own port (80, 443) when a scheme is given.
 Result<ServerUrl> ParseServerUrl(std::string_view text);
 
+// An answer may be at most this big (a page of jobs with their tasks is a few MiB); a bigger one
+// is an error, not an allocation a server chooses for the client.
+inline constexpr uint64_t kMaxReplyBytes = 64ull << 20;
+inline constexpr uint32_t kMaxReplyHeadBytes = 64u << 10;
+
 // Where to connect and what to authenticate with.
 struct ClientConfig {
   std::string server = std::string(kDefaultServer);
@@ -57,7 +62,8 @@ struct ClientConfig {
   // https to a server with tls.clientCA: the certificate (PEM) and key this client presents.
   std::string client_cert_file, client_key_file;
   int connect_timeout_s = 5;
-  int read_timeout_s = 30;
+  int read_timeout_s = 30;  // for sending the request and reading the whole answer
+  uint64_t max_reply_bytes = kMaxReplyBytes;  // a bigger answer is an error
   // Something the user should hear about how the config was found (printed to stderr), e.g.
   // kTokenOnCommandLineWarning.
   std::string warning;
@@ -107,6 +113,7 @@ struct HttpReply {
   nlohmann::ordered_json json;  // the parsed body (keys in the server's order); null otherwise
   // The size of the log file a task-log answer read from (its X-Log-Size header); -1 when absent.
   int64_t log_size = -1;
+  int64_t log_offset = -1;  // X-Log-Offset: where that answer's bytes start in the file
 };
 
 using QueryParams = std::vector<std::pair<std::string, std::string>>;
@@ -136,7 +143,7 @@ class RequestInterrupter {
   friend class ApiClient;
   mutable std::mutex mu_;
   bool interrupted_ = false;
-  void* current_ = nullptr;  // the httplib client of the request in flight
+  void* current_ = nullptr;  // the I/O context of the request in flight
 };
 
 class ApiClient {
