@@ -11,7 +11,7 @@ add_library(gpupool_agent
 )
 target_link_libraries(gpupool_agent
   PUBLIC gpupool_agent_gpu gpupool_agent_runtime gpupool_common nlohmann_json::nlohmann_json
-  PRIVATE gpupool_api_client gpupool_http PkgConfig::HTTPLIB fmt::fmt
+  PRIVATE gpupool_api_client gpupool_http fmt::fmt
 )
 
 if(GPUPOOL_BUILD_TESTS)

@@ -17,7 +17,7 @@ add_library(gpupool_server
 )
 target_link_libraries(gpupool_server
   PUBLIC gpupool_api gpupool_store gpupool_config gpupool_http nlohmann_json::nlohmann_json Threads::Threads
-  PRIVATE PkgConfig::HTTPLIB yaml-cpp OpenSSL::Crypto)
+  PRIVATE gpupool_api_client yaml-cpp OpenSSL::Crypto)
 
 if(GPUPOOL_BUILD_TESTS)
   gpupool_test(server_test

@@ -6,7 +6,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include <openssl/crypto.h>
 
