@@ -20,6 +20,9 @@ enum class OutputFormat { kTable, kJson, kYaml };
 struct CommandOptions {
   std::string server = "http://127.0.0.1:8470";
   std::string token;  // empty: no Authorization header
+  // https: the CA file, and the client certificate and key, as in ClientConfig
+  // ($GPUPOOL_CA_FILE, $GPUPOOL_CLIENT_CERT, $GPUPOOL_CLIENT_KEY).
+  std::string ca_file, client_cert_file, client_key_file;
   OutputFormat output = OutputFormat::kTable;
   // The clock for AGE columns; unset: the system clock.
   std::optional<std::chrono::system_clock::time_point> now;

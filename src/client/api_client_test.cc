@@ -16,6 +16,12 @@
 #include <string>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "cli/client_commands.h"
 #include "http/server.h"
 
 namespace gpupool {
@@ -59,6 +65,9 @@ class ApiClientTlsTest : public ::testing::Test {
     server_ = std::make_unique<http::Server>(o);
     server_->Get("/hello", [](const http::Request& req, http::Response& res) {
       res.set_content(R"({"hello":")" + req.get_header_value("authorization") + R"("})", "application/json");
+    });
+    server_->Get("/api/v1/queues", [](const http::Request&, http::Response& res) {
+      res.set_content(R"({"items": [{"name": "default", "weight": 1}]})", "application/json");
     });
     auto port = server_->Listen("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status().ToString();
@@ -149,6 +158,45 @@ TEST_F(ApiClientTlsTest, PresentsItsClientCertificateWhenTheServerAsksForOne) {
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(g.status().message().find("garbage.pem"), std::string::npos) << g.status().ToString();
+}
+
+// A client command (`gpupool queues`) with its exit code, as the binary runs it.
+int RunQueues(const std::string& server) {
+  CLI::App app{"gpupool"};
+  app.require_subcommand(1);
+  int exit = -1;
+  RegisterClientCommands(app, &exit);
+  const std::vector<std::string> args = {"gpupool", "queues", "--server", server, "-o", "json"};
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  std::streambuf* old_out = std::cout.rdbuf(out.rdbuf());
+  std::streambuf* old_err = std::cerr.rdbuf(err.rdbuf());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  return exit;
+}
+
+// The CLI's commands take the CA file and the client certificate from the environment, as
+// docs/cli.md says (they used to drop both: only `gpupool run` used them).
+TEST_F(ApiClientTlsTest, TheCommandsUseTheCaFileAndClientCertificateFromTheEnvironment) {
+  Start("server", true);
+  const std::string url = "https://127.0.0.1:" + std::to_string(port_);
+  ::unsetenv("GPUPOOL_CA_FILE");
+  ::unsetenv("GPUPOOL_CLIENT_CERT");
+  ::unsetenv("GPUPOOL_CLIENT_KEY");
+  EXPECT_EQ(RunQueues(url), kExitUnavailable);  // the system's CAs do not know the test CA
+  ::setenv("GPUPOOL_CA_FILE", (dir_ + "/ca.pem").c_str(), 1);
+  EXPECT_EQ(RunQueues(url), kExitUnavailable);  // the server asks for a client certificate
+  ::setenv("GPUPOOL_CLIENT_CERT", (dir_ + "/client.pem").c_str(), 1);
+  ::setenv("GPUPOOL_CLIENT_KEY", (dir_ + "/client.key").c_str(), 1);
+  EXPECT_EQ(RunQueues(url), kExitOk);
+  ::setenv("GPUPOOL_CA_FILE", (dir_ + "/absent.pem").c_str(), 1);
+  EXPECT_EQ(RunQueues(url), kExitUsage);  // a CA file that is not there: said, never "no check"
+  ::unsetenv("GPUPOOL_CA_FILE");
+  ::unsetenv("GPUPOOL_CLIENT_CERT");
+  ::unsetenv("GPUPOOL_CLIENT_KEY");
 }
 
 // A TCP server that answers each connection with `answer` (after reading the request head) and
