@@ -570,9 +570,11 @@ namespace {
 // callers that present `token`.
 class LogAgent {
  public:
-  LogAgent(std::string task_id, std::string text, std::string token)
+  // `honour_limit` false: a broken or hostile agent that sends the whole file whatever it is asked.
+  LogAgent(std::string task_id, std::string text, std::string token, bool honour_limit = true)
       : task_id_(std::move(task_id)), text_(std::move(text)), token_(std::move(token)) {
-    server_.Get(R"(/tasks/([^/]+)/logs/(stdout|stderr))", [this](const httplib::Request& req, httplib::Response& res) {
+    server_.Get(R"(/tasks/([^/]+)/logs/(stdout|stderr))", [this, honour_limit](const httplib::Request& req,
+                                                                             httplib::Response& res) {
       if (req.get_header_value("Authorization") != "Bearer " + token_) {
         res.status = 401;
         return;
@@ -582,7 +584,8 @@ class LogAgent {
         return;
       }
       const size_t offset = std::min(text_.size(), static_cast<size_t>(std::stoull(req.get_param_value("offset"))));
-      const size_t limit = static_cast<size_t>(std::stoull(req.get_param_value("limit")));
+      const size_t limit =
+          honour_limit ? static_cast<size_t>(std::stoull(req.get_param_value("limit"))) : text_.size();
       res.set_header("X-Log-Size", std::to_string(text_.size()));
       res.set_content(text_.substr(offset, limit), "text/plain");
     });
@@ -663,6 +666,29 @@ TEST_F(HttpApiTest, TaskLogsAreReadFromTheAgentOfTheNodeTheTaskRanOn) {
   r = Get(logs);
   EXPECT_TRUE(IsError(r, 502, "BadGateway"));
   EXPECT_NE(r.raw.find("n1"), std::string::npos) << r.raw;
+}
+
+// A node's agent answers a log read with more than the chunk the server asked for (here the
+// whole 6 MiB file): the server refuses the answer once it passes the chunk, and says so (502),
+// rather than reading whatever a node sends into memory.
+TEST_F(HttpApiTest, AnAgentThatAnswersMoreThanTheChunkAskedForIsRefused) {
+  constexpr char kLogToken[] = "00112233445566778899aabbccddeeff";
+  const std::string job = Submit(OneTaskJson("r", R"({"cpu": "1", "memory": "1Gi", "gpu": 0.5})"), kVisionToken);
+  LogAgent agent(job + ".0", std::string(6 << 20, 'x'), kLogToken, /*honour_limit=*/false);
+  json node = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"}, {"gpus", {{{"index", 0}, {"model", "A100-80GB"}}}}};
+  node["agent"] = {{"endpoint", agent.endpoint()}, {"logToken", kLogToken}};
+  Reply reg = Post("/api/v1/agent/register", node.dump(), kAgentToken);
+  ASSERT_EQ(reg.status, 200) << reg.raw;
+  creds_["n1"] = reg.body["credential"];
+  service_->RunCycle();
+  ASSERT_EQ(State(job), "running");
+  Report(job, 0, "running");
+  const std::string logs = "/api/v1/jobs/" + job + "/tasks/0/logs";
+  Reply r = Get(logs + "?limit=1024", kVisionToken);
+  EXPECT_TRUE(IsError(r, 502, "BadGateway")) << r.raw.substr(0, 300);
+  EXPECT_NE(r.raw.find("the answer is over"), std::string::npos) << r.raw.substr(0, 300);
+  // The server goes on serving.
+  EXPECT_EQ(Get("/api/v1/jobs/" + job, kVisionToken).status, 200);
 }
 
 // The store's disk guard: below store.minFreeBytes new work gets 507 with the path, the free bytes
