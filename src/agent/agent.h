@@ -144,6 +144,9 @@ class Agent {
   // when none does. REQUIRES: mu_ held.
   bool Adopt(LocalTask& t);
   void PollTasks();
+  // Frees what a task the server no longer lists left behind once its end is reported (its MPS
+  // use, runtime state, placement record); the caller drops it from tasks_. REQUIRES: mu_ held.
+  void Forget(const std::string& id, LocalTask& t);
   void Report(LocalTask& t);
   Result<Runtime*> RuntimeFor(const Assignment& a);
   // Real GPUs, isolation mps: makes sure each of the task's GPUs has its MPS control daemon, with

@@ -129,13 +129,17 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
       continue;
     }
     if (t.exited && t.final_reported) {
-      ReleaseMps(t);
-      if (t.runtime != nullptr && t.runtime->Remove(it->first).ok()) RemovePlacementRun(options_.state_dir, it->first);
+      Forget(it->first, t);
       it = tasks_.erase(it);
       continue;
     }
     ++it;
   }
+}
+
+void Agent::Forget(const std::string& id, LocalTask& t) {
+  ReleaseMps(t);
+  if (t.runtime != nullptr && t.runtime->Remove(id).ok()) RemovePlacementRun(options_.state_dir, id);
 }
 
 // REQUIRES: mu_ held.
@@ -327,6 +331,12 @@ void Agent::PollTasks() {
     if (it == tasks_.end()) return;
     if (report["state"] != "running") {
       it->second.final_reported = true;
+      // Already gone from the server's list (the list came while the report was on its way):
+      // no later list would name it again, so it is forgotten now rather than on the next one.
+      if (!it->second.in_assignments) {
+        Forget(id, it->second);
+        tasks_.erase(it);
+      }
     } else {
       it->second.running_reported = true;
     }

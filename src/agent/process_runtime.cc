@@ -31,7 +31,11 @@ class ProcessRuntime final : public SupervisedRuntime {
       else
         ++it;
     }
+    PruneCgroups(cgroups_, TaskIds(), false);
   }
+  // Every empty group goes, also an ended task's that no Remove has freed yet (its Cleanup, by a
+  // successor, finds nothing to do); a running task's group holds its processes and stays.
+  ~ProcessRuntime() override { PruneCgroups(cgroups_, {}, true); }
 
   std::string name() const override { return "process"; }
   std::string limits_note() const override { return cgroups_.note; }
@@ -88,6 +92,13 @@ class ProcessRuntime final : public SupervisedRuntime {
 
   Status Cleanup(TaskRecord& rec) override { return RemoveCgroupDirs(rec.cgroup_dirs); }
 
+  // REQUIRES: mu_ held, or the constructor.
+  std::set<std::string> TaskIds() const {
+    std::set<std::string> ids;
+    for (const auto& entry : tasks_) ids.insert(entry.first);
+    return ids;
+  }
+
  private:
   CgroupLayout cgroups_;
 };
@@ -102,7 +113,7 @@ Result<std::unique_ptr<Runtime>> MakeProcessRuntime(const RuntimeOptions& option
   char buf[PATH_MAX];
   if (::realpath(options.state_dir.c_str(), buf) != nullptr) state_dir = buf;
   std::unique_ptr<Runtime> rt =
-      std::make_unique<ProcessRuntime>(state_dir, options, agent_internal::DetectCgroups(options.cgroup_root));
+      std::make_unique<ProcessRuntime>(state_dir, options, agent_internal::DetectCgroups(options.cgroup_root, agent_internal::CgroupScope(state_dir)));
   return rt;
 }
 

@@ -22,7 +22,8 @@ namespace gpupool {
 
 namespace agent_internal {
 
-Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs) {
+Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs,
+                                   const std::string& cgroup_parent) {
   using nlohmann::json;
   if (spec.argv.empty()) return Status::InvalidArgument(fmt::format("task {}: argv is empty", spec.id));
   json env = json::array();
@@ -108,7 +109,7 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
       // networking (no CNI), and GPU jobs talk to each other (NCCL, RDMA) over the host's NICs.
       {"namespaces",
        json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}}})},
-      {"cgroupsPath", "/gpupool/" + spec.id},
+      {"cgroupsPath", cgroup_parent + "/" + spec.id},
       {"resources", resources},
       {"devices", devices},
       {"maskedPaths",
@@ -172,7 +173,7 @@ class RuncRuntime final : public SupervisedRuntime {
       struct stat st;
       if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
         return Status::InvalidArgument(fmt::format("task {}: rootfs {} is not a directory", spec.id, spec.rootfs));
-      ASSIGN_OR_RETURN(std::string config, BuildOciConfig(spec, AbsolutePath(spec.rootfs)));
+      ASSIGN_OR_RETURN(std::string config, BuildOciConfig(spec, AbsolutePath(spec.rootfs), "/gpupool/" + CgroupScope(state_dir_)));
       RETURN_IF_ERROR(PrepareTaskDir(spec.id));
       generated = TaskDir(spec.id) + "/bundle";
       RETURN_IF_ERROR(MakeDirs(generated));

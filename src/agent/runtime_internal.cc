@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <thread>
 #include <tuple>
 
@@ -63,7 +64,7 @@ bool WritableDir(const std::string& path) {
 
 // v2: the hierarchy at `mount` must offer cpu and memory, let us create gpupool/ and enable both
 // controllers for its children.
-bool TryV2(const std::string& mount, CgroupLayout* layout, std::string* why) {
+bool TryV2(const std::string& mount, const std::string& scope, CgroupLayout* layout, std::string* why) {
   auto controllers = ReadFile(mount + "/cgroup.controllers");
   if (!controllers.ok()) {
     *why += fmt::format("{}: not a cgroup v2 hierarchy; ", mount);
@@ -85,19 +86,25 @@ bool TryV2(const std::string& mount, CgroupLayout* layout, std::string* why) {
     *why += fmt::format("{}: cannot create gpupool/ ({}); ", mount, ErrnoText(errno));
     return false;
   }
-  Status s1 = WriteControlFile(mount + "/cgroup.subtree_control", "+cpu +memory");
-  Status s2 = WriteControlFile(base + "/cgroup.subtree_control", "+cpu +memory");
-  if (!s1.ok() || !s2.ok()) {
-    *why += fmt::format("{}: cannot enable cpu and memory: {}; ", mount,
-                        (!s1.ok() ? s1 : s2).message());
+  const std::string scoped = base + "/" + scope;
+  if (::mkdir(scoped.c_str(), 0755) != 0 && errno != EEXIST) {
+    *why += fmt::format("{}: cannot create gpupool/{} ({}); ", mount, scope, ErrnoText(errno));
+    return false;
+  }
+  // Each level hands cpu and memory down to the next: mount -> gpupool -> scope -> task.
+  Status st = WriteControlFile(mount + "/cgroup.subtree_control", "+cpu +memory");
+  if (st.ok()) st = WriteControlFile(base + "/cgroup.subtree_control", "+cpu +memory");
+  if (st.ok()) st = WriteControlFile(scoped + "/cgroup.subtree_control", "+cpu +memory");
+  if (!st.ok()) {
+    *why += fmt::format("{}: cannot enable cpu and memory: {}; ", mount, st.message());
     return false;
   }
   layout->kind = CgroupLayout::Kind::kV2;
-  layout->v2_base = base;
+  layout->v2_base = scoped;
   return true;
 }
 
-bool TryV1(const std::string& root, CgroupLayout* layout, std::string* why) {
+bool TryV1(const std::string& root, const std::string& scope, CgroupLayout* layout, std::string* why) {
   std::string cpu = root + "/cpu";
   std::string mem = root + "/memory";
   if (!PathExists(cpu + "/cpu.cfs_quota_us") || !PathExists(mem + "/memory.limit_in_bytes")) {
@@ -108,15 +115,16 @@ bool TryV1(const std::string& root, CgroupLayout* layout, std::string* why) {
     *why += fmt::format("{}: cgroup v1 cpu/memory not writable; ", root);
     return false;
   }
-  for (const std::string& dir : {cpu + "/gpupool", mem + "/gpupool"}) {
+  for (const std::string& dir : {cpu + "/gpupool", mem + "/gpupool", cpu + "/gpupool/" + scope,
+                                 mem + "/gpupool/" + scope}) {
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
       *why += fmt::format("cannot create {} ({}); ", dir, ErrnoText(errno));
       return false;
     }
   }
   layout->kind = CgroupLayout::Kind::kV1;
-  layout->v1_cpu_base = cpu + "/gpupool";
-  layout->v1_mem_base = mem + "/gpupool";
+  layout->v1_cpu_base = cpu + "/gpupool/" + scope;
+  layout->v1_mem_base = mem + "/gpupool/" + scope;
   return true;
 }
 
@@ -304,7 +312,17 @@ bool ProcessAlive(pid_t pid, uint64_t start_time) {
 
 // ---- cgroups -----------------------------------------------------------------------------------
 
-CgroupLayout DetectCgroups(const std::string& root) {
+std::string CgroupScope(const std::string& state_dir_abs) {
+  // FNV-1a, 64 bits: stable across builds and hosts (std::hash is neither promised).
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : state_dir_abs) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return fmt::format("agent-{:016x}", h);
+}
+
+CgroupLayout DetectCgroups(const std::string& root, const std::string& scope) {
   CgroupLayout layout;
   if (root == "none") {
     layout.note = "cgroup limits turned off (cgroup_root=none); tasks run without CPU/memory limits";
@@ -312,9 +330,9 @@ CgroupLayout DetectCgroups(const std::string& root) {
   }
   std::string why;
   std::string base = root.empty() ? "/sys/fs/cgroup" : root;
-  if (TryV2(base, &layout, &why)) return layout;
-  if (root.empty() && TryV2(base + "/unified", &layout, &why)) return layout;
-  if (TryV1(base, &layout, &why)) return layout;
+  if (TryV2(base, scope, &layout, &why)) return layout;
+  if (root.empty() && TryV2(base + "/unified", scope, &layout, &why)) return layout;
+  if (TryV1(base, scope, &layout, &why)) return layout;
   if (!why.empty() && why.size() >= 2) why.resize(why.size() - 2);
   layout.note = fmt::format("no writable cgroup, tasks run without CPU/memory limits ({})", why);
   return layout;
@@ -357,6 +375,21 @@ Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, c
     return st.WithContext(fmt::format("setting the limits of task {}", id));
   }
   return dirs;
+}
+
+void PruneCgroups(const CgroupLayout& layout, const std::set<std::string>& keep, bool and_scope) {
+  std::vector<std::string> bases;
+  if (layout.kind == CgroupLayout::Kind::kV2) bases = {layout.v2_base};
+  if (layout.kind == CgroupLayout::Kind::kV1) bases = {layout.v1_cpu_base, layout.v1_mem_base};
+  for (const std::string& base : bases) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
+      std::error_code type_ec;
+      if (!entry.is_directory(type_ec) || keep.count(entry.path().filename().string()) != 0) continue;
+      (void)::rmdir(entry.path().c_str());  // EBUSY while it holds a process or a child group
+    }
+    if (and_scope) (void)::rmdir(base.c_str());  // only once empty
+  }
 }
 
 Status RemoveCgroupDirs(const std::vector<std::string>& dirs) {

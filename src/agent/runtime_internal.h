@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,20 +88,31 @@ bool ProcessAlive(pid_t pid, uint64_t start_time);
 // ---- cgroups -----------------------------------------------------------------------------------
 struct CgroupLayout {
   enum class Kind { kNone, kV1, kV2 } kind = Kind::kNone;
-  std::string v2_base;      // <unified>/gpupool
-  std::string v1_cpu_base;  // <cpu>/gpupool
-  std::string v1_mem_base;  // <memory>/gpupool
+  std::string v2_base;      // <unified>/gpupool/<scope>
+  std::string v1_cpu_base;  // <cpu>/gpupool/<scope>
+  std::string v1_mem_base;  // <memory>/gpupool/<scope>
   std::string note;         // why there are no limits, when kind == kNone
 };
+// The agent's own cgroup directory under gpupool/: "agent-" and 16 hex digits of a hash of the
+// runtime's absolute state directory. Run names (<jobId>.<index>) repeat across pools, so two
+// agents on one host (two pools, or a test beside a real agent) must not share a task's group:
+// one's cleanup would kill the other's task, and a task would run under the other's limits.
+std::string CgroupScope(const std::string& state_dir_abs);
 // `root`: "" auto-detects under /sys/fs/cgroup (v2 unified, /sys/fs/cgroup/unified in hybrid mode,
 // or v1 cpu+memory); "none" turns limits off; another path is a cgroup mount root probed the same
 // way (a v2 hierarchy itself, or a directory holding v1 `cpu` and `memory` hierarchies).
-CgroupLayout DetectCgroups(const std::string& root);
+// The groups go under gpupool/<scope>/ (see CgroupScope).
+CgroupLayout DetectCgroups(const std::string& root, const std::string& scope);
 // Creates the task's groups and writes its limits; returns the created directories.
 Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, const std::string& id,
                                                    int64_t cpu_milli, int64_t memory_bytes);
 // Kills what is left in the groups and removes them.
 Status RemoveCgroupDirs(const std::vector<std::string>& dirs);
+// Removes the empty task groups in the layout's scope not named in `keep` (what an agent killed
+// between a task's end and its cleanup left behind), and with `and_scope` the scope itself if that
+// left it empty (the runtime is going away). A group that still holds a process is left alone:
+// the kernel refuses to remove it.
+void PruneCgroups(const CgroupLayout& layout, const std::set<std::string>& keep, bool and_scope);
 
 // ---- the supervisor ------------------------------------------------------------------------------
 struct SpawnResult;
@@ -234,6 +246,8 @@ class SupervisedRuntime : public Runtime {
 };
 
 // Exposed for tests: the OCI config.json the runc runtime writes for a spec around `rootfs`.
-Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs);
+// `cgroup_parent`: where runc puts the task's group, "/gpupool/<scope>" (see CgroupScope).
+Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs,
+                                   const std::string& cgroup_parent);
 
 }  // namespace gpupool::agent_internal

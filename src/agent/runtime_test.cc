@@ -1,5 +1,6 @@
 // Tests of the task runtimes. They start real processes; the runc tests also start containers
 // around a busybox root filesystem built here, and skip only when runc or /bin/busybox is absent.
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -470,9 +471,12 @@ TEST(ProcessRuntime, CpuAndMemoryLimitsLandInTheTasksCgroup) {
   std::string mem = CgroupPathOf(cg, "memory");
   std::string cpu = CgroupPathOf(cg, "cpu");
   std::vector<std::string> dirs_to_check;
+  char real[PATH_MAX];
+  ASSERT_NE(::realpath(dir.path().c_str(), real), nullptr);
+  const std::string group = "/gpupool/" + agent_internal::CgroupScope(real) + "/" + id;
   if (!mem.empty() && !cpu.empty() && mem != "/" && cpu != "/") {  // v1
-    EXPECT_EQ(mem, "/gpupool/" + id) << cg;
-    EXPECT_EQ(cpu, "/gpupool/" + id) << cg;
+    EXPECT_EQ(mem, group) << cg;
+    EXPECT_EQ(cpu, group) << cg;
     std::string mem_dir = "/sys/fs/cgroup/memory" + mem;
     std::string cpu_dir = "/sys/fs/cgroup/cpu" + cpu;
     EXPECT_EQ(ReadText(mem_dir + "/memory.limit_in_bytes"), std::to_string(64 << 20) + "\n");
@@ -480,7 +484,7 @@ TEST(ProcessRuntime, CpuAndMemoryLimitsLandInTheTasksCgroup) {
     EXPECT_EQ(ReadText(cpu_dir + "/cpu.cfs_period_us"), "100000\n");
     dirs_to_check = {mem_dir, cpu_dir};
   } else {  // v2, at /sys/fs/cgroup or /sys/fs/cgroup/unified
-    EXPECT_EQ(v2, "/gpupool/" + id) << cg;
+    EXPECT_EQ(v2, group) << cg;
     std::string base = agent_internal::PathExists("/sys/fs/cgroup" + v2 + "/memory.max") ? "/sys/fs/cgroup"
                                                                                          : "/sys/fs/cgroup/unified";
     EXPECT_EQ(ReadText(base + v2 + "/memory.max"), std::to_string(64 << 20) + "\n");
@@ -489,6 +493,70 @@ TEST(ProcessRuntime, CpuAndMemoryLimitsLandInTheTasksCgroup) {
   }
   ASSERT_TRUE(rt->Remove(id).ok());
   for (const auto& d : dirs_to_check) EXPECT_FALSE(agent_internal::PathExists(d)) << d;
+}
+
+// Run names repeat across pools (every pool's first job is j-000000000001): two agents on one host
+// (two pools, or a test run beside a real agent) start a task of the same name. Each agent's
+// groups live under its own directory, so one agent's cleanup does not kill the other's task.
+TEST(ProcessRuntime, TwoAgentsOnOneHostKeepTasksOfTheSameNameApart) {
+  TempDir a_dir;
+  TempDir b_dir;
+  auto a = MakeProcess(a_dir.path(), "");
+  auto b = MakeProcess(b_dir.path(), "");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  if (!a->limits_note().empty()) GTEST_SKIP() << a->limits_note();
+  const std::string id = UniqueId("same-name");
+  LaunchSpec sleeper = Spec(id, {"sleep", "30"});
+  sleeper.memory_bytes = 64 << 20;
+  ASSERT_TRUE(a->Start(sleeper).ok());
+  LaunchSpec quick = Spec(id, {"true"});
+  quick.memory_bytes = 32 << 20;
+  ASSERT_TRUE(b->Start(quick).ok());
+  EXPECT_EQ(WaitDone(*b, id).exit_code, 0);
+  ASSERT_TRUE(b->Remove(id).ok());
+  // B's cleanup left A's task alone.
+  std::this_thread::sleep_for(200ms);
+  auto st = a->Poll(id);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->state, RunState::kRunning) << "exit " << st->exit_code << " signal " << st->term_signal << ": "
+                                           << st->message;
+  ASSERT_TRUE(a->Stop(id, 0s).ok());
+  WaitDone(*a, id);
+  ASSERT_TRUE(a->Remove(id).ok());
+}
+
+// An agent killed between a task's end and its cleanup leaves an empty group behind: its successor
+// removes it, and a runtime that goes away takes its own (empty) directory with it.
+TEST(ProcessRuntime, LeftoverGroupsAndTheAgentsDirectoryAreRemoved) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path(), "");
+  ASSERT_NE(rt, nullptr);
+  if (!rt->limits_note().empty()) GTEST_SKIP() << rt->limits_note();
+  const std::string id = UniqueId("prune");
+  LaunchSpec spec = Spec(id, {"cat", "/proc/self/cgroup"});
+  spec.memory_bytes = 64 << 20;
+  ASSERT_TRUE(rt->Start(spec).ok());
+  EXPECT_EQ(WaitDone(*rt, id).exit_code, 0);
+  const std::string cg = ReadText(rt->StdoutPath(id));
+  std::string group = CgroupPathOf(cg, "memory");
+  std::string mount = "/sys/fs/cgroup/memory";
+  if (group.empty() || group == "/") {
+    group = CgroupPathOf(cg, "");
+    mount = agent_internal::PathExists("/sys/fs/cgroup" + group) ? "/sys/fs/cgroup" : "/sys/fs/cgroup/unified";
+  }
+  const std::string scope = mount + group.substr(0, group.rfind('/'));
+  ASSERT_TRUE(agent_internal::PathExists(scope)) << scope;
+  ASSERT_TRUE(rt->Remove(id).ok());
+  const std::string stray = scope + "/" + UniqueId("stray");
+  ASSERT_EQ(::mkdir(stray.c_str(), 0755), 0) << stray;
+  auto next = MakeProcess(dir.path(), "");
+  ASSERT_NE(next, nullptr);
+  EXPECT_FALSE(agent_internal::PathExists(stray)) << "the successor left " << stray;
+  EXPECT_TRUE(agent_internal::PathExists(scope));
+  rt.reset();
+  next.reset();
+  EXPECT_FALSE(agent_internal::PathExists(scope)) << scope;
 }
 
 // ---- runc runtime ---------------------------------------------------------------------------------
@@ -516,7 +584,7 @@ TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {
   spec.memory_bytes = 1 << 30;
   spec.devices = {"/dev/null", "/dev/gpupool-no-such-gpu"};
   spec.readonly_binds = {"/usr/lib", "/nonexistent/lib"};
-  auto text = agent_internal::BuildOciConfig(spec, "/srv/rootfs");
+  auto text = agent_internal::BuildOciConfig(spec, "/srv/rootfs", "/gpupool/agent-0123456789abcdef");
   ASSERT_TRUE(text.ok()) << text.status().ToString();
   auto j = nlohmann::json::parse(*text);
   EXPECT_EQ(j["ociVersion"], "1.0.2");
@@ -527,7 +595,7 @@ TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {
   EXPECT_EQ(j["process"]["cwd"], "/");
   EXPECT_EQ(j["process"]["terminal"], false);
   EXPECT_EQ(j["process"]["user"]["uid"], 0);
-  EXPECT_EQ(j["linux"]["cgroupsPath"], "/gpupool/cfg");
+  EXPECT_EQ(j["linux"]["cgroupsPath"], "/gpupool/agent-0123456789abcdef/cfg");
   EXPECT_EQ(j["linux"]["resources"]["cpu"]["quota"], 150000);
   EXPECT_EQ(j["linux"]["resources"]["cpu"]["period"], 100000);
   EXPECT_EQ(j["linux"]["resources"]["memory"]["limit"], int64_t{1} << 30);
@@ -558,7 +626,7 @@ TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {
   EXPECT_FALSE(j["linux"]["readonlyPaths"].empty());
 
   spec.env = {{"BAD=NAME", "x"}};
-  EXPECT_EQ(agent_internal::BuildOciConfig(spec, "/srv/rootfs").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(agent_internal::BuildOciConfig(spec, "/srv/rootfs", "/gpupool/agent-0123456789abcdef").status().code(), StatusCode::kInvalidArgument);
 }
 
 class RuncTest : public ::testing::Test {

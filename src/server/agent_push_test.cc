@@ -90,6 +90,11 @@ class AgentPushTest : public ::testing::Test {
     auto r = service_->GetJob(Principal{"", Role::kAdmin}, id);
     return r.ok() ? r->value("state", "?") : "?";
   }
+  // The whole job, for a failure's message: its state alone does not say why.
+  std::string Job(const std::string& id) {
+    auto r = service_->GetJob(Principal{"", Role::kAdmin}, id);
+    return r.ok() ? r->dump() : r.status().ToString();
+  }
   bool WaitForState(const std::string& id, const std::string& want, std::chrono::seconds timeout) {
     const auto end = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < end) {
@@ -112,7 +117,7 @@ TEST_F(AgentPushTest, APushedTaskStartsAndItsEndIsReportedWithoutPollsOrHeartbea
   ASSERT_NO_FATAL_FAILURE(StartAgent([](AgentOptions&) {}));
   for (int i = 0; i < 3; ++i) {
     const std::string id = Submit(R"(["true"])");
-    EXPECT_TRUE(WaitForState(id, "succeeded", 20s)) << id << " is " << State(id);
+    EXPECT_TRUE(WaitForState(id, "succeeded", 20s)) << Job(id);
   }
   // A cancel is pushed too: the running task is stopped and its end reported.
   const std::string long_one = Submit(R"(["sleep", "600"])");
@@ -131,7 +136,7 @@ TEST_F(AgentPushTest, AnAgentWithoutTheWatchPollsAsBefore) {
     o.poll_seconds = 0.05;
   }));
   const std::string id = Submit(R"(["true"])");
-  EXPECT_TRUE(WaitForState(id, "succeeded", 20s)) << State(id);
+  EXPECT_TRUE(WaitForState(id, "succeeded", 20s)) << Job(id);
 }
 
 // What a node keeps of a task ends with the task: once its end is reported and the task is gone
