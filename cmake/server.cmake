@@ -23,6 +23,7 @@ if(GPUPOOL_BUILD_TESTS)
   gpupool_test(server_test
     src/server/config_test.cc
     src/server/service_test.cc
+    src/server/service_property_test.cc
     src/server/http_api_test.cc
     src/server/admission_test.cc
     src/server/e2e_test.cc

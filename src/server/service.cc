@@ -143,6 +143,9 @@ void PoolService::PutTaskOp(const JobState& j, int index, WriteBatch& batch) {
   r.restarts = ts.restarts;
   r.updated_ms = ts.updated_ms;
   r.run_id = ts.run_id;
+  r.message = ts.end_message;
+  r.stop_reason = ts.stop_reason;
+  if (ts.phase == TaskPhase::kStopping) r.stop_outcome = std::string(TaskPhaseName(ts.stop_outcome));
   batch.Add(PutTask{r});
 }
 
@@ -407,20 +410,16 @@ void PoolService::CheckNodes(WriteBatch& batch) {
         const TaskPhase outcome = ts.phase == TaskPhase::kStopping ? ts.stop_outcome : TaskPhase::kPreempted;
         ReleaseTask(*j, static_cast<int>(i));
         SetTaskPhase(*j, ts, outcome);
-        if (outcome == TaskPhase::kPreempted && ts.stop_reason.empty()) ts.stop_reason = reason;
+        // A running job restarts because of this loss: it is the reason its requeue shows.
+        if (outcome == TaskPhase::kPreempted && (ts.stop_reason.empty() || j->phase == JobPhase::kRunning))
+          ts.stop_reason = reason;
         ts.updated_ms = now;
         PutTaskOp(*j, static_cast<int>(i), batch);
         released.push_back(static_cast<int>(i));
       }
       Event(job_id, "NodeLost", fmt::format("{}; task(s) {} released", reason, fmt::join(released, ", ")),
             batch);
-      if (j->phase == JobPhase::kRunning) {
-        for (int i : released) {
-          if (j->tasks[static_cast<size_t>(i)].phase == TaskPhase::kPreempted)
-            j->tasks[static_cast<size_t>(i)].stop_reason = reason;
-        }
-        FaultJob(*j, "node_lost", reason, batch);
-      }
+      if (j->phase == JobPhase::kRunning) FaultJob(*j, "node_lost", reason, batch);
       AfterTaskEnded(*j, batch);
     }
   }

@@ -396,7 +396,13 @@ Result<PoolService::TaskReport> PoolService::ParseTaskReport(const std::string& 
       exit_code = static_cast<int>(it.value().get<int64_t>());
     } else if (k == "message") {
       if (!it.value().is_string()) return Status::InvalidArgument("message: must be a string");
-      message = it.value().get<std::string>().substr(0, 4096);
+      message = it.value().get<std::string>();
+      if (message.size() > 4096) {
+        // Cut on a character boundary: a continuation byte never starts the cut-off part.
+        size_t cut = 4096;
+        while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+        message.resize(cut);
+      }
     } else if (k == "restarts") {
       if (!InIntRange(it.value(), 0, std::numeric_limits<int>::max()))
         return Status::InvalidArgument("restarts: must be a non-negative integer");

@@ -154,6 +154,8 @@ Status PoolService::Recover() {
     ts.run_id = r.run_id;
     ts.updated_ms = r.updated_ms;
     ts.last_node = r.node;
+    ts.end_message = r.message;
+    ts.stop_reason = r.stop_reason;
     if (IsLive(ts.phase)) {
       json pj = json::parse(r.placement_json, nullptr, false);
       if (pj.is_discarded())
@@ -170,11 +172,18 @@ Status PoolService::Recover() {
       usage_[{j->rec.tenant, j->rec.queue}] +=
           TaskDemand(j->job.groups[static_cast<size_t>(ts.group)].request);
       if (ts.phase == TaskPhase::kStopping) {
-        // The reason and the deadline were not stored: give the agent a fresh grace period.
+        // The deadline is not stored: the agent gets a fresh grace period (the server was away).
         ts.stop_deadline_ms =
             now + 1000LL * (config_.grace_period_seconds + config_.heartbeat_timeout_seconds);
-        ts.stop_outcome = j->phase == JobPhase::kCancelled ? TaskPhase::kCancelled : TaskPhase::kPreempted;
-        ts.stop_reason = "stop in progress at restart";
+        const auto outcome = ParseTaskPhase(r.stop_outcome);
+        if (outcome == TaskPhase::kCancelled || outcome == TaskPhase::kPreempted) {
+          ts.stop_outcome = *outcome;
+        } else {
+          // A store written before outcomes were kept: an ended job's tasks are cancelled (a cancel
+          // or a failure stopped them), a live job's are preempted (it runs again).
+          ts.stop_outcome = IsTerminal(j->phase) ? TaskPhase::kCancelled : TaskPhase::kPreempted;
+        }
+        if (ts.stop_reason.empty()) ts.stop_reason = "stop in progress at restart";
         stopping_jobs_.insert(r.job_id);
       }
     }

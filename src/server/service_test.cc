@@ -464,6 +464,35 @@ TEST_F(ServiceTest, RestartRecoversQueuesAllocationsAndTasksExactly) {
   EXPECT_EQ(Submit(kAdmin, "name: d\ntasks: [{name: w, resources: {cpu: 1}}]\n"), "j-000000000004");
 }
 
+// What a restart used to lose: why a task is being stopped, what its "stopped" turns into, and how
+// a task that ended said it ended.
+TEST_F(ServiceTest, RestartKeepsWhyAndToWhatEndTasksStopAndHowTheyEnded) {
+  AddNode("n1", 2);
+  const std::string id =
+      Submit(kAdmin, "name: pair\ntasks: [{name: w, replicas: 2, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]\n");
+  service_->RunCycle();
+  Report(id, 0, "running");
+  Report(id, 1, "running");
+  // Task 0 fails; without retry.onFailure the job fails and task 1 is stopped: cancelled, not
+  // preempted (a preempted task's job would run again).
+  auto r = service_->ReportTask("n1", id, 0, {{"state", "failed"}, {"exitCode", 3}, {"message", "exit code 3: OOM"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(State(id), "failed");
+  const json before = Get(id);
+  ASSERT_EQ(before["tasks"][1]["state"], "stopping");
+  const std::string why = before["tasks"][1]["stopReason"];
+  EXPECT_FALSE(why.empty());
+
+  Open();
+  const json after = Get(id);
+  EXPECT_EQ(after["tasks"][0]["message"], "exit code 3: OOM");
+  EXPECT_EQ(after["tasks"][1]["stopReason"], why);
+  Report(id, 1, "stopped");
+  EXPECT_EQ(Get(id)["tasks"][1]["state"], "cancelled");
+  EXPECT_EQ(State(id), "failed");
+  ExpectConsistent();
+}
+
 TEST_F(ServiceTest, MetricsNameQueuesReasonsAndLatency) {
   AddNode("n1", 1);
   Submit(kVision, kQuarter);

@@ -106,6 +106,12 @@ ALTER TABLE jobs ADD COLUMN not_before_ms INTEGER NOT NULL DEFAULT 0;
      R"sql(
 ALTER TABLE tasks ADD COLUMN run_id TEXT NOT NULL DEFAULT '';
 )sql"},
+    {5, "tasks: how a task ended, and why and to what end it is stopped (a restart kept neither)",
+     R"sql(
+ALTER TABLE tasks ADD COLUMN message TEXT NOT NULL DEFAULT '';
+ALTER TABLE tasks ADD COLUMN stop_reason TEXT NOT NULL DEFAULT '';
+ALTER TABLE tasks ADD COLUMN stop_outcome TEXT NOT NULL DEFAULT '';
+)sql"},
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -135,11 +141,12 @@ constexpr const char* kPutJob =
     "created_ms = excluded.created_ms, updated_ms = excluded.updated_ms, faults = excluded.faults, "
     "not_before_ms = excluded.not_before_ms";
 constexpr const char* kPutTask =
-    "INSERT INTO tasks (job_id, idx, state, node, placement_json, exit_code, restarts, updated_ms, run_id) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+    "INSERT INTO tasks (job_id, idx, state, node, placement_json, exit_code, restarts, updated_ms, run_id, "
+    "message, stop_reason, stop_outcome) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
     "ON CONFLICT (job_id, idx) DO UPDATE SET state = excluded.state, node = excluded.node, "
     "placement_json = excluded.placement_json, exit_code = excluded.exit_code, "
-    "restarts = excluded.restarts, updated_ms = excluded.updated_ms, run_id = excluded.run_id";
+    "restarts = excluded.restarts, updated_ms = excluded.updated_ms, run_id = excluded.run_id, "
+    "message = excluded.message, stop_reason = excluded.stop_reason, stop_outcome = excluded.stop_outcome";
 constexpr const char* kPutNode =
     "INSERT INTO nodes (name, spec_json, cordoned, draining, state, last_heartbeat_ms) "
     "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
@@ -164,8 +171,8 @@ constexpr const char* kLoadJobs =
     "SELECT id, seq, tenant, queue, name, priority, state, reason, spec_json, created_ms, updated_ms, "
     "faults, not_before_ms FROM jobs ORDER BY seq";
 constexpr const char* kLoadTasks =
-    "SELECT t.job_id, t.idx, t.state, t.node, t.placement_json, t.exit_code, t.restarts, t.updated_ms, t.run_id "
-    "FROM tasks AS t JOIN jobs AS j ON j.id = t.job_id ORDER BY j.seq, t.idx";
+    "SELECT t.job_id, t.idx, t.state, t.node, t.placement_json, t.exit_code, t.restarts, t.updated_ms, t.run_id, "
+    "t.message, t.stop_reason, t.stop_outcome FROM tasks AS t JOIN jobs AS j ON j.id = t.job_id ORDER BY j.seq, t.idx";
 constexpr const char* kLoadNodes =
     "SELECT name, spec_json, cordoned, draining, state, last_heartbeat_ms FROM nodes ORDER BY name";
 constexpr const char* kLoadQueues = "SELECT name, config_json FROM queues ORDER BY name";
@@ -578,7 +585,10 @@ Status SqliteStore::ApplyOp(const WriteOp& op) {
                 .Int(t.exit_code)
                 .Int(t.restarts)
                 .Int(t.updated_ms)
-                .Text(t.run_id);
+                .Text(t.run_id)
+                .Text(t.message)
+                .Text(t.stop_reason)
+                .Text(t.stop_outcome);
             return run(s, b, [&] { return fmt::format("put task {}[{}]", t.job_id, t.index); });
           },
           [&](const PutNode& o) -> Status {
@@ -694,6 +704,9 @@ Result<StoreSnapshot> SqliteStore::Load() {
       t.restarts = ColumnInt(s, 6);
       t.updated_ms = ColumnInt64(s, 7);
       t.run_id = ColumnText(s, 8);
+      t.message = ColumnText(s, 9);
+      t.stop_reason = ColumnText(s, 10);
+      t.stop_outcome = ColumnText(s, 11);
       snap.tasks.push_back(std::move(t));
     });
   }

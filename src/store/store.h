@@ -50,6 +50,11 @@ struct TaskRecord {
   // The current placement's run: random, unguessable, new with every placement (never reused,
   // not even by a store created anew). "" while never placed.
   std::string run_id;
+  // How the task ended, as its agent said ("killed by SIGKILL"); "" until then.
+  std::string message;
+  // While (or after) it is stopped: why, and what "stopped" turns it into (cancelled, preempted).
+  std::string stop_reason;
+  std::string stop_outcome;
   bool operator==(const TaskRecord&) const = default;
 };
 

@@ -80,6 +80,9 @@ TaskRecord MakeTask(const std::string& job_id, int index) {
   t.exit_code = -index;
   t.restarts = index * 2;
   t.updated_ms = 42 + index;
+  t.message = index % 2 ? "killed by SIGKILL" : "";
+  t.stop_reason = "preempted by j-" + std::to_string(index);
+  t.stop_outcome = index % 2 ? "cancelled" : "preempted";
   return t;
 }
 

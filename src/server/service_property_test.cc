@@ -1,0 +1,330 @@
+// Random operation sequences against PoolService, the way agents, tenants and operators drive it
+// (including reports about the wrong node, the wrong task or a task that already ended): after every
+// operation the invariants hold and no GPU is overcommitted, and a server opened over the same store
+// at any point (a restart: recovery from SQLite) shows the same jobs, tasks, nodes, queues and GPU
+// allocations as the one that wrote it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "server/service.h"
+#include "store/sqlite_store.h"
+
+namespace gpupool {
+namespace {
+
+using nlohmann::json;
+
+const Principal kAdmin{"", Role::kAdmin};
+const Principal kVision{"vision", Role::kTenant};
+
+class PropertyRun {
+ public:
+  explicit PropertyRun(uint64_t seed) : rng_(seed) {
+    char tmpl[] = "/tmp/gpupool-property-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    config_.data_dir = dir_;
+    config_.profile = "bestfit";
+    config_.grace_period_seconds = 30;
+    config_.reserve_after_seconds = 0;
+    config_.sync_full = false;
+    config_.tokens["unused-token-0123456789"] = Principal{"", Role::kAdmin};
+  }
+  ~PropertyRun() {
+    service_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Open() {
+    service_.reset();
+    SqliteStoreOptions o;
+    o.path = dir_ + "/gpupool.db";
+    o.synchronous_full = false;
+    auto store = OpenSqliteStore(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    auto s = PoolService::Open(config_, std::move(store).value());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    service_ = std::move(s).value();
+  }
+
+  // One random operation; `log` says what it was, for a failure's message.
+  void Step(std::string& log) {
+    const int op = Pick(100);
+    if (op < 8 || nodes_.empty()) return RegisterNode(log);
+    if (op < 30) return SubmitJob(log);
+    if (op < 45) {
+      log = "cycle";
+      service_->RunCycle();
+      return;
+    }
+    if (op < 70) return ReportTask(log);
+    if (op < 75) return CancelJob(log);
+    if (op < 83) return Heartbeat(log);
+    if (op < 88) return CordonOrDrain(log);
+    if (op < 92) return ChangeQueue(log);
+    return ReportBatch(log);
+  }
+
+  void ExpectConsistent(const std::string& after) {
+    Status st = service_->CheckInvariants();
+    ASSERT_TRUE(st.ok()) << after << ": " << st.ToString();
+    for (const auto& g : service_->GpuUsage()) {
+      ASSERT_LE(g.granted_share, 1000) << after << ": " << g.node << "/" << g.gpu;
+      ASSERT_LE(g.granted_memory, g.capacity_memory) << after << ": " << g.node << "/" << g.gpu;
+      ASSERT_EQ(g.granted_share, g.ledger_used_share) << after << ": " << g.node << "/" << g.gpu;
+      ASSERT_EQ(g.granted_memory, g.ledger_used_memory) << after << ": " << g.node << "/" << g.gpu;
+    }
+  }
+
+  // What must survive a restart: every job as the API shows it (less the per-run watch version),
+  // the nodes (less what heartbeats bring again: last contact, GPU health and telemetry), the
+  // queues, and the ledger's use of every GPU.
+  json Durable() {
+    json out;
+    for (const std::string& id : job_ids_) {
+      auto r = service_->GetJob(kAdmin, id);
+      if (!r.ok()) {
+        out["jobs"][id] = r.status().ToString();
+        continue;
+      }
+      json j = *r;
+      j.erase("version");
+      j.erase("notBefore");  // shown only while in the future: the clock moved between the views
+      out["jobs"][id] = j;
+    }
+    json nodes = service_->ListNodes();
+    for (auto& n : nodes["items"]) {
+      n.erase("lastHeartbeat");
+      for (auto& g : n["gpus"]) {
+        for (const char* soft : {"healthy", "fault", "hot", "hotReason", "temperatureC", "utilization",
+                                 "memoryUsedFraction"})
+          g.erase(soft);
+      }
+    }
+    out["nodes"] = nodes;
+    out["queues"] = service_->ListQueues();
+    json usage = json::array();
+    for (const auto& g : service_->GpuUsage())
+      usage.push_back({g.node, g.gpu, g.ledger_used_share, g.ledger_used_memory, g.granted_share, g.granted_memory});
+    out["usage"] = usage;
+    return out;
+  }
+
+  // GPU faults and hot spots are soft state: a heartbeat brings them back after a restart. The
+  // views are compared once every GPU is reported healthy and cool again on both sides.
+  void ClearSoftState() {
+    for (const auto& [name, gpus] : nodes_) {
+      json beat = {{"gpus", json::array()}};
+      for (int i = 0; i < gpus; ++i)
+        beat["gpus"].push_back({{"index", i}, {"healthy", true}, {"temperatureC", 40}, {"utilization", 0.1}});
+      (void)service_->Heartbeat(name, beat);
+    }
+  }
+
+ private:
+  int Pick(int n) { return static_cast<int>(rng_() % static_cast<uint64_t>(n)); }
+  template <typename T>
+  const T& PickOf(const std::vector<T>& v) {
+    return v[static_cast<size_t>(Pick(static_cast<int>(v.size())))];
+  }
+
+  void RegisterNode(std::string& log) {
+    std::string name;
+    int gpus = 0;
+    std::string model;
+    if (!nodes_.empty() && Pick(3) == 0) {  // again, with the inventory it registered
+      const auto& n = PickOf(nodes_);
+      name = n.first;
+      gpus = n.second;
+      model = models_.at(name);
+    } else if (nodes_.size() < 5) {
+      name = fmt::format("n{}", nodes_.size());
+      gpus = 1 + Pick(4);
+      model = Pick(2) == 0 ? "A100-80GB" : "H100-80GB";
+    } else {
+      // A re-registration with another inventory: refused, and nothing changes.
+      const auto& n = PickOf(nodes_);
+      name = n.first;
+      gpus = n.second + 1;
+      model = models_.at(name);
+    }
+    json body = {{"name", name}, {"cpu", "32"}, {"memory", "256Gi"}, {"labels", {{"rack", Pick(2) ? "a" : "b"}}}};
+    json g = json::array();
+    for (int i = 0; i < gpus; ++i) g.push_back({{"index", i}, {"model", model}});
+    body["gpus"] = g;
+    log = "register " + body.dump();
+    auto r = service_->RegisterNode(body);
+    if (r.ok() && models_.count(name) == 0) {
+      nodes_.emplace_back(name, gpus);
+      models_[name] = model;
+    }
+  }
+
+  void SubmitJob(std::string& log) {
+    static const std::vector<std::string> kGpu = {"0", "0.25", "0.5", "1", "2", "0.3"};
+    const int replicas = 1 + Pick(4);
+    const std::string gpu = PickOf(kGpu);
+    std::string spec = fmt::format("name: p{}\n", job_ids_.size());
+    if (Pick(3) == 0) spec += "qos: best-effort\n";
+    spec += fmt::format("priority: {}\n", Pick(3) * 50);
+    if (Pick(4) == 0) spec += "queue: vision\n";
+    if (replicas > 1 && Pick(3) == 0) spec += fmt::format("gang: {{minAvailable: {}}}\n", 1 + Pick(replicas));
+    if (Pick(3) == 0) spec += "retry: {maxRestarts: 2, backoffSeconds: 0, onFailure: true}\n";
+    spec += fmt::format("tasks:\n  - name: w\n    replicas: {}\n    resources: {{cpu: {}, memory: {}Gi, gpu: {}",
+                        replicas, 1 + Pick(8), 1 + Pick(64), gpu);
+    if (gpu != "0" && Pick(3) == 0) spec += fmt::format(", gpuMemory: {}Gi", 5 + Pick(40));
+    if (gpu != "0" && Pick(5) == 0) spec += ", gpuModels: [H100-80GB]";
+    spec += "}\n    command: [\"true\"]\n";
+    log = "submit " + spec;
+    auto r = service_->SubmitJob(Pick(2) ? kAdmin : kVision, spec, SpecFormat::kYaml);
+    if (r.ok()) job_ids_.push_back((*r)["id"].get<std::string>());
+  }
+
+  // A report about a random task of a random job, usually from the node the task is on and about a
+  // state that follows from its own, sometimes from anywhere about anything.
+  json RandomReport(std::string& job_id, int& index, std::string& node) {
+    static const std::vector<std::string> kStates = {"running", "succeeded", "failed", "stopped"};
+    job_id = PickOf(job_ids_);
+    auto job = service_->GetJob(kAdmin, job_id);
+    index = 0;
+    node = PickOf(nodes_).first;
+    std::string state = PickOf(kStates);
+    if (job.ok() && !(*job)["tasks"].empty()) {
+      const json& tasks = (*job)["tasks"];
+      index = Pick(static_cast<int>(tasks.size()));
+      const json& t = tasks[static_cast<size_t>(index)];
+      if (Pick(8) != 0 && !t["node"].get<std::string>().empty()) node = t["node"];
+      const std::string now = t["state"];
+      if (Pick(6) != 0) {
+        if (now == "assigned") state = Pick(3) ? "running" : "failed";
+        if (now == "running") state = Pick(3) ? "succeeded" : "failed";
+        if (now == "stopping") state = "stopped";
+      }
+    }
+    if (Pick(20) == 0) index = Pick(2) ? -1 : 1000;
+    json body = {{"state", state}, {"exitCode", state == "failed" ? 1 + Pick(3) : 0}};
+    if (Pick(10) == 0) body["restarts"] = Pick(3);
+    if (state != "running" && Pick(3) == 0) body["message"] = state == "failed" ? "exit code 3" : "killed by SIGTERM";
+    return body;
+  }
+
+  void ReportTask(std::string& log) {
+    if (job_ids_.empty()) return SubmitJob(log);
+    std::string job_id, node;
+    int index = 0;
+    json body = RandomReport(job_id, index, node);
+    log = fmt::format("report {} {}[{}] {}", node, job_id, index, body.dump());
+    (void)service_->ReportTask(node, job_id, index, body);
+  }
+
+  void ReportBatch(std::string& log) {
+    if (job_ids_.empty()) return SubmitJob(log);
+    std::string node;
+    json reports = json::array();
+    const int n = 1 + Pick(4);
+    for (int i = 0; i < n; ++i) {
+      std::string job_id;
+      int index = 0;
+      json body = RandomReport(job_id, index, node);
+      body["jobId"] = job_id;
+      body["index"] = index;
+      reports.push_back(body);
+    }
+    log = fmt::format("reports {} {}", node, reports.dump());
+    (void)service_->ReportTasks(node, {{"reports", reports}});
+  }
+
+  void CancelJob(std::string& log) {
+    if (job_ids_.empty()) return SubmitJob(log);
+    const std::string id = PickOf(job_ids_);
+    log = "cancel " + id;
+    (void)service_->CancelJob(Pick(2) ? kAdmin : kVision, id);
+  }
+
+  void Heartbeat(std::string& log) {
+    const auto& [name, gpus] = PickOf(nodes_);
+    json beat = {{"gpus", json::array()}};
+    for (int i = 0; i < gpus + (Pick(10) == 0 ? 1 : 0); ++i) {
+      json g = {{"index", i}, {"healthy", Pick(6) != 0}};
+      if (!g["healthy"].get<bool>()) g["reason"] = "XID 79";
+      if (Pick(3) == 0) g["temperatureC"] = Pick(2) ? 95 : 40;
+      if (Pick(3) == 0) g["utilization"] = Pick(2) ? 1.0 : 0.2;
+      beat["gpus"].push_back(g);
+    }
+    log = fmt::format("heartbeat {} {}", name, beat.dump());
+    (void)service_->Heartbeat(name, beat);
+  }
+
+  void CordonOrDrain(std::string& log) {
+    const std::string name = PickOf(nodes_).first;
+    const int what = Pick(3);
+    log = fmt::format("{} {}", what == 0 ? "cordon" : what == 1 ? "uncordon" : "drain", name);
+    if (what == 2)
+      (void)service_->DrainNode(name);
+    else
+      (void)service_->SetCordon(name, what == 0);
+  }
+
+  void ChangeQueue(std::string& log) {
+    json body = {{"name", "vision"}, {"weight", 1 + Pick(4)}};
+    if (Pick(2) == 0) body["limits"] = {{"gpu", 1 + Pick(6)}};
+    log = "queue " + body.dump();
+    if (!queue_made_) {
+      queue_made_ = service_->CreateQueue(body).ok();
+    } else {
+      body.erase("name");
+      (void)service_->UpdateQueue("vision", body);
+    }
+  }
+
+  std::mt19937_64 rng_;
+  std::string dir_;
+  ServerConfig config_;
+  std::vector<std::pair<std::string, int>> nodes_;  // name, GPUs
+  std::map<std::string, std::string> models_;
+  std::vector<std::string> job_ids_;
+  bool queue_made_ = false;
+
+ public:
+  std::unique_ptr<PoolService> service_;
+};
+
+TEST(ServiceProperty, RandomOperationsKeepTheInvariantsAndARestartRecoversTheSameState) {
+  constexpr int kSeeds = 20;
+  constexpr int kSteps = 400;
+  constexpr int kRestartEvery = 50;
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    SCOPED_TRACE(fmt::format("seed {}", seed));
+    PropertyRun run(seed);
+    ASSERT_NO_FATAL_FAILURE(run.Open());
+    std::vector<std::string> recent;
+    for (int step = 1; step <= kSteps; ++step) {
+      std::string log;
+      run.Step(log);
+      recent.push_back(fmt::format("{}: {}", step, log));
+      if (recent.size() > 8) recent.erase(recent.begin());
+      std::string trail;
+      for (const auto& l : recent) trail += "\n  " + l;
+      ASSERT_NO_FATAL_FAILURE(run.ExpectConsistent(trail));
+      if (step % kRestartEvery == 0) {
+        run.ClearSoftState();
+        const json before = run.Durable();
+        ASSERT_NO_FATAL_FAILURE(run.Open());
+        run.ClearSoftState();
+        const json after = run.Durable();
+        ASSERT_TRUE(after == before) << "the recovered state differs, after" << trail << "\ndiff: "
+                                     << json::diff(before, after).dump();
+        ASSERT_NO_FATAL_FAILURE(run.ExpectConsistent("after the restart" + trail));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gpupool
