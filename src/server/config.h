@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,11 @@ struct ServerConfig {
   int64_t store_min_free_bytes = int64_t{256} << 20;
   // Tests: how free space is measured (empty: statvfs of data_dir).
   FreeSpaceProbe free_space_probe;
+  // Tests: the server's clocks (empty: the system's). `wall_clock_ms`: milliseconds since the
+  // epoch (timestamps, stop deadlines, backoff, retention, hot-spot spells); `mono_clock_s`: steady
+  // seconds (heartbeat timeouts, latencies). A test that moves one moves both.
+  std::function<int64_t()> wall_clock_ms;
+  std::function<double()> mono_clock_s;
   // The HTTP layer (http/server.h): connections cost no thread; handlers run on `workers`, the
   // node side (register, heartbeats, assignments, task reports) and /healthz on their own
   // `priority_workers`, so no load on the rest of the API can starve them.

@@ -66,9 +66,15 @@ PoolService::~PoolService() {
 }
 
 int64_t PoolService::NowMs() const {
+  if (config_.wall_clock_ms) return config_.wall_clock_ms();
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+double PoolService::MonoNow() const {
+  if (config_.mono_clock_s) return config_.mono_clock_s();
+  return MonoSeconds();
 }
 
 Result<std::unique_ptr<PoolService>> PoolService::Open(ServerConfig config, std::unique_ptr<Store> store) {
@@ -306,7 +312,7 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     }
     SetJobPhase(j, JobPhase::kPending);
     j.pending_since_ms = now;
-    j.submit_mono = MonoSeconds();
+    j.submit_mono = MonoNow();
     pending_.insert(j.rec.seq);
     partial_.erase(j.rec.seq);
     Event(j.rec.id, "Requeued", "every task stopped; queued again (" + j.rec.reason + ")", batch);
@@ -384,7 +390,7 @@ void PoolService::FaultJob(JobState& j, const std::string& cause, const std::str
 
 void PoolService::CheckNodes(WriteBatch& batch) {
   const int64_t now = NowMs();
-  const double mono = MonoSeconds();
+  const double mono = MonoNow();
   for (NodeIndex n = 0; n < nodes_.size(); ++n) {
     NodeInfo& info = nodes_[n];
     if (info.state != "ready" || mono - info.heartbeat_mono < config_.heartbeat_timeout_seconds) continue;

@@ -313,7 +313,8 @@ class PoolService {
   std::vector<JobState*> JobsOnGpu(NodeIndex n, int gpu);
   void UpdateGpuUsable(NodeIndex n, int gpu);
   void LearnTypicalPods();
-  int64_t NowMs() const;
+  int64_t NowMs() const;     // the wall clock (config_.wall_clock_ms in tests)
+  double MonoNow() const;    // the steady clock, in seconds (config_.mono_clock_s in tests)
 
   ServerConfig config_;
   std::unique_ptr<DiskGuard> disk_guard_;

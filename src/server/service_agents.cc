@@ -125,7 +125,7 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
   const bool was_lost = info.state != "ready";
   info.state = "ready";
   info.last_heartbeat_ms = now;
-  info.heartbeat_mono = MonoSeconds();
+  info.heartbeat_mono = MonoNow();
   info.agent_endpoint = agent ? agent->endpoint : "";
   info.agent_log_token = agent ? agent->log_token : "";
   ++capacity_epoch_;
@@ -267,7 +267,7 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
     if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
     NodeInfo& info = nodes_[*n];
     info.last_heartbeat_ms = NowMs();
-    info.heartbeat_mono = MonoSeconds();
+    info.heartbeat_mono = MonoNow();
     WriteBatch batch;
     if (info.state != "ready") {
       // Back from lost: its tasks were released when it was lost (the agent fenced them), so it

@@ -78,7 +78,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   state->rec.updated_ms = now;
   state->demand = demand;
   state->pending_since_ms = now;
-  state->submit_mono = MonoSeconds();
+  state->submit_mono = MonoNow();
   int t = 0;
   for (size_t g = 0; g < job.groups.size(); ++g) {
     for (int rep = 0; rep < job.groups[g].replicas; ++rep, ++t) {

@@ -213,7 +213,7 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
 }
 
 int PoolService::CycleLocked(WriteBatch& batch) {
-  const double t0 = MonoSeconds();
+  const double t0 = MonoNow();
   ++metrics_.cycles;
   CheckNodes(batch);
   ExpireStops(batch);
@@ -348,7 +348,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         PutJobOps(j, batch);
         ++metrics_.placements;
         metrics_.task_placements += binder.bound.size();
-        metrics_.scheduling_latency.Observe(MonoSeconds() - j.submit_mono);
+        metrics_.scheduling_latency.Observe(MonoNow() - j.submit_mono);
         pass.Placed(i);
         ++placed;
         continue;
@@ -409,7 +409,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
     }
     it = still ? std::next(it) : partial_.erase(it);
   }
-  metrics_.cycle_duration.Observe(MonoSeconds() - t0);
+  metrics_.cycle_duration.Observe(MonoNow() - t0);
   return placed;
 }
 

@@ -1,5 +1,6 @@
 // Random operation sequences against PoolService, the way agents, tenants and operators drive it
-// (including reports about the wrong node, the wrong task or a task that already ended): after every
+// (including reports about the wrong node, the wrong task or a task that already ended), with time
+// as one more input (node losses, stop deadlines, backoffs, hot spots, retention): after every
 // operation the invariants hold and no GPU is overcommitted, and a server opened over the same store
 // at any point (a restart: recovery from SQLite) shows the same jobs, tasks, nodes, queues and GPU
 // allocations as the one that wrote it.
@@ -35,6 +36,14 @@ class PropertyRun {
     config_.reserve_after_seconds = 0;
     config_.sync_full = false;
     config_.tokens["unused-token-0123456789"] = Principal{"", Role::kAdmin};
+    // Time is one more input: it only moves when the sequence says so, and it drives node
+    // losses, stop deadlines, backoffs, hot-spot spells and retention.
+    config_.heartbeat_timeout_seconds = 20;
+    config_.finished_job_retention_seconds = 300;
+    config_.hotspot.window_seconds = 10;
+    config_.hotspot.cooldown_seconds = 30;
+    config_.wall_clock_ms = [this] { return wall_ms_; };
+    config_.mono_clock_s = [this] { return mono_s_; };
   }
   ~PropertyRun() {
     service_.reset();
@@ -55,7 +64,8 @@ class PropertyRun {
 
   // One random operation; `log` says what it was, for a failure's message.
   void Step(std::string& log) {
-    const int op = Pick(100);
+    const int op = Pick(110);
+    if (op >= 100) return Advance(log);
     if (op < 8 || nodes_.empty()) return RegisterNode(log);
     if (op < 30) return SubmitJob(log);
     if (op < 45) {
@@ -101,6 +111,8 @@ class PropertyRun {
     json nodes = service_->ListNodes();
     for (auto& n : nodes["items"]) {
       n.erase("lastHeartbeat");
+      // Counts only usable GPUs, and a GPU's health is soft (each GPU's own freeShare is compared).
+      n["free"].erase("gpuShare");
       for (auto& g : n["gpus"]) {
         for (const char* soft : {"healthy", "fault", "hot", "hotReason", "temperatureC", "utilization",
                                  "memoryUsedFraction"})
@@ -116,8 +128,9 @@ class PropertyRun {
     return out;
   }
 
-  // GPU faults and hot spots are soft state: a heartbeat brings them back after a restart. The
-  // views are compared once every GPU is reported healthy and cool again on both sides.
+  // GPU faults and hot spots are soft state: a heartbeat brings them back after a restart (a hot
+  // GPU's spell starts again). The views are compared once every GPU is reported healthy and cool
+  // on both sides.
   void ClearSoftState() {
     for (const auto& [name, gpus] : nodes_) {
       json beat = {{"gpus", json::array()}};
@@ -132,6 +145,14 @@ class PropertyRun {
   template <typename T>
   const T& PickOf(const std::vector<T>& v) {
     return v[static_cast<size_t>(Pick(static_cast<int>(v.size())))];
+  }
+
+  void Advance(std::string& log) {
+    const int kind = Pick(20);
+    const int64_t ms = kind < 14 ? Pick(2000) : kind < 19 ? 3000 + Pick(37000) : 100000 + Pick(900000);
+    wall_ms_ += ms;
+    mono_s_ += static_cast<double>(ms) / 1000;
+    log = fmt::format("advance {} ms", ms);
   }
 
   void RegisterNode(std::string& log) {
@@ -263,12 +284,12 @@ class PropertyRun {
 
   void CordonOrDrain(std::string& log) {
     const std::string name = PickOf(nodes_).first;
-    const int what = Pick(3);
-    log = fmt::format("{} {}", what == 0 ? "cordon" : what == 1 ? "uncordon" : "drain", name);
-    if (what == 2)
+    const int what = Pick(5);
+    log = fmt::format("{} {}", what < 2 ? "cordon" : what < 4 ? "uncordon" : "drain", name);
+    if (what == 4)
       (void)service_->DrainNode(name);
     else
-      (void)service_->SetCordon(name, what == 0);
+      (void)service_->SetCordon(name, what < 2);
   }
 
   void ChangeQueue(std::string& log) {
@@ -284,6 +305,8 @@ class PropertyRun {
   }
 
   std::mt19937_64 rng_;
+  int64_t wall_ms_ = 1'780'000'000'000;  // 2026-05-28
+  double mono_s_ = 1000;
   std::string dir_;
   ServerConfig config_;
   std::vector<std::pair<std::string, int>> nodes_;  // name, GPUs

@@ -67,7 +67,7 @@ Status PoolService::Recover() {
     NodeInfo info;
     info.state = r.state.empty() ? "ready" : r.state;
     info.last_heartbeat_ms = now;  // every agent gets a fresh timeout after a server restart
-    info.heartbeat_mono = MonoSeconds();
+    info.heartbeat_mono = MonoNow();
     info.draining = r.draining;
     info.spec_json = std::move(j);
     nodes_.push_back(std::move(info));
@@ -100,7 +100,7 @@ Status PoolService::Recover() {
     }
     state->pending_since_ms = r.updated_ms;
     state->started_ms = r.updated_ms;
-    state->submit_mono = MonoSeconds();
+    state->submit_mono = MonoNow();
     for (const auto& g : state->job.groups) {
       for (int rep = 0; rep < g.replicas && recent_tasks_.size() < kRecentTasks; ++rep) {
         recent_tasks_.push_back(g.request);
