@@ -10,6 +10,8 @@ target_link_libraries(gpupool_api_client
 # ---- client: the `gpupool submit|get|list|cancel|events|nodes|queues|run` commands ----
 add_library(gpupool_client
   src/cli/client_commands.cc
+  src/cli/client_cli.cc
+  src/cli/client_render.cc
   src/cli/run_command.cc
 )
 target_link_libraries(gpupool_client
