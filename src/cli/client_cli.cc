@@ -80,11 +80,7 @@ void OnRun(CLI::App* cmd, const std::shared_ptr<CliState>& s, int* exit_code,
       }
       if (!config->warning.empty()) std::cerr << "gpupool: " << config->warning << "\n";
       CommandOptions options;
-      options.server = config->server;
-      options.token = config->token;
-      options.ca_file = config->ca_file;
-      options.client_cert_file = config->client_cert_file;
-      options.client_key_file = config->client_key_file;
+      options.client = *config;
       options.output = ParseOutput(s->output);
       return body(options);
     });

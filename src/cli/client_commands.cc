@@ -57,22 +57,11 @@ Answer Fail(std::ostream& err, int code, std::string_view message) {
   return {code, nullptr};
 }
 
-// Every request of a command goes where, and authenticated as, the options say, with their TLS
-// settings (before, commands other than `run` dropped the CA file and the client certificate).
-ClientConfig ClientConfigFor(const CommandOptions& options) {
-  ClientConfig config;
-  config.server = options.server;
-  config.token = options.token;
-  config.ca_file = options.ca_file;
-  config.client_cert_file = options.client_cert_file;
-  config.client_key_file = options.client_key_file;
-  return config;
-}
 
 Answer Call(const CommandOptions& options, std::ostream& err, Method method, const std::string& path,
             const QueryParams& query = {}, const std::string& body = {},
             std::string_view content_type = kJsonType) {
-  Result<ApiClient> client = ApiClient::Create(ClientConfigFor(options));
+  Result<ApiClient> client = ApiClient::Create(options.client);
   if (!client.ok()) return Fail(err, ExitForStatus(client.status()), client.status().message());
 
   const std::string target = WithQuery(path, query);
@@ -324,7 +313,7 @@ int JobEvents(const CommandOptions& options, const EventsOptions& events, std::o
 
 int TaskLogs(const CommandOptions& options, const LogsOptions& logs, std::ostream& out, std::ostream& err) {
   return Guard(err, [&] {
-    Result<ApiClient> client = ApiClient::Create(ClientConfigFor(options));
+    Result<ApiClient> client = ApiClient::Create(options.client);
     if (!client.ok()) return Fail(err, ExitForStatus(client.status()), client.status().message()).exit;
     const std::string path = fmt::format("{}/tasks/{}/logs", JobPath(logs.job_id), logs.task);
     const std::string stream = logs.stderr_stream ? "stderr" : "stdout";

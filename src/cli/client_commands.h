@@ -5,6 +5,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+
+#include "client/api_client.h"
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
@@ -18,11 +20,9 @@ enum class OutputFormat { kTable, kJson, kYaml };
 
 // Settings shared by every client command, already resolved (see ResolveClientConfig).
 struct CommandOptions {
-  std::string server = "http://127.0.0.1:8470";
-  std::string token;  // empty: no Authorization header
-  // https: the CA file, and the client certificate and key, as in ClientConfig
-  // ($GPUPOOL_CA_FILE, $GPUPOOL_CLIENT_CERT, $GPUPOOL_CLIENT_KEY).
-  std::string ca_file, client_cert_file, client_key_file;
+  // Where every request goes and how: the server, the token, TLS files and limits. All of it
+  // reaches the requests (commands once dropped the CA file and the client certificate).
+  ClientConfig client;
   OutputFormat output = OutputFormat::kTable;
   // The clock for AGE columns; unset: the system clock.
   std::optional<std::chrono::system_clock::time_point> now;

@@ -195,8 +195,8 @@ class ClientCommandTest : public ::testing::Test {
  protected:
   CommandOptions Options(OutputFormat format = OutputFormat::kTable) const {
     CommandOptions o;
-    o.server = server_.url();
-    o.token = "s3cret";
+    o.client.server = server_.url();
+    o.client.token = "s3cret";
     o.output = format;
     o.now = Now();
     return o;
@@ -404,7 +404,7 @@ TEST_F(ClientCommandTest, SendsTheBearerToken) {
 TEST_F(ClientCommandTest, SendsNoAuthorizationWithoutAToken) {
   server_.On("GET", "/api/v1/jobs/j-000000000001", 200, kJob1);
   CommandOptions o = Options();
-  o.token.clear();
+  o.client.token.clear();
   ASSERT_EQ(GetJob(o, "j-000000000001", out_, err_), 0);
   EXPECT_EQ(server_.requests().at(0).authorization, "");
 }
@@ -754,7 +754,7 @@ TEST(UnreachableTest, ExitsWithFive) {
   const int port = ClosedPort();
   ASSERT_GT(port, 0);
   CommandOptions o;
-  o.server = "127.0.0.1:" + std::to_string(port);
+  o.client.server = "127.0.0.1:" + std::to_string(port);
   std::ostringstream out, err;
   EXPECT_EQ(ListNodes(o, out, err), 5);
   EXPECT_EQ(
@@ -765,7 +765,7 @@ TEST(UnreachableTest, ExitsWithFive) {
 
 TEST(BadServerTest, ExitsWithTwo) {
   CommandOptions o;
-  o.server = "ftp://x";
+  o.client.server = "ftp://x";
   std::ostringstream out, err;
   EXPECT_EQ(ListQueues(o, out, err), 2);
   EXPECT_EQ(err.str(), "gpupool: server address 'ftp://x': the scheme must be http or https\n");
