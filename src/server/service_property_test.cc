@@ -175,9 +175,16 @@ class PropertyRun {
       gpus = n.second + 1;
       model = models_.at(name);
     }
-    json body = {{"name", name}, {"cpu", "32"}, {"memory", "256Gi"}, {"labels", {{"rack", Pick(2) ? "a" : "b"}}}};
+    // The rack follows from the name too: a re-registration with other labels is another inventory.
+    json body = {{"name", name}, {"cpu", "32"}, {"memory", "256Gi"}, {"labels", {{"rack", name.back() % 3 ? "a" : "b"}}}};
     json g = json::array();
-    for (int i = 0; i < gpus; ++i) g.push_back({{"index", i}, {"model", model}});
+    // The last GPU of every other node is split into MIG instances (decided by the name, so a
+    // re-registration repeats it).
+    const bool mig = name.back() % 2 == 1;
+    for (int i = 0; i < gpus; ++i) {
+      g.push_back({{"index", i}, {"model", model}});
+      if (mig && i == gpus - 1 && gpus > 1) g.back()["migEnabled"] = true;
+    }
     body["gpus"] = g;
     log = "register " + body.dump();
     auto r = service_->RegisterNode(body);
@@ -194,13 +201,26 @@ class PropertyRun {
     std::string spec = fmt::format("name: p{}\n", job_ids_.size());
     if (Pick(3) == 0) spec += "qos: best-effort\n";
     spec += fmt::format("priority: {}\n", Pick(3) * 50);
-    if (Pick(4) == 0) spec += "queue: vision\n";
+    if (Pick(4) == 0) spec += Pick(2) ? "queue: vision\n" : "queue: vision-dev\n";
     if (replicas > 1 && Pick(3) == 0) spec += fmt::format("gang: {{minAvailable: {}}}\n", 1 + Pick(replicas));
     if (Pick(3) == 0) spec += "retry: {maxRestarts: 2, backoffSeconds: 0, onFailure: true}\n";
-    spec += fmt::format("tasks:\n  - name: w\n    replicas: {}\n    resources: {{cpu: {}, memory: {}Gi, gpu: {}",
-                        replicas, 1 + Pick(8), 1 + Pick(64), gpu);
-    if (gpu != "0" && Pick(3) == 0) spec += fmt::format(", gpuMemory: {}Gi", 5 + Pick(40));
-    if (gpu != "0" && Pick(5) == 0) spec += ", gpuModels: [H100-80GB]";
+    if (Pick(3) == 0) spec += fmt::format("labels: {{app: a{}}}\n", Pick(3));
+    if (Pick(4) == 0) {
+      spec += "affinity:\n";
+      if (Pick(2) == 0) spec += fmt::format("  nodeSelector: {{rack: {}}}\n", Pick(2) ? "a" : "b");
+      if (Pick(2) == 0) spec += fmt::format("  apartFrom: [{{app: a{}}}]\n", Pick(3));
+      if (Pick(3) == 0) spec += fmt::format("  togetherWith: [{{app: a{}}}]\n", Pick(3));
+    }
+    const bool mig = Pick(6) == 0;
+    spec += fmt::format("tasks:\n  - name: w\n    replicas: {}\n", replicas);
+    if (mig) {
+      spec += fmt::format("    isolation: mig\n    resources: {{cpu: {}, memory: {}Gi, migProfile: \"{}\"",
+                          1 + Pick(8), 1 + Pick(64), Pick(2) ? "1g.10gb" : "3g.40gb");
+    } else {
+      spec += fmt::format("    resources: {{cpu: {}, memory: {}Gi, gpu: {}", 1 + Pick(8), 1 + Pick(64), gpu);
+      if (gpu != "0" && Pick(3) == 0) spec += fmt::format(", gpuMemory: {}Gi", 5 + Pick(40));
+    }
+    if ((mig || gpu != "0") && Pick(5) == 0) spec += ", gpuModels: [H100-80GB]";
     spec += "}\n    command: [\"true\"]\n";
     log = "submit " + spec;
     auto r = service_->SubmitJob(Pick(2) ? kAdmin : kVision, spec, SpecFormat::kYaml);
@@ -292,15 +312,23 @@ class PropertyRun {
       (void)service_->SetCordon(name, what < 2);
   }
 
+  // "vision" is a top-level queue, "vision-dev" its child; limits and guarantees come and go (also
+  // below what the queue already uses).
   void ChangeQueue(std::string& log) {
-    json body = {{"name", "vision"}, {"weight", 1 + Pick(4)}};
-    if (Pick(2) == 0) body["limits"] = {{"gpu", 1 + Pick(6)}};
+    const bool child = queue_made_ && Pick(2) == 0;
+    const std::string name = child ? "vision-dev" : "vision";
+    json body = {{"name", name}, {"weight", 1 + Pick(4)}};
+    if (child) body["parent"] = "vision";
+    if (Pick(2) == 0) body["limit"] = {{"gpu", Pick(6)}};
+    if (Pick(3) == 0) body["guaranteed"] = {{"gpu", Pick(3)}};
     log = "queue " + body.dump();
-    if (!queue_made_) {
-      queue_made_ = service_->CreateQueue(body).ok();
+    bool& made = child ? child_made_ : queue_made_;
+    if (!made) {
+      made = service_->CreateQueue(body).ok();
     } else {
       body.erase("name");
-      (void)service_->UpdateQueue("vision", body);
+      body.erase("parent");
+      (void)service_->UpdateQueue(name, body);
     }
   }
 
@@ -313,6 +341,7 @@ class PropertyRun {
   std::map<std::string, std::string> models_;
   std::vector<std::string> job_ids_;
   bool queue_made_ = false;
+  bool child_made_ = false;
 
  public:
   std::unique_ptr<PoolService> service_;
