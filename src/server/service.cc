@@ -29,31 +29,6 @@ namespace gpupool {
 using nlohmann::json;
 using namespace service_internal;
 
-std::string_view JobPhaseName(JobPhase p) {
-  switch (p) {
-    case JobPhase::kPending: return "pending";
-    case JobPhase::kRunning: return "running";
-    case JobPhase::kSucceeded: return "succeeded";
-    case JobPhase::kFailed: return "failed";
-    case JobPhase::kCancelled: return "cancelled";
-  }
-  return "?";
-}
-
-std::string_view TaskPhaseName(TaskPhase p) {
-  switch (p) {
-    case TaskPhase::kPending: return "pending";
-    case TaskPhase::kAssigned: return "assigned";
-    case TaskPhase::kRunning: return "running";
-    case TaskPhase::kStopping: return "stopping";
-    case TaskPhase::kSucceeded: return "succeeded";
-    case TaskPhase::kFailed: return "failed";
-    case TaskPhase::kCancelled: return "cancelled";
-    case TaskPhase::kPreempted: return "preempted";
-  }
-  return "?";
-}
-
 static_assert(static_cast<int>(TaskPhase::kPreempted) + 1 == kTaskPhaseCount);
 
 PoolService::PoolService(ServerConfig config, std::unique_ptr<Store> store)
@@ -91,34 +66,10 @@ Result<std::unique_ptr<PoolService>> PoolService::Open(ServerConfig config, std:
 
 // ---- helpers -----------------------------------------------------------------------------------
 
-void PoolService::SetJobPhase(JobState& j, JobPhase phase) {
-  if (j.phase == phase) return;
-  const auto tasks = static_cast<int64_t>(j.tasks.size());
-  if (j.phase == JobPhase::kPending) pending_counts_.Remove(j.rec.tenant, j.rec.queue, tasks);
-  if (phase == JobPhase::kPending) pending_counts_.Add(j.rec.tenant, j.rec.queue, tasks);
-  --job_phase_count_[static_cast<size_t>(j.phase)];
-  ++job_phase_count_[static_cast<size_t>(phase)];
-  auto& in_queue = queue_phase_count_[j.rec.queue];
-  --in_queue[static_cast<size_t>(j.phase)];
-  ++in_queue[static_cast<size_t>(phase)];
-  j.phase = phase;
-}
-
-void PoolService::SetTaskPhase(JobState& j, TaskState& ts, TaskPhase phase) {
-  --j.task_counts[static_cast<size_t>(ts.phase)];
-  ++j.task_counts[static_cast<size_t>(phase)];
-  ts.phase = phase;
-}
-
-PoolService::JobState* PoolService::FindJob(const std::string& id) {
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? nullptr : it->second.get();
-}
-
 Result<PoolService::JobState*> PoolService::VisibleJob(const Principal& who, const std::string& id) {
   if (who.role == Role::kAgent || who.role == Role::kNode)
     return Status::PermissionDenied("agent tokens cannot read jobs");
-  JobState* j = FindJob(id);
+  JobState* j = state_.FindJob(id);
   // Another tenant's job looks exactly like a missing one.
   if (j == nullptr || (who.role == Role::kTenant && j->rec.tenant != who.tenant))
     return Status::NotFound(fmt::format("job '{}' not found", id));
@@ -140,8 +91,8 @@ void PoolService::PutTaskOp(const JobState& j, int index, WriteBatch& batch) {
   r.index = index;
   r.state = std::string(TaskPhaseName(ts.phase));
   if (ts.placed) {
-    r.node = ledger_.spec(ts.placement.node).name;
-    r.placement_json = PlacementToJson(ts.placement, ledger_).dump();
+    r.node = state_.ledger.spec(ts.placement.node).name;
+    r.placement_json = PlacementToJson(ts.placement, state_.ledger).dump();
   } else {
     r.node = ts.last_node;  // a finished task remembers where it ran; only live tasks have a placement
   }
@@ -186,7 +137,7 @@ void PoolService::NotifyWatchersLocked() {
                        json::object());
   job_watches_->Flush(
       [this](const std::string& id) -> std::optional<json> {
-        const JobState* j = FindJob(id);
+        const JobState* j = state_.FindJob(id);
         if (j == nullptr) return std::nullopt;
         return JobJson(*j);
       },
@@ -199,7 +150,7 @@ void PoolService::ReleaseWatchers() {
                             json::object());
   job_watches_->ReleaseAll(
       [this](const std::string& id) -> std::optional<json> {
-        const JobState* j = FindJob(id);
+        const JobState* j = state_.FindJob(id);
         if (j == nullptr) return std::nullopt;
         return JobJson(*j);
       },
@@ -209,14 +160,14 @@ void PoolService::ReleaseWatchers() {
 void PoolService::ReleaseTask(JobState& j, int index, bool agent_ended_it) {
   TaskState& ts = j.tasks[static_cast<size_t>(index)];
   if (!ts.placed) return;
-  (void)ledger_.Release(ts.allocation);
-  nodes_[ts.placement.node].tasks.erase({j.rec.id, index});
+  (void)state_.ledger.Release(ts.allocation);
+  state_.nodes[ts.placement.node].tasks.erase({j.rec.id, index});
   if (!agent_ended_it) MarkAssignmentsChanged(ts.placement.node);
-  Resources& u = usage_[{j.rec.tenant, j.rec.queue}];
+  Resources& u = state_.usage[{j.rec.tenant, j.rec.queue}];
   u -= TaskDemand(j.job.groups[static_cast<size_t>(ts.group)].request);
   ts.placed = false;
   ts.allocation = 0;
-  ++capacity_epoch_;
+  ++state_.capacity_epoch;
   wake_pending_ = true;
   wake_.notify_one();
 }
@@ -226,15 +177,15 @@ void PoolService::StopTask(JobState& j, int index, TaskPhase outcome, const std:
   TaskState& ts = j.tasks[static_cast<size_t>(index)];
   const int64_t now = NowMs();
   if (ts.phase == TaskPhase::kPending) {
-    SetTaskPhase(j, ts, outcome == TaskPhase::kPreempted ? TaskPhase::kPending : outcome);
+    state_.SetTaskPhase(j, ts, outcome == TaskPhase::kPreempted ? TaskPhase::kPending : outcome);
     ts.updated_ms = now;
     PutTaskOp(j, index, batch);
     return;
   }
   if (!IsLive(ts.phase)) return;
-  stopping_jobs_.insert(j.rec.id);
+  state_.stopping_jobs.insert(j.rec.id);
   if (ts.phase != TaskPhase::kStopping) {
-    SetTaskPhase(j, ts, TaskPhase::kStopping);
+    state_.SetTaskPhase(j, ts, TaskPhase::kStopping);
     MarkAssignmentsChanged(ts.placement.node);
     ts.stop_deadline_ms = now + 1000LL * (config_.grace_period_seconds + config_.heartbeat_timeout_seconds);
   }
@@ -245,12 +196,12 @@ void PoolService::StopTask(JobState& j, int index, TaskPhase outcome, const std:
 }
 
 void PoolService::FailJob(JobState& j, const std::string& reason, WriteBatch& batch) {
-  SetJobPhase(j, JobPhase::kFailed);
+  state_.SetJobPhase(j, JobPhase::kFailed);
   j.rec.reason = reason;
   for (size_t i = 0; i < j.tasks.size(); ++i)
     StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job failed", batch);
-  pending_.erase(j.rec.seq);
-  partial_.erase(j.rec.seq);
+  state_.pending.erase(j.rec.seq);
+  state_.partial.erase(j.rec.seq);
   ++metrics_.finished["failed"];
   Event(j.rec.id, "Failed", j.rec.reason, batch);
   PutJobOps(j, batch);
@@ -306,15 +257,15 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
       TaskState& ts = j.tasks[i];
       // Every task that was placed runs again as a new run (its agent tells runs apart by this).
       if (ts.phase != TaskPhase::kPending) ++ts.restarts;
-      SetTaskPhase(j, ts, TaskPhase::kPending);
+      state_.SetTaskPhase(j, ts, TaskPhase::kPending);
       ts.updated_ms = now;
       PutTaskOp(j, static_cast<int>(i), batch);
     }
-    SetJobPhase(j, JobPhase::kPending);
+    state_.SetJobPhase(j, JobPhase::kPending);
     j.pending_since_ms = now;
     j.submit_mono = MonoNow();
-    pending_.insert(j.rec.seq);
-    partial_.erase(j.rec.seq);
+    state_.pending.insert(j.rec.seq);
+    state_.partial.erase(j.rec.seq);
     Event(j.rec.id, "Requeued", "every task stopped; queued again (" + j.rec.reason + ")", batch);
     PutJobOps(j, batch);
     return;
@@ -323,7 +274,7 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
     PutJobOps(j, batch);
     return;
   }
-  SetJobPhase(j, JobPhase::kSucceeded);
+  state_.SetJobPhase(j, JobPhase::kSucceeded);
   j.rec.reason = "every task exited 0";
   ++metrics_.finished["succeeded"];
   Event(j.rec.id, "Succeeded", "every task exited 0", batch);
@@ -332,14 +283,14 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
 
 void PoolService::ExpireStops(WriteBatch& batch) {
   const int64_t now = NowMs();
-  for (auto sit = stopping_jobs_.begin(); sit != stopping_jobs_.end();) {
-    JobState* jp = FindJob(*sit);
+  for (auto sit = state_.stopping_jobs.begin(); sit != state_.stopping_jobs.end();) {
+    JobState* jp = state_.FindJob(*sit);
     bool still = false;
     if (jp != nullptr) {
       for (const TaskState& ts : jp->tasks) still |= ts.phase == TaskPhase::kStopping;
     }
     if (!still) {
-      sit = stopping_jobs_.erase(sit);
+      sit = state_.stopping_jobs.erase(sit);
       continue;
     }
     ++sit;
@@ -349,7 +300,7 @@ void PoolService::ExpireStops(WriteBatch& batch) {
       TaskState& ts = j.tasks[i];
       if (ts.phase != TaskPhase::kStopping || ts.stop_deadline_ms > now) continue;
       ReleaseTask(j, static_cast<int>(i));
-      SetTaskPhase(j, ts, ts.stop_outcome);
+      state_.SetTaskPhase(j, ts, ts.stop_outcome);
       ts.updated_ms = now;
       PutTaskOp(j, static_cast<int>(i), batch);
       Event(j.rec.id, "TaskFinished",
@@ -391,15 +342,15 @@ void PoolService::FaultJob(JobState& j, const std::string& cause, const std::str
 void PoolService::CheckNodes(WriteBatch& batch) {
   const int64_t now = NowMs();
   const double mono = MonoNow();
-  for (NodeIndex n = 0; n < nodes_.size(); ++n) {
-    NodeInfo& info = nodes_[n];
+  for (NodeIndex n = 0; n < state_.nodes.size(); ++n) {
+    NodeInfo& info = state_.nodes[n];
     if (info.state != "ready" || mono - info.heartbeat_mono < config_.heartbeat_timeout_seconds) continue;
-    const std::string& name = ledger_.spec(n).name;
+    const std::string& name = state_.ledger.spec(n).name;
     info.state = "lost";
     ++metrics_.nodes_lost;
     const std::string reason =
         fmt::format("node {} lost (no heartbeat for {:.1f} s)", name, mono - info.heartbeat_mono);
-    batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, ledger_.state(n).cordoned, info.draining,
+    batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, state_.ledger.state(n).cordoned, info.draining,
                                      info.state, info.last_heartbeat_ms)});
     Event("", "NodeLost", reason, batch);
     // The node's agent fenced its tasks before this timeout (it could not renew its lease), so they
@@ -407,7 +358,7 @@ void PoolService::CheckNodes(WriteBatch& batch) {
     std::set<std::string> job_ids;
     for (const auto& [job_id, index] : info.tasks) job_ids.insert(job_id);
     for (const std::string& job_id : job_ids) {
-      JobState* j = FindJob(job_id);
+      JobState* j = state_.FindJob(job_id);
       if (j == nullptr) continue;
       std::vector<int> released;
       for (size_t i = 0; i < j->tasks.size(); ++i) {
@@ -415,7 +366,7 @@ void PoolService::CheckNodes(WriteBatch& batch) {
         if (!IsLive(ts.phase) || !ts.placed || ts.placement.node != n) continue;
         const TaskPhase outcome = ts.phase == TaskPhase::kStopping ? ts.stop_outcome : TaskPhase::kPreempted;
         ReleaseTask(*j, static_cast<int>(i));
-        SetTaskPhase(*j, ts, outcome);
+        state_.SetTaskPhase(*j, ts, outcome);
         // A running job restarts because of this loss: it is the reason its requeue shows.
         if (outcome == TaskPhase::kPreempted && (ts.stop_reason.empty() || j->phase == JobPhase::kRunning))
           ts.stop_reason = reason;
@@ -433,8 +384,8 @@ void PoolService::CheckNodes(WriteBatch& batch) {
 
 std::vector<PoolService::JobState*> PoolService::JobsOnGpu(NodeIndex n, int gpu) {
   std::vector<JobState*> out;
-  for (const auto& [job_id, index] : nodes_[n].tasks) {
-    JobState* j = FindJob(job_id);
+  for (const auto& [job_id, index] : state_.nodes[n].tasks) {
+    JobState* j = state_.FindJob(job_id);
     if (j == nullptr) continue;
     const TaskState& ts = j->tasks[static_cast<size_t>(index)];
     if (!IsLive(ts.phase)) continue;
@@ -446,20 +397,20 @@ std::vector<PoolService::JobState*> PoolService::JobsOnGpu(NodeIndex n, int gpu)
 }
 
 void PoolService::UpdateGpuUsable(NodeIndex n, int gpu) {
-  const NodeInfo::GpuCondition& c = nodes_[n].gpus[static_cast<size_t>(gpu)];
+  const NodeInfo::GpuCondition& c = state_.nodes[n].gpus[static_cast<size_t>(gpu)];
   const bool usable = c.fault.empty() && !c.hot;
-  if (ledger_.state(n).gpus[static_cast<size_t>(gpu)].healthy == usable) return;
-  (void)ledger_.SetGpuHealthy(n, gpu, usable);
+  if (state_.ledger.state(n).gpus[static_cast<size_t>(gpu)].healthy == usable) return;
+  (void)state_.ledger.SetGpuHealthy(n, gpu, usable);
   if (usable) {
-    ++capacity_epoch_;
+    ++state_.capacity_epoch;
     wake_pending_ = true;
     wake_.notify_one();
   }
 }
 
 void PoolService::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& reports, WriteBatch& batch) {
-  NodeInfo& info = nodes_[n];
-  const NodeSpec& spec = ledger_.spec(n);
+  NodeInfo& info = state_.nodes[n];
+  const NodeSpec& spec = state_.ledger.spec(n);
   info.gpus.resize(spec.gpus.size());
   const int64_t now = NowMs();
   const auto& hs = config_.hotspot;

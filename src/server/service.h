@@ -47,24 +47,12 @@
 #include "server/job_list.h"
 #include "server/metrics.h"
 #include "server/node_credentials.h"
+#include "server/state.h"
 #include "server/watches.h"
 #include "store/store.h"
 
 namespace gpupool {
 
-enum class JobPhase : uint8_t { kPending, kRunning, kSucceeded, kFailed, kCancelled };
-enum class TaskPhase : uint8_t {
-  kPending,
-  kAssigned,
-  kRunning,
-  kStopping,
-  kSucceeded,
-  kFailed,
-  kCancelled,
-  kPreempted
-};
-std::string_view JobPhaseName(JobPhase p);
-std::string_view TaskPhaseName(TaskPhase p);
 
 struct ListJobsQuery {
   std::set<std::string> states, tenants, queues;  // empty: any
@@ -175,73 +163,26 @@ class PoolService {
 
   // Ledger invariants, and that the ledger holds exactly the allocations of the live tasks.
   Status CheckInvariants();
-  // Per GPU of every node: (used share, used memory) as the ledger has them, for tests.
-  // Two independent views: what the ledger's free counters say is used, and what the live tasks
-  // were granted (summed from their placements).
-  struct GpuUse {
-    std::string node;
-    int gpu = 0;
-    int64_t ledger_used_share = 0, ledger_used_memory = 0;
-    int64_t granted_share = 0, granted_memory = 0;
-    int64_t capacity_memory = 0;
-  };
+  // Per GPU of every node: what the ledger has used and what the live tasks were granted, for tests.
+  using GpuUse = gpupool::GpuUse;
   std::vector<GpuUse> GpuUsage();
 
   const ServerConfig& config() const { return config_; }
 
  private:
-  struct TaskState {
-    TaskPhase phase = TaskPhase::kPending;
-    int group = 0;
-    int replica = 0;
-    bool placed = false;
-    Placement placement;
-    AllocationId allocation = 0;
-    int exit_code = 0;
-    int restarts = 0;
-    std::string run_id;  // of the current (or last) placement; see TaskRecord::run_id
-    int64_t updated_ms = 0;
-    int64_t stop_deadline_ms = 0;
-    std::string last_node;  // where the task last ran (kept after release: its logs are there)
-    std::string stop_reason;
-    std::string end_message;  // what the agent said when the task ended ("killed by SIGKILL")
-    TaskPhase stop_outcome = TaskPhase::kCancelled;  // what "stopped" turns into
-  };
-  struct JobState {
-    JobRecord rec;
-    JobPhase phase = JobPhase::kPending;
-    Job job;
-    Resources demand;
-    std::vector<TaskState> tasks;
-    std::vector<int> task_group;  // task index -> group
-    std::array<int32_t, kTaskPhaseCount> task_counts{};  // tasks per TaskPhase (SetTaskPhase keeps it)
-    int64_t pending_since_ms = 0;
-    std::string pending_message;  // last "why pending"
-    Diagnosis diagnosis;
-    std::string pending_task;           // the task the diagnosis is about
-    std::set<std::string> waiting_for;  // victims this job preempted, not yet stopped
-    // The capacity epoch at which the job last failed to fit; while the epoch is unchanged nothing
-    // was freed, so trying again cannot succeed (placements only take capacity away).
-    uint64_t failed_epoch = ~uint64_t{0};
-    uint64_t preempt_epoch = ~uint64_t{0};
-    int64_t started_ms = 0;
-    double submit_mono = 0;  // steady clock seconds, for the latency histogram
-  };
+  using TaskState = PoolTask;
+  using JobState = PoolJob;
+  using NodeInfo = PoolNode;
 
   PoolService(ServerConfig config, std::unique_ptr<Store> store);
   Status Recover();
   Status RebuildScheduler();             // REQUIRES: mu_
-  Status CheckInvariantsLocked() const;  // REQUIRES: mu_
+  Status CheckInvariantsLocked() const { return state_.CheckInvariants(submissions_in_flight_); }  // REQUIRES: mu_
   Status RebuildQueueOrder();            // REQUIRES: mu_
   void Loop();
   int CycleLocked(WriteBatch& batch);  // REQUIRES: mu_
 
   // REQUIRES: mu_ for all below.
-  // Every change of a job's or a task's phase goes through these: they keep the per-phase counts,
-  // the tenants' and queues' pending counts and the per-job task counts in step.
-  void SetJobPhase(JobState& j, JobPhase phase);
-  void SetTaskPhase(JobState& j, TaskState& ts, TaskPhase phase);
-  JobState* FindJob(const std::string& id);
   Result<JobState*> VisibleJob(const Principal& who, const std::string& id);
   nlohmann::json JobJson(const JobState& j) const;
   nlohmann::json TaskJson(const JobState& j, int index) const;
@@ -332,7 +273,8 @@ class PoolService {
   std::atomic<bool> stopping_{false};
   std::thread loop_;
 
-  Ledger ledger_;
+  // Jobs, tasks, nodes, the ledger and their indexes (server/state.h).
+  PoolState state_;
   SeededRng rng_{42};
   std::unique_ptr<Scheduler> scheduler_;
   Profile profile_;
@@ -344,54 +286,15 @@ class PoolService {
   std::optional<QueueOrder> order_;
   std::vector<QueueSpec> queues_;
 
-  std::unordered_map<std::string, std::unique_ptr<JobState>> jobs_;
-  std::map<uint64_t, JobState*> by_seq_;
-  std::set<uint64_t> pending_;           // seqs of pending jobs
-  // Pending jobs and their tasks per tenant and queue, submissions in flight included (they reserve
-  // their room before the durable write).
-  PendingCounts pending_counts_;
   int submissions_in_flight_ = 0;             // between their reservation and their job (or failure)
-  std::array<int64_t, 5> job_phase_count_{};  // jobs per JobPhase
-  std::unordered_map<std::string, std::array<int64_t, 5>> queue_phase_count_;  // queue -> jobs per JobPhase
-  std::unordered_map<std::string, std::set<uint64_t>> by_tenant_;  // tenant -> seqs of its jobs
-  std::set<uint64_t> partial_;           // running jobs with unplaced tasks
-  std::set<std::string> stopping_jobs_;  // jobs with a task in kStopping
   std::atomic<uint64_t> next_seq_{1};
   uint64_t removed_max_seq_ = 0;  // the highest seq retention removed (stored as meta)
   int64_t next_removal_ms_ = 0;   // the next retention pass (wall clock)
 
-  struct NodeInfo {
-    std::string state = "ready";
-    int64_t last_heartbeat_ms = 0;  // wall clock, for display and the store
-    double heartbeat_mono = 0;      // steady clock seconds: what the lost-node timeout measures
-    bool draining = false;
-    nlohmann::json spec_json;
-    std::set<std::pair<std::string, int>> tasks;  // live tasks (job id, index)
-    // Where the node's agent serves task logs, and the token it accepts from the server for them.
-    // Soft state: sent at registration and with every heartbeat, never stored.
-    std::string agent_endpoint;
-    std::string agent_log_token;
-    // Per GPU, from the heartbeats (soft state: a restarted server learns it again within one).
-    struct GpuCondition {
-      std::string fault;  // non-empty: the agent reports the GPU unhealthy, and why
-      bool hot = false;
-      std::string hot_reason;
-      int64_t over_since_ms = 0;   // start of the current run of samples over a threshold (0: none)
-      int64_t under_since_ms = 0;  // start of the current run of samples under every threshold
-      double temperature_c = -1, utilization = -1, memory_used_fraction = -1;
-    };
-    std::vector<GpuCondition> gpus;
-  };
   // Distinguishes this server run's watch versions from an earlier run's.
   std::string run_token_;
   std::optional<WatchSet<NodeIndex>> node_watches_;   // nodes' assignments
   std::optional<WatchSet<std::string>> job_watches_;  // jobs, by id
-  std::vector<NodeInfo> nodes_;
-  std::map<std::pair<std::string, std::string>, Resources> usage_;  // (tenant, queue) -> used
-
-  // Bumped whenever capacity may have grown: a release, a node registered or uncordoned, a queue
-  // changed, a reservation lifted. See JobState::failed_epoch.
-  uint64_t capacity_epoch_ = 0;
   // Nodes held for one waiting gang.
   std::string reserved_for_;
   std::vector<uint8_t> reserved_nodes_;

@@ -83,7 +83,7 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
           "anew); the agent does not join another pool: see docs/agent.md#cluster-identity",
           theirs, cluster_id_));
   }
-  auto spec = ParseNodeSpec(body, ledger_.catalog());
+  auto spec = ParseNodeSpec(body, state_.ledger.catalog());
   if (!spec.ok()) return spec.status();
   const json canonical = NodeSpecToJson(*spec);
   if (who.role == Role::kNode && who.node != spec->name)
@@ -93,8 +93,8 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
     return Status::PermissionDenied("only an agent or an admin registers nodes");
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();
-  auto existing = ledger_.FindNode(spec->name);
-  if (who.role == Role::kAgent && existing && nodes_[*existing].state == "ready" &&
+  auto existing = state_.ledger.FindNode(spec->name);
+  if (who.role == Role::kAgent && existing && state_.nodes[*existing].state == "ready" &&
       credentials_.Live(spec->name)) {
     // Someone holding the bootstrap token could otherwise take over a live node's assignments.
     return Status::FailedPrecondition(fmt::format(
@@ -105,33 +105,33 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
   NodeIndex n;
   if (existing) {
     n = *existing;
-    if (nodes_[n].spec_json != canonical)
+    if (state_.nodes[n].spec_json != canonical)
       return Status::FailedPrecondition(fmt::format(
           "node '{}' is registered with a different inventory; a changed machine needs a new name",
           spec->name));
   } else {
-    if (nodes_.size() >= static_cast<size_t>(config_.max_nodes))
+    if (state_.nodes.size() >= static_cast<size_t>(config_.max_nodes))
       return Status::LimitExceeded(fmt::format(
           "the pool knows {} node(s), the limit is {} (limits.maxNodes); node '{}' is not registered",
-          nodes_.size(), config_.max_nodes, spec->name));
-    auto added = ledger_.AddNode(*spec);
+          state_.nodes.size(), config_.max_nodes, spec->name));
+    auto added = state_.ledger.AddNode(*spec);
     if (!added.ok()) return Status::InvalidArgument(added.status().message());
     n = *added;
     NodeInfo info;
     info.spec_json = canonical;
-    nodes_.push_back(std::move(info));
+    state_.nodes.push_back(std::move(info));
   }
-  NodeInfo& info = nodes_[n];
+  NodeInfo& info = state_.nodes[n];
   const bool was_lost = info.state != "ready";
   info.state = "ready";
   info.last_heartbeat_ms = now;
   info.heartbeat_mono = MonoNow();
   info.agent_endpoint = agent ? agent->endpoint : "";
   info.agent_log_token = agent ? agent->log_token : "";
-  ++capacity_epoch_;
+  ++state_.capacity_epoch;
   WriteBatch batch;
   batch.Add(PutNode{
-      MakeNodeRecord(spec->name, canonical, ledger_.state(n).cordoned, info.draining, info.state, now)});
+      MakeNodeRecord(spec->name, canonical, state_.ledger.state(n).cordoned, info.draining, info.state, now)});
   Event("", existing ? (was_lost ? "NodeReady" : "NodeReregistered") : "NodeRegistered", spec->name, batch);
   std::string secret;
   if (who.role != Role::kNode) secret = credentials_.Issue(spec->name, now, batch);
@@ -226,9 +226,9 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
     // naming the field, with nothing stored.
     if (!gpu_reports.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      auto n = ledger_.FindNode(node);
+      auto n = state_.ledger.FindNode(node);
       if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
-      const size_t count = ledger_.spec(*n).gpus.size();
+      const size_t count = state_.ledger.spec(*n).gpus.size();
       for (size_t i = 0; i < gpu_reports.size(); ++i) {
         if (static_cast<size_t>(gpu_reports[i].index) >= count)
           return Status::InvalidArgument(fmt::format("gpus[{}].index: node '{}' has {} GPU(s), there is no GPU {}",
@@ -263,9 +263,9 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto n = ledger_.FindNode(node);
+    auto n = state_.ledger.FindNode(node);
     if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
-    NodeInfo& info = nodes_[*n];
+    NodeInfo& info = state_.nodes[*n];
     info.last_heartbeat_ms = NowMs();
     info.heartbeat_mono = MonoNow();
     WriteBatch batch;
@@ -273,10 +273,10 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
       // Back from lost: its tasks were released when it was lost (the agent fenced them), so it
       // comes back empty and its agent stops whatever is not in its assignments.
       info.state = "ready";
-      batch.Add(PutNode{MakeNodeRecord(node, info.spec_json, ledger_.state(*n).cordoned, info.draining,
+      batch.Add(PutNode{MakeNodeRecord(node, info.spec_json, state_.ledger.state(*n).cordoned, info.draining,
                                        info.state, info.last_heartbeat_ms)});
       Event("", "NodeReady", node + " heartbeats again", batch);
-      ++capacity_epoch_;
+      ++state_.capacity_epoch;
       wake_pending_ = true;
       wake_.notify_one();
     }
@@ -305,7 +305,7 @@ Result<json> PoolService::Assignments(const std::string& node) {
   // that a restart would not know about.
   const uint64_t gen = enqueued_gen_;
   durable_.wait(lock, [&] { return durable_gen_ >= gen; });
-  auto n = ledger_.FindNode(node);
+  auto n = state_.ledger.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
   return AssignmentsJsonLocked(*n);
 }
@@ -315,7 +315,7 @@ Result<std::optional<json>> PoolService::WatchAssignments(const std::string& nod
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t gen = enqueued_gen_;
   durable_.wait(lock, [&] { return durable_gen_ >= gen; });
-  auto n = ledger_.FindNode(node);
+  auto n = state_.ledger.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
   // Changes not yet durable (the loop's cycle in flight) are not announced: the version is the
   // last one whose changes are on disk.
@@ -336,9 +336,9 @@ Result<std::optional<json>> PoolService::WatchJob(const Principal& who, const st
 
 json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
   json items = json::array();
-  for (const auto& [job_id, index] : nodes_[n].tasks) {
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) continue;
+  for (const auto& [job_id, index] : state_.nodes[n].tasks) {
+    auto it = state_.jobs.find(job_id);
+    if (it == state_.jobs.end()) continue;
     const JobState* j = it->second.get();
     const TaskState& ts = j->tasks[static_cast<size_t>(index)];
     const TaskGroup& g = j->job.groups[static_cast<size_t>(ts.group)];
@@ -362,7 +362,7 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
                        {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
     a["restarts"] = ts.restarts;
     a["runId"] = ts.run_id;
-    json p = PlacementToJson(ts.placement, ledger_);
+    json p = PlacementToJson(ts.placement, state_.ledger);
     a["cpu"] = p["cpu"];
     a["memory"] = p["memory"];
     a["gpus"] = p["gpus"];
@@ -488,9 +488,9 @@ Result<json> PoolService::ReportTaskLocked(const std::string& node, const TaskRe
   std::string message = report.message;
   const int run = report.run;
   const std::optional<std::string>& run_id = report.run_id;
-  auto n = ledger_.FindNode(node);
+  auto n = state_.ledger.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
-  JobState* j = FindJob(job_id);
+  JobState* j = state_.FindJob(job_id);
   if (j == nullptr) return Status::NotFound(fmt::format("job '{}' not found", job_id));
   if (index < 0 || static_cast<size_t>(index) >= j->tasks.size())
     return Status::NotFound(fmt::format("job '{}' has no task {}", job_id, index));
@@ -513,7 +513,7 @@ Result<json> PoolService::ReportTaskLocked(const std::string& node, const TaskRe
   const std::string task_name = fmt::format("{}[{}]", g.name, ts.replica);
   if (state == "running") {
     if (ts.phase == TaskPhase::kAssigned) {
-      SetTaskPhase(*j, ts, TaskPhase::kRunning);
+      state_.SetTaskPhase(*j, ts, TaskPhase::kRunning);
       ts.updated_ms = now;
       PutTaskOp(*j, index, batch);
       Event(job_id, "TaskStarted", fmt::format("task {} started on {}", task_name, node), batch);
@@ -536,7 +536,7 @@ Result<json> PoolService::ReportTaskLocked(const std::string& node, const TaskRe
       if (message.empty()) message = "stopped without being asked to";
     }
     ReleaseTask(*j, index, /*agent_ended_it=*/true);
-    SetTaskPhase(*j, ts, end);
+    state_.SetTaskPhase(*j, ts, end);
     ts.exit_code = exit_code;
     ts.end_message = message;
     ts.updated_ms = now;
@@ -551,7 +551,7 @@ Result<json> PoolService::ReportTaskLocked(const std::string& node, const TaskRe
                                      ? fmt::format("task {} stopped on {}: {}", task_name, node, message)
                                      : fmt::format("task {} failed on {} with exit code {}{}{}", task_name,
                                                    node, exit_code, message.empty() ? "" : ": ", message);
-      SetTaskPhase(*j, ts, TaskPhase::kPreempted);
+      state_.SetTaskPhase(*j, ts, TaskPhase::kPreempted);
       ts.stop_reason = reason;
       FaultJob(*j, unasked_stop ? "task_stopped" : "task_failed", reason, batch);
     }

@@ -58,8 +58,8 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     // The room is reserved here, under the lock, before the durable write (which runs without it):
     // concurrent submissions cannot all pass the check and then overshoot together.
     RETURN_IF_ERROR(
-        pending_counts_.CheckRoom(config_, order_->FindQueue(job.queue), job.tenant, job.queue, task_count));
-    pending_counts_.Add(job.tenant, job.queue, task_count);
+        state_.pending_counts.CheckRoom(config_, order_->FindQueue(job.queue), job.tenant, job.queue, task_count));
+    state_.pending_counts.Add(job.tenant, job.queue, task_count);
     ++submissions_in_flight_;
   }
   const uint64_t seq = next_seq_.fetch_add(1);
@@ -111,13 +111,15 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   batch.Add(AppendEvent{e});
   if (Status st = committer_->Commit(std::move(batch)); !st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_counts_.Remove(state->rec.tenant, state->rec.queue, task_count);
+    state_.pending_counts.Remove(state->rec.tenant, state->rec.queue, task_count);
     --submissions_in_flight_;
     return Status::Internal("the job could not be stored: " + st.message());
   }
 
   std::lock_guard<std::mutex> lock(mu_);
-  --submissions_in_flight_;  // its reservation is now the pending job's count
+  // Its reservation becomes the pending job's count (AddJob counts it).
+  --submissions_in_flight_;
+  state_.pending_counts.Remove(state->rec.tenant, state->rec.queue, task_count);
   JobState* raw = state.get();
   for (const auto& g : raw->job.groups) {
     for (int rep = 0; rep < g.replicas; ++rep) {
@@ -131,13 +133,8 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
       ++tasks_since_learn_;
     }
   }
-  by_seq_[seq] = raw;
-  by_tenant_[raw->rec.tenant].insert(seq);
-  pending_.insert(seq);
-  ++job_phase_count_[static_cast<size_t>(JobPhase::kPending)];
-  ++queue_phase_count_[raw->rec.queue][static_cast<size_t>(JobPhase::kPending)];
   raw->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(raw->tasks.size());
-  jobs_[raw->rec.id] = std::move(state);
+  state_.AddJob(std::move(state));
   ++metrics_.submitted;
   wake_pending_ = true;
   wake_.notify_one();
@@ -159,9 +156,9 @@ Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, 
     return Status::FailedPrecondition(
         fmt::format("task {} of job '{}' has not run yet: no logs", index, job_id));
   }
-  auto n = ledger_.FindNode(ts.last_node);
+  auto n = state_.ledger.FindNode(ts.last_node);
   if (!n) return Status::FailedPrecondition(fmt::format("node '{}' is no longer registered", ts.last_node));
-  const NodeInfo& info = nodes_[*n];
+  const NodeInfo& info = state_.nodes[*n];
   if (info.agent_endpoint.empty()) {
     return Status::FailedPrecondition(
         fmt::format("node '{}' has not told the server where its agent serves logs (an agent started with "
@@ -204,10 +201,10 @@ Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q)
       only_tenant = *q.tenants.begin();
     }
     if (source == nullptr && !only_tenant.empty()) {
-      auto t = by_tenant_.find(only_tenant);
-      source = t == by_tenant_.end() ? &kNone : &t->second;
+      auto t = state_.by_tenant.find(only_tenant);
+      source = t == state_.by_tenant.end() ? &kNone : &t->second;
     } else if (source == nullptr && q.states.size() == 1 && q.states.count("pending")) {
-      source = &pending_;
+      source = &state_.pending;
     }
     int scanned = 0, listed_tasks = 0;
     auto visit = [&](uint64_t seq, const JobState& j) -> bool {  // false: the page is full
@@ -253,11 +250,11 @@ Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q)
     };
     if (source != nullptr) {
       for (auto it = source->upper_bound(q.after_seq); it != source->end(); ++it) {
-        auto j = by_seq_.find(*it);
-        if (j != by_seq_.end() && !visit(*it, *j->second)) break;
+        auto j = state_.by_seq.find(*it);
+        if (j != state_.by_seq.end() && !visit(*it, *j->second)) break;
       }
     } else {
-      for (auto it = by_seq_.upper_bound(q.after_seq); it != by_seq_.end(); ++it) {
+      for (auto it = state_.by_seq.upper_bound(q.after_seq); it != state_.by_seq.end(); ++it) {
         if (!visit(it->first, *it->second)) break;
       }
     }
@@ -282,17 +279,17 @@ Result<json> PoolService::CancelJob(const Principal& who, const std::string& id)
   for (size_t i = 0; i < j.tasks.size(); ++i) {
     TaskState& ts = j.tasks[i];
     if (ts.phase == TaskPhase::kPending) {
-      SetTaskPhase(j, ts, TaskPhase::kCancelled);
+      state_.SetTaskPhase(j, ts, TaskPhase::kCancelled);
       ts.updated_ms = NowMs();
       PutTaskOp(j, static_cast<int>(i), batch);
     } else {
       StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job cancelled", batch);
     }
   }
-  SetJobPhase(j, JobPhase::kCancelled);
+  state_.SetJobPhase(j, JobPhase::kCancelled);
   j.rec.reason = "cancelled by " + by;
-  pending_.erase(j.rec.seq);
-  partial_.erase(j.rec.seq);
+  state_.pending.erase(j.rec.seq);
+  state_.partial.erase(j.rec.seq);
   if (reserved_for_ == j.rec.id) reserved_for_.clear();
   ++metrics_.finished["cancelled"];
   Event(j.rec.id, "Cancelled", j.rec.reason, batch);
@@ -329,7 +326,7 @@ Result<json> PoolService::JobEvents(const Principal& who, const std::string& id,
       scheduler_->SetNodeMask(nullptr);
       size_t shown = 0;
       for (size_t n = 0; n < why.size() && shown < 200; ++n, ++shown) {
-        nodes[ledger_.spec(static_cast<NodeIndex>(n)).name] = why[n].empty() ? "fits" : why[n];
+        nodes[state_.ledger.spec(static_cast<NodeIndex>(n)).name] = why[n].empty() ? "fits" : why[n];
       }
       pending["nodes"] = std::move(nodes);
       if (why.size() > shown) pending["nodesTruncated"] = true;
@@ -353,25 +350,25 @@ Result<json> PoolService::JobEvents(const Principal& who, const std::string& id,
 json PoolService::ListNodes() {
   std::lock_guard<std::mutex> lock(mu_);
   json items = json::array();
-  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) items.push_back(NodeJson(n));
+  for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) items.push_back(NodeJson(n));
   return {{"items", std::move(items)}};
 }
 
 Result<json> PoolService::GetNode(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto n = ledger_.FindNode(name);
+  auto n = state_.ledger.FindNode(name);
   if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
   return NodeJson(*n);
 }
 
 Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto n = ledger_.FindNode(name);
+  auto n = state_.ledger.FindNode(name);
   if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
-  NodeInfo& info = nodes_[*n];
+  NodeInfo& info = state_.nodes[*n];
   if (!cordoned && info.draining) info.draining = false;
-  RETURN_IF_ERROR(ledger_.SetCordoned(*n, cordoned));
-  ++capacity_epoch_;
+  RETURN_IF_ERROR(state_.ledger.SetCordoned(*n, cordoned));
+  ++state_.capacity_epoch;
   WriteBatch batch;
   batch.Add(PutNode{
       MakeNodeRecord(name, info.spec_json, cordoned, info.draining, info.state, info.last_heartbeat_ms)});
@@ -384,15 +381,15 @@ Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
 
 Result<json> PoolService::DrainNode(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto n = ledger_.FindNode(name);
+  auto n = state_.ledger.FindNode(name);
   if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
-  NodeInfo& info = nodes_[*n];
-  RETURN_IF_ERROR(ledger_.SetCordoned(*n, true));
+  NodeInfo& info = state_.nodes[*n];
+  RETURN_IF_ERROR(state_.ledger.SetCordoned(*n, true));
   info.draining = true;
   WriteBatch batch;
   const auto tasks = info.tasks;
   for (const auto& [job_id, index] : tasks) {
-    JobState* j = FindJob(job_id);
+    JobState* j = state_.FindJob(job_id);
     if (j == nullptr) continue;
     // Every job on the node goes back to its queue and restarts elsewhere from its checkpoint.
     for (size_t i = 0; i < j->tasks.size(); ++i) {
@@ -432,12 +429,12 @@ Result<json> PoolService::GetQueueLocked(const std::string& name) {
   if (it == all.end()) return Status::NotFound(fmt::format("queue '{}' not found", name));
   json j = QueueJson(*it);
   Resources used;
-  for (const auto& [key, r] : usage_) {
+  for (const auto& [key, r] : state_.usage) {
     if (key.second == name) used += r;
   }
   j["used"] = ResourceMapJson(used);
   int64_t pending = 0, running = 0;
-  if (auto c = queue_phase_count_.find(name); c != queue_phase_count_.end()) {
+  if (auto c = state_.queue_phase_count.find(name); c != state_.queue_phase_count.end()) {
     pending = c->second[static_cast<size_t>(JobPhase::kPending)];
     running = c->second[static_cast<size_t>(JobPhase::kRunning)];
   }
@@ -465,7 +462,7 @@ Result<json> PoolService::CreateQueue(const json& body) {
   RETURN_IF_ERROR(CommitLocked(batch));
   queues_ = std::move(next);
   order_.emplace(std::move(order).value());
-  ++capacity_epoch_;
+  ++state_.capacity_epoch;
   return GetQueueLocked(q->name);
 }
 
@@ -507,7 +504,7 @@ Result<json> PoolService::UpdateQueue(const std::string& name, const json& body)
   RETURN_IF_ERROR(CommitLocked(batch));
   queues_ = order->options().queues;
   order_.emplace(std::move(order).value());
-  ++capacity_epoch_;
+  ++state_.capacity_epoch;
   wake_pending_ = true;
   wake_.notify_one();
   return GetQueueLocked(name);

@@ -100,14 +100,14 @@ class RecordingBinder : public Binder {
 }  // namespace
 
 bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
-  const size_t n = ledger_.node_count();
+  const size_t n = state_.ledger.node_count();
   bool any = false;
   mask.reasons = {"reserved for a waiting gang", "node labels do not match the job's node affinity",
                   "no task of a together-with job on the node", "runs a task of an apart-from job",
                   "node is lost"};
   mask.reason.assign(n, 0);
-  for (size_t i = 0; i < n && i < nodes_.size(); ++i) {
-    if (nodes_[i].state != "ready") {
+  for (size_t i = 0; i < n && i < state_.nodes.size(); ++i) {
+    if (state_.nodes[i].state != "ready") {
       mask.reason[i] = 5;
       any = true;
     }
@@ -124,16 +124,16 @@ bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
   if (aff.empty()) return any;
   for (size_t i = 0; i < n; ++i) {
     if (mask.reason[i] != 0) continue;
-    const NodeSpec& spec = ledger_.spec(static_cast<NodeIndex>(i));
+    const NodeSpec& spec = state_.ledger.spec(static_cast<NodeIndex>(i));
     uint8_t why = 0;
     for (const auto& req : aff.node) {
       if (!req.Matches(spec.labels)) why = 2;
     }
     if (why == 0 && (!aff.together_with.empty() || !aff.apart_from.empty())) {
       std::set<const JobState*> on_node;
-      for (const auto& [job_id, index] : nodes_[i].tasks) {
-        auto it = jobs_.find(job_id);
-        if (it != jobs_.end()) on_node.insert(it->second.get());
+      for (const auto& [job_id, index] : state_.nodes[i].tasks) {
+        auto it = state_.jobs.find(job_id);
+        if (it != state_.jobs.end()) on_node.insert(it->second.get());
       }
       for (const auto& term : aff.together_with) {
         bool found = false;
@@ -162,7 +162,7 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
   next_removal_ms_ = now + std::clamp<int64_t>(keep_ms / 10, 1000, 60000);
   uint64_t removed_max = removed_max_seq_;
   int removed = 0;
-  for (auto it = by_seq_.begin(); it != by_seq_.end();) {
+  for (auto it = state_.by_seq.begin(); it != state_.by_seq.end();) {
     if (removed == kMaxRemovalsPerPass) {
       next_removal_ms_ = now;  // more to do: the next cycle goes on
       break;
@@ -183,23 +183,10 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
     }
     batch.Add(DeleteJob{j.rec.id});
     removed_max = std::max(removed_max, it->first);
-    pending_.erase(it->first);
-    partial_.erase(it->first);
-    stopping_jobs_.erase(j.rec.id);
     ++metrics_.jobs_removed;
     ++removed;
-    --job_phase_count_[static_cast<size_t>(j.phase)];
-    if (auto q = queue_phase_count_.find(j.rec.queue); q != queue_phase_count_.end()) {
-      --q->second[static_cast<size_t>(j.phase)];
-      if (q->second == std::array<int64_t, 5>{}) queue_phase_count_.erase(q);
-    }
-    if (auto t = by_tenant_.find(j.rec.tenant); t != by_tenant_.end()) {
-      t->second.erase(it->first);
-      if (t->second.empty()) by_tenant_.erase(t);
-    }
     const std::string id = j.rec.id;
-    it = by_seq_.erase(it);
-    jobs_.erase(id);
+    it = state_.RemoveJob(it);
     // Its watchers hear "gone" once the removal is durable.
     job_watches_->Forget(id);
     job_watches_->Changed(id);
@@ -222,10 +209,10 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   const int64_t now = NowMs();
 
   // Preemptors stop waiting once their victims have stopped.
-  for (uint64_t seq : pending_) {
-    JobState& j = *by_seq_[seq];
+  for (uint64_t seq : state_.pending) {
+    JobState& j = *state_.by_seq[seq];
     for (auto it = j.waiting_for.begin(); it != j.waiting_for.end();) {
-      JobState* v = FindJob(*it);
+      JobState* v = state_.FindJob(*it);
       bool stopping = false;
       if (v != nullptr) {
         for (const TaskState& ts : v->tasks) stopping |= ts.phase == TaskPhase::kStopping;
@@ -234,17 +221,17 @@ int PoolService::CycleLocked(WriteBatch& batch) {
     }
   }
   if (!reserved_for_.empty()) {
-    JobState* r = FindJob(reserved_for_);
+    JobState* r = state_.FindJob(reserved_for_);
     if (r == nullptr || r->phase != JobPhase::kPending) {
       reserved_for_.clear();
-      ++capacity_epoch_;
+      ++state_.capacity_epoch;
     }
   }
 
   std::vector<PendingEntry> entries;
   std::vector<JobState*> states;
-  for (uint64_t seq : pending_) {
-    JobState* j = by_seq_[seq];
+  for (uint64_t seq : state_.pending) {
+    JobState* j = state_.by_seq[seq];
     if (!j->waiting_for.empty()) continue;
     if (j->rec.not_before_ms > now) {
       // Retry backoff after a fault (docs/jobspec.md#retry).
@@ -258,10 +245,10 @@ int PoolService::CycleLocked(WriteBatch& batch) {
     states.push_back(j);
   }
   std::vector<UsageEntry> usage;
-  for (const auto& [key, r] : usage_) usage.push_back({key.first, key.second, r});
+  for (const auto& [key, r] : state_.usage) usage.push_back({key.first, key.second, r});
   Resources total;
-  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
-    const NodeSpec& s = ledger_.spec(n);
+  for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) {
+    const NodeSpec& s = state_.ledger.spec(n);
     total.cpu += s.cpu.units();
     total.memory += s.memory.units();
     for (const auto& g : s.gpus) total.gpu += g.mig_enabled ? 0 : 1000;
@@ -273,7 +260,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   // Job shapes that failed in this cycle: capacity only shrinks during a cycle, so a job of the
   // same shape cannot fit either and skips the pass over the nodes.
   std::set<std::string> failed_shapes;
-  if (!entries.empty() && ledger_.node_count() > 0) {
+  if (!entries.empty() && state_.ledger.node_count() > 0) {
     QueueOrder::Pass pass = order_->Begin(entries, usage, total);
     while (auto next = pass.Next()) {
       if (placed >= config_.max_jobs_per_cycle) break;
@@ -281,9 +268,9 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       JobState& j = *states[i];
       // Nothing was freed since this job last failed to fit: it cannot fit now either. A job that
       // wants to be together with others may fit after a placement, so it is always tried.
-      if (j.failed_epoch == capacity_epoch_ && j.job.affinity.together_with.empty()) {
+      if (j.failed_epoch == state_.capacity_epoch && j.job.affinity.together_with.empty()) {
         pass.Skipped(i);
-        const uint64_t preempt_epoch = capacity_epoch_ + metrics_.placements;
+        const uint64_t preempt_epoch = state_.capacity_epoch + metrics_.placements;
         if (config_.preemption && j.preempt_epoch != preempt_epoch) {
           j.preempt_epoch = preempt_epoch;
           if (TryPreempt(j, entries[i], running_view, batch)) continue;
@@ -294,8 +281,8 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       const std::string shape = j.rec.id == reserved_for_ ? "" : JobShapeKey(j.job);
       if (!shape.empty() && failed_shapes.count(shape)) {
         pass.Skipped(i);
-        j.failed_epoch = capacity_epoch_;
-        const uint64_t preempt_epoch = capacity_epoch_ + metrics_.placements;
+        j.failed_epoch = state_.capacity_epoch;
+        const uint64_t preempt_epoch = state_.capacity_epoch + metrics_.placements;
         if (config_.preemption && j.preempt_epoch != preempt_epoch) {
           j.preempt_epoch = preempt_epoch;
           if (TryPreempt(j, entries[i], running_view, batch)) continue;
@@ -316,30 +303,30 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         std::set<std::string> node_names;
         for (const auto& b : binder.bound) {
           TaskState& ts = j.tasks[static_cast<size_t>(b.task)];
-          SetTaskPhase(j, ts, TaskPhase::kAssigned);
+          state_.SetTaskPhase(j, ts, TaskPhase::kAssigned);
           ts.placed = true;
           ts.run_id = NewRunId();
           ts.placement = b.placement;
-          ts.last_node = ledger_.spec(b.placement.node).name;
+          ts.last_node = state_.ledger.spec(b.placement.node).name;
           ts.allocation = b.allocation;
           ts.updated_ms = now;
-          nodes_[b.placement.node].tasks.insert({j.rec.id, b.task});
+          state_.nodes[b.placement.node].tasks.insert({j.rec.id, b.task});
           MarkAssignmentsChanged(b.placement.node);
-          usage_[{j.rec.tenant, j.rec.queue}] +=
+          state_.usage[{j.rec.tenant, j.rec.queue}] +=
               TaskDemand(j.job.groups[static_cast<size_t>(ts.group)].request);
-          node_names.insert(ledger_.spec(b.placement.node).name);
+          node_names.insert(state_.ledger.spec(b.placement.node).name);
           PutTaskOp(j, b.task, batch);
         }
         const bool partial = binder.bound.size() < j.tasks.size();
-        if (partial) partial_.insert(j.rec.seq);
-        SetJobPhase(j, JobPhase::kRunning);
+        if (partial) state_.partial.insert(j.rec.seq);
+        state_.SetJobPhase(j, JobPhase::kRunning);
         j.rec.reason = "";
         j.pending_message.clear();
         j.started_ms = now;
-        pending_.erase(j.rec.seq);
+        state_.pending.erase(j.rec.seq);
         if (reserved_for_ == j.rec.id) {
           reserved_for_.clear();
-          ++capacity_epoch_;
+          ++state_.capacity_epoch;
         }
         Event(j.rec.id, "Scheduled",
               fmt::format("placed {} of {} task(s) on {}", binder.bound.size(), j.tasks.size(),
@@ -354,7 +341,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         continue;
       }
       pass.Skipped(i);
-      j.failed_epoch = capacity_epoch_;
+      j.failed_epoch = state_.capacity_epoch;
       if (!shape.empty()) failed_shapes.insert(shape);
       if (r.first_failed_task >= 0) {
         const TaskState& ft = j.tasks[static_cast<size_t>(r.first_failed_task)];
@@ -369,7 +356,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         Event(j.rec.id, "Pending", message, batch);
         PutJobOps(j, batch);
       }
-      const uint64_t preempt_epoch = capacity_epoch_ + metrics_.placements;
+      const uint64_t preempt_epoch = state_.capacity_epoch + metrics_.placements;
       if (config_.preemption && j.preempt_epoch != preempt_epoch) {
         j.preempt_epoch = preempt_epoch;
         if (TryPreempt(j, entries[i], running_view, batch)) continue;
@@ -378,8 +365,8 @@ int PoolService::CycleLocked(WriteBatch& batch) {
     }
   }
   // Running jobs whose gang minimum was met place their remaining tasks as room appears.
-  for (auto it = partial_.begin(); it != partial_.end();) {
-    JobState& j = *by_seq_[*it];
+  for (auto it = state_.partial.begin(); it != state_.partial.end();) {
+    JobState& j = *state_.by_seq[*it];
     bool still = false;
     for (size_t t = 0; t < j.tasks.size(); ++t) {
       TaskState& ts = j.tasks[t];
@@ -394,20 +381,20 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         still = true;
         continue;
       }
-      SetTaskPhase(j, ts, TaskPhase::kAssigned);
+      state_.SetTaskPhase(j, ts, TaskPhase::kAssigned);
       ts.placed = true;
       ts.run_id = NewRunId();
       ts.placement = d.placement;
-      ts.last_node = ledger_.spec(d.placement.node).name;
+      ts.last_node = state_.ledger.spec(d.placement.node).name;
       ts.allocation = *id;
       ts.updated_ms = now;
-      nodes_[d.placement.node].tasks.insert({j.rec.id, static_cast<int>(t)});
+      state_.nodes[d.placement.node].tasks.insert({j.rec.id, static_cast<int>(t)});
       MarkAssignmentsChanged(d.placement.node);
-      usage_[{j.rec.tenant, j.rec.queue}] += TaskDemand(req);
+      state_.usage[{j.rec.tenant, j.rec.queue}] += TaskDemand(req);
       PutTaskOp(j, static_cast<int>(t), batch);
       ++metrics_.task_placements;
     }
-    it = still ? std::next(it) : partial_.erase(it);
+    it = still ? std::next(it) : state_.partial.erase(it);
   }
   metrics_.cycle_duration.Observe(MonoNow() - t0);
   return placed;
@@ -417,7 +404,7 @@ void PoolService::BuildRunningView(RunningView& view) {
   view = RunningView{};
   view.built = true;
   std::vector<Resources> group_demand;
-  for (auto& [seq, v] : by_seq_) {
+  for (auto& [seq, v] : state_.by_seq) {
     if (v->phase != JobPhase::kRunning) continue;
     bool stopping = false;
     Resources used;
@@ -442,7 +429,7 @@ bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView
   const std::vector<RunningEntry>& running = view.entries;
   const std::vector<JobState*>& running_jobs = view.jobs;
   std::vector<UsageEntry> usage;
-  for (const auto& [key, r] : usage_) usage.push_back({key.first, key.second, r});
+  for (const auto& [key, r] : state_.usage) usage.push_back({key.first, key.second, r});
   const std::vector<PreemptionCandidate> candidates =
       PreemptionCandidates(*order_, entry, j.job.qos, running, usage);
   if (candidates.empty()) return false;
@@ -462,7 +449,7 @@ bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView
     for (size_t t = 0; t < v->tasks.size(); ++t) {
       TaskState& ts = v->tasks[t];
       if (!ts.placed) continue;
-      (void)ledger_.Release(ts.allocation);
+      (void)state_.ledger.Release(ts.allocation);
       released.push_back({v, static_cast<int>(t), ts.placement});
     }
     needed = c + 1;
@@ -471,12 +458,12 @@ bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView
     JobResult trial = scheduler_->ScheduleJob(j.job);
     scheduler_->SetNodeMask(nullptr);
     if (trial.placed) {
-      for (AllocationId a : trial.allocations) (void)ledger_.Release(a);
+      for (AllocationId a : trial.allocations) (void)state_.ledger.Release(a);
       fits = true;
     }
   }
   for (const Released& r : released) {
-    auto id = ledger_.Commit(r.placement);
+    auto id = state_.ledger.Commit(r.placement);
     if (!id.ok()) FailStop(id.status().WithContext("restoring an allocation after a preemption what-if"));
     r.job->tasks[static_cast<size_t>(r.task)].allocation = *id;
   }
@@ -516,9 +503,9 @@ void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
     if (largest == nullptr || g.request.total_gpu_share() > largest->total_gpu_share()) largest = &g.request;
   }
   std::vector<NodeIndex> candidates;
-  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
-    const NodeSpec& s = ledger_.spec(n);
-    if (!ledger_.state(n).schedulable() || nodes_[n].state != "ready") continue;
+  for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) {
+    const NodeSpec& s = state_.ledger.spec(n);
+    if (!state_.ledger.state(n).schedulable() || state_.nodes[n].state != "ready") continue;
     if (static_cast<int>(s.gpus.size()) < largest->gpu_count || s.cpu < largest->cpu ||
         s.memory < largest->memory)
       continue;
@@ -529,18 +516,18 @@ void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
     candidates.push_back(n);
   }
   std::sort(candidates.begin(), candidates.end(), [&](NodeIndex a, NodeIndex b) {
-    const auto& sa = ledger_.state(a);
-    const auto& sb = ledger_.state(b);
+    const auto& sa = state_.ledger.state(a);
+    const auto& sb = state_.ledger.state(b);
     if (sa.free_gpu_share != sb.free_gpu_share) return sa.free_gpu_share > sb.free_gpu_share;
     return a < b;
   });
   Resources covered;
-  std::vector<uint8_t> reserved(ledger_.node_count(), 0);
+  std::vector<uint8_t> reserved(state_.ledger.node_count(), 0);
   std::vector<std::string> names;
   for (NodeIndex n : candidates) {
     if (covered.gpu >= j.demand.gpu && covered.cpu >= j.demand.cpu && covered.memory >= j.demand.memory)
       break;
-    const NodeSpec& s = ledger_.spec(n);
+    const NodeSpec& s = state_.ledger.spec(n);
     covered.cpu += s.cpu.units();
     covered.memory += s.memory.units();
     covered.gpu += 1000 * static_cast<int64_t>(s.gpus.size());

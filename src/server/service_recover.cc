@@ -60,9 +60,9 @@ Status PoolService::Recover() {
   for (const NodeRecord& r : snap->nodes) {
     json j = json::parse(r.spec_json, nullptr, false);
     if (j.is_discarded()) return Status::Internal("stored node '" + r.name + "' is not valid JSON");
-    auto spec = ParseNodeSpec(j, ledger_.catalog());
+    auto spec = ParseNodeSpec(j, state_.ledger.catalog());
     if (!spec.ok()) return spec.status().WithContext("stored node " + r.name);
-    auto idx = ledger_.AddNode(*spec);
+    auto idx = state_.ledger.AddNode(*spec);
     if (!idx.ok()) return idx.status().WithContext("stored node " + r.name);
     NodeInfo info;
     info.state = r.state.empty() ? "ready" : r.state;
@@ -70,8 +70,8 @@ Status PoolService::Recover() {
     info.heartbeat_mono = MonoNow();
     info.draining = r.draining;
     info.spec_json = std::move(j);
-    nodes_.push_back(std::move(info));
-    if (r.cordoned) RETURN_IF_ERROR(ledger_.SetCordoned(*idx, true));
+    state_.nodes.push_back(std::move(info));
+    if (r.cordoned) RETURN_IF_ERROR(state_.ledger.SetCordoned(*idx, true));
   }
 
   uint64_t max_seq = 0;
@@ -107,16 +107,7 @@ Status PoolService::Recover() {
       }
     }
     max_seq = std::max(max_seq, r.seq);
-    JobState* raw = state.get();
-    by_seq_[r.seq] = raw;
-    jobs_[r.id] = std::move(state);
-    by_tenant_[r.tenant].insert(r.seq);
-    ++job_phase_count_[static_cast<size_t>(raw->phase)];
-    ++queue_phase_count_[r.queue][static_cast<size_t>(raw->phase)];
-    if (raw->phase == JobPhase::kPending) {
-      pending_.insert(r.seq);
-      pending_counts_.Add(r.tenant, r.queue, static_cast<int64_t>(raw->tasks.size()));
-    }
+    state_.AddJob(std::move(state));
   }
   RETURN_IF_ERROR(credentials_.Load(snap->meta));
   for (const auto& [key, value] : snap->meta) {
@@ -140,7 +131,7 @@ Status PoolService::Recover() {
   next_seq_ = max_seq + 1;
 
   for (const TaskRecord& r : snap->tasks) {
-    JobState* j = FindJob(r.job_id);
+    JobState* j = state_.FindJob(r.job_id);
     if (j == nullptr) return Status::Internal("stored task of unknown job " + r.job_id);
     if (r.index < 0 || static_cast<size_t>(r.index) >= j->tasks.size())
       return Status::Internal(fmt::format("stored task {}[{}] is out of range", r.job_id, r.index));
@@ -148,7 +139,7 @@ Status PoolService::Recover() {
     if (!phase)
       return Status::Internal(fmt::format("stored task {}[{}] has unknown state", r.job_id, r.index));
     TaskState& ts = j->tasks[static_cast<size_t>(r.index)];
-    SetTaskPhase(*j, ts, *phase);
+    state_.SetTaskPhase(*j, ts, *phase);
     ts.exit_code = r.exit_code;
     ts.restarts = r.restarts;
     ts.run_id = r.run_id;
@@ -160,16 +151,16 @@ Status PoolService::Recover() {
       json pj = json::parse(r.placement_json, nullptr, false);
       if (pj.is_discarded())
         return Status::Internal(fmt::format("stored task {}[{}]: bad placement", r.job_id, r.index));
-      auto p = PlacementFromJson(pj, ledger_);
+      auto p = PlacementFromJson(pj, state_.ledger);
       if (!p.ok()) return p.status().WithContext(fmt::format("stored task {}[{}]", r.job_id, r.index));
-      auto id = ledger_.Commit(*p);
+      auto id = state_.ledger.Commit(*p);
       if (!id.ok())
         return id.status().WithContext(fmt::format("restoring the allocation of {}[{}]", r.job_id, r.index));
       ts.placed = true;
       ts.placement = *p;
       ts.allocation = *id;
-      nodes_[p->node].tasks.insert({r.job_id, r.index});
-      usage_[{j->rec.tenant, j->rec.queue}] +=
+      state_.nodes[p->node].tasks.insert({r.job_id, r.index});
+      state_.usage[{j->rec.tenant, j->rec.queue}] +=
           TaskDemand(j->job.groups[static_cast<size_t>(ts.group)].request);
       if (ts.phase == TaskPhase::kStopping) {
         // The deadline is not stored: the agent gets a fresh grace period (the server was away).
@@ -184,14 +175,14 @@ Status PoolService::Recover() {
           ts.stop_outcome = IsTerminal(j->phase) ? TaskPhase::kCancelled : TaskPhase::kPreempted;
         }
         if (ts.stop_reason.empty()) ts.stop_reason = "stop in progress at restart";
-        stopping_jobs_.insert(r.job_id);
+        state_.stopping_jobs.insert(r.job_id);
       }
     }
   }
-  for (auto& [seq, j] : by_seq_) {
+  for (auto& [seq, j] : state_.by_seq) {
     if (j->phase != JobPhase::kRunning) continue;
     for (const TaskState& ts : j->tasks) {
-      if (ts.phase == TaskPhase::kPending) partial_.insert(seq);
+      if (ts.phase == TaskPhase::kPending) state_.partial.insert(seq);
     }
   }
   RETURN_IF_ERROR(RebuildScheduler());
@@ -227,7 +218,7 @@ Status PoolService::RebuildScheduler() {
       gpu_tasks.empty() ? std::vector<TypicalPod>{{0, 1000, 1, {}, 1.0}} : ComputeTypicalPods(gpu_tasks);
   PluginInit init;
   init.typical_pods = &typical_pods_;
-  auto s = Scheduler::Create(profile_, DefaultRegistry(), ledger_, rng_, init);
+  auto s = Scheduler::Create(profile_, DefaultRegistry(), state_.ledger, rng_, init);
   if (!s.ok()) return s.status().WithContext("profile " + profile_.name);
   scheduler_ = std::move(s).value();
   // Policies that learn online (balanced) see the recent window again, oldest first.

@@ -34,7 +34,7 @@ json PoolService::TaskJson(const JobState& j, int index) const {
             {"replica", ts.replica},    {"state", TaskPhaseName(ts.phase)},
             {"exitCode", ts.exit_code}, {"restarts", ts.restarts}};
   if (ts.placed) {
-    json p = PlacementToJson(ts.placement, ledger_);
+    json p = PlacementToJson(ts.placement, state_.ledger);
     t["node"] = p["node"];
     t["cpu"] = p["cpu"];
     t["memory"] = p["memory"];
@@ -74,15 +74,15 @@ json PoolService::JobJson(const JobState& j) const {
 }
 
 json PoolService::NodeJson(NodeIndex n) const {
-  const NodeSpec& spec = ledger_.spec(n);
-  const NodeState& st = ledger_.state(n);
-  const NodeInfo& info = nodes_[n];
+  const NodeSpec& spec = state_.ledger.spec(n);
+  const NodeState& st = state_.ledger.state(n);
+  const NodeInfo& info = state_.nodes[n];
   int64_t gpu_capacity = 0;
   json gpus = json::array();
   std::map<int, json> gpu_tasks;
   for (const auto& [job_id, index] : info.tasks) {
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) continue;
+    auto it = state_.jobs.find(job_id);
+    if (it == state_.jobs.end()) continue;
     const TaskState& ts = it->second->tasks[static_cast<size_t>(index)];
     for (const GpuGrant& g : ts.placement.gpus) {
       gpu_tasks[g.gpu].push_back({{"job", job_id}, {"index", index}, {"share", g.share.units()}});
@@ -140,10 +140,10 @@ json PoolService::Health() {
   json disk = disk_guard_->Health();
   const bool disk_ok = disk.value("ok", true);
   json h = {{"status", disk_ok ? "ok" : "degraded"},
-            {"nodes", ledger_.node_count()},
+            {"nodes", state_.ledger.node_count()},
             {"jobs",
-             {{"pending", job_phase_count_[static_cast<size_t>(JobPhase::kPending)]},
-              {"running", job_phase_count_[static_cast<size_t>(JobPhase::kRunning)]}}},
+             {{"pending", state_.job_phase_count[static_cast<size_t>(JobPhase::kPending)]},
+              {"running", state_.job_phase_count[static_cast<size_t>(JobPhase::kRunning)]}}},
             {"store", {{"disk", std::move(disk)}}}};
   if (!disk_ok) h["reason"] = disk_guard_->Check().message();
   return h;
@@ -161,7 +161,7 @@ std::string PoolService::MetricsText() {
     pending_by_queue[q.name] = 0;
     running_by_queue[q.name] = 0;
   }
-  for (const auto& [seq, j] : by_seq_) {
+  for (const auto& [seq, j] : state_.by_seq) {
     ++by_state[std::string(JobPhaseName(j->phase))];
     if (j->phase == JobPhase::kPending) {
       ++pending_by_queue[j->rec.queue];
@@ -193,15 +193,15 @@ std::string PoolService::MetricsText() {
     RenderSample("gpupool_pending_jobs_by_reason", {{"reason", r}}, n, out);
 
   int64_t total_gpu = 0, total_cpu = 0, total_mem = 0;
-  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
-    const NodeSpec& s = ledger_.spec(n);
+  for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) {
+    const NodeSpec& s = state_.ledger.spec(n);
     total_cpu += s.cpu.units();
     total_mem += s.memory.units();
     for (const auto& g : s.gpus) total_gpu += g.mig_enabled ? 0 : 1000;
   }
   std::map<std::string, Resources> used_by_queue;
   for (const auto& q : order_->options().queues) used_by_queue[q.name] = Resources{};
-  for (const auto& [key, r] : usage_) used_by_queue[key.second] += r;
+  for (const auto& [key, r] : state_.usage) used_by_queue[key.second] += r;
   RenderHeader("gpupool_queue_gpu_allocated", "gauge",
                "GPUs (fractional) held by each queue's running tasks.", out);
   for (const auto& [q, r] : used_by_queue)
@@ -217,16 +217,16 @@ std::string PoolService::MetricsText() {
   RenderHeader("gpupool_pool_gpus", "gauge", "GPUs in the pool (non-MIG GPUs, whole).", out);
   RenderSample("gpupool_pool_gpus", {}, total_gpu / 1000.0, out);
   RenderHeader("gpupool_pool_gpu_allocated", "gauge", "GPUs (fractional) allocated in the pool.", out);
-  RenderSample("gpupool_pool_gpu_allocated", {}, ledger_.used_gpu_share() / 1000.0, out);
+  RenderSample("gpupool_pool_gpu_allocated", {}, state_.ledger.used_gpu_share() / 1000.0, out);
   RenderHeader("gpupool_pool_cpu_cores", "gauge", "CPU cores in the pool.", out);
   RenderSample("gpupool_pool_cpu_cores", {}, total_cpu / 1000.0, out);
   RenderHeader("gpupool_pool_memory_bytes", "gauge", "Memory in the pool.", out);
   RenderSample("gpupool_pool_memory_bytes", {}, static_cast<double>(total_mem) * 1048576.0, out);
   std::map<std::string, int> nodes_by_state;
   int cordoned = 0;
-  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
-    ++nodes_by_state[nodes_[n].state];
-    cordoned += ledger_.state(n).cordoned;
+  for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) {
+    ++nodes_by_state[state_.nodes[n].state];
+    cordoned += state_.ledger.state(n).cordoned;
   }
   RenderHeader("gpupool_nodes", "gauge", "Registered nodes by state.", out);
   for (const char* s : {"ready", "lost"})
@@ -264,7 +264,7 @@ std::string PoolService::MetricsText() {
   RenderHeader("gpupool_hotspot_migrations_total", "counter", "Best-effort jobs moved off a hot GPU.", out);
   RenderSample("gpupool_hotspot_migrations_total", {}, static_cast<double>(metrics_.hotspot_migrations), out);
   int faulty = 0, hot = 0;
-  for (const NodeInfo& info : nodes_) {
+  for (const NodeInfo& info : state_.nodes) {
     for (const auto& c : info.gpus) {
       faulty += !c.fault.empty();
       hot += c.hot;
@@ -285,106 +285,9 @@ Status PoolService::CheckInvariants() {
   return CheckInvariantsLocked();
 }
 
-Status PoolService::CheckInvariantsLocked() const {
-  RETURN_IF_ERROR(ledger_.CheckInvariants());
-  size_t live = 0;
-  std::array<int64_t, 5> phases{};
-  std::map<std::string, std::array<int64_t, 5>> by_queue;
-  std::map<std::string, PendingCount> pending_by_tenant;
-  for (const auto& [id, j] : jobs_) {
-    ++phases[static_cast<size_t>(j->phase)];
-    ++by_queue[j->rec.queue][static_cast<size_t>(j->phase)];
-    if (j->phase == JobPhase::kPending) {
-      ++pending_by_tenant[j->rec.tenant].jobs;
-      pending_by_tenant[j->rec.tenant].tasks += static_cast<int64_t>(j->tasks.size());
-    }
-    std::array<int32_t, kTaskPhaseCount> counts{};
-    for (const TaskState& ts : j->tasks) ++counts[static_cast<size_t>(ts.phase)];
-    if (counts != j->task_counts) return Status::Internal(fmt::format("job {}: per-phase task counts are off", id));
-    for (size_t i = 0; i < j->tasks.size(); ++i) {
-      const TaskState& ts = j->tasks[i];
-      if (IsLive(ts.phase) != ts.placed)
-        return Status::Internal(
-            fmt::format("task {}[{}] is {} but placed={}", id, i, TaskPhaseName(ts.phase), ts.placed));
-      if (!ts.placed) continue;
-      ++live;
-      const Placement* p = ledger_.Find(ts.allocation);
-      if (p == nullptr || !(*p == ts.placement))
-        return Status::Internal(fmt::format("task {}[{}]: the ledger does not hold its placement", id, i));
-    }
-  }
-  if (live != ledger_.allocation_count())
-    return Status::Internal(
-        fmt::format("{} live tasks but {} ledger allocations", live, ledger_.allocation_count()));
-  if (phases != job_phase_count_) return Status::Internal("the per-phase job counts are off");
-  for (const auto& [queue, counts] : queue_phase_count_) {
-    auto it = by_queue.find(queue);
-    if (counts != (it == by_queue.end() ? std::array<int64_t, 5>{} : it->second))
-      return Status::Internal(fmt::format("queue '{}': the per-phase job counts are off", queue));
-  }
-  for (const auto& [queue, counts] : by_queue) {
-    if (!queue_phase_count_.count(queue))
-      return Status::Internal(fmt::format("queue '{}': its jobs are not counted", queue));
-  }
-  size_t indexed = 0;
-  for (const auto& [tenant, seqs] : by_tenant_) {
-    indexed += seqs.size();
-    for (uint64_t seq : seqs) {
-      auto it = by_seq_.find(seq);
-      if (it == by_seq_.end() || it->second->rec.tenant != tenant)
-        return Status::Internal(fmt::format("the tenant index lists job #{} under '{}' wrongly", seq, tenant));
-    }
-  }
-  if (indexed != by_seq_.size())
-    return Status::Internal(fmt::format("the tenant index holds {} jobs, there are {}", indexed, by_seq_.size()));
-  // Submissions in flight hold reservations, so the counts may be above what the jobs say, never below;
-  // with none in flight they are exact.
-  for (const auto& [tenant, want] : pending_by_tenant) {
-    const PendingCount have = pending_counts_.tenant(tenant);
-    const bool off = submissions_in_flight_ == 0 ? (have.jobs != want.jobs || have.tasks != want.tasks)
-                                                 : (have.jobs < want.jobs || have.tasks < want.tasks);
-    if (off)
-      return Status::Internal(fmt::format("tenant '{}': {} pending jobs ({} tasks) counted, {} ({}) pending",
-                                          tenant, have.jobs, have.tasks, want.jobs, want.tasks));
-  }
-  if (submissions_in_flight_ == 0 && pending_counts_.tenants().size() != pending_by_tenant.size())
-    return Status::Internal("pending counts held for tenants with nothing pending");
-  return Status::Ok();
-}
-
 std::vector<PoolService::GpuUse> PoolService::GpuUsage() {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<GpuUse> out;
-  std::map<std::pair<NodeIndex, int>, std::pair<int64_t, int64_t>> granted;
-  for (const auto& [id, j] : jobs_) {
-    for (const TaskState& ts : j->tasks) {
-      if (!ts.placed) continue;
-      for (const GpuGrant& g : ts.placement.gpus) {
-        auto& e = granted[{ts.placement.node, g.gpu}];
-        e.first += g.share.units();
-        e.second += g.memory.units();
-      }
-    }
-  }
-  for (NodeIndex n = 0; n < ledger_.node_count(); ++n) {
-    const NodeSpec& s = ledger_.spec(n);
-    const NodeState& st = ledger_.state(n);
-    for (size_t g = 0; g < s.gpus.size(); ++g) {
-      GpuUse u;
-      u.node = s.name;
-      u.gpu = static_cast<int>(g);
-      u.ledger_used_share = 1000 - st.gpus[g].free_share;
-      u.ledger_used_memory = s.gpus[g].memory.units() - st.gpus[g].free_memory;
-      auto it = granted.find({n, static_cast<int>(g)});
-      if (it != granted.end()) {
-        u.granted_share = it->second.first;
-        u.granted_memory = it->second.second;
-      }
-      u.capacity_memory = s.gpus[g].memory.units();
-      out.push_back(u);
-    }
-  }
-  return out;
+  return state_.GpuUsage();
 }
 
 }  // namespace gpupool
