@@ -21,6 +21,7 @@
 #include "sched/preemption.h"
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
+#include "server/hotspots.h"
 #include "server/resources_json.h"
 #include "server/service_internal.h"
 
@@ -430,58 +431,38 @@ void PoolService::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& rep
       c.fault.clear();
       UpdateGpuUsable(n, r.index);
     }
-    // Hot spots: over a threshold for the whole window makes the GPU hot; under every threshold for
-    // the cooldown makes it usable again.
-    c.temperature_c = r.temperature_c;
-    c.utilization = r.utilization;
-    c.memory_used_fraction = r.memory_used_fraction;
-    std::vector<std::string> over;
-    if (hs.temperature_c > 0 && r.temperature_c >= hs.temperature_c)
-      over.push_back(fmt::format("temperature {:.0f} C >= {:.0f} C", r.temperature_c, hs.temperature_c));
-    if (hs.utilization > 0 && r.utilization >= hs.utilization)
-      over.push_back(fmt::format("utilization {:.2f} >= {:.2f}", r.utilization, hs.utilization));
-    if (hs.memory_used_fraction > 0 && r.memory_used_fraction >= hs.memory_used_fraction)
-      over.push_back(
-          fmt::format("memory used {:.2f} >= {:.2f}", r.memory_used_fraction, hs.memory_used_fraction));
-    if (!over.empty()) {
-      c.under_since_ms = 0;
-      if (c.over_since_ms == 0) c.over_since_ms = now;
-      if (!c.hot && now - c.over_since_ms >= 1000LL * hs.window_seconds) {
-        c.hot = true;
-        c.hot_reason = fmt::format("{} for {} s", fmt::join(over, ", "), (now - c.over_since_ms) / 1000);
+    // Hot spots (hotspots.h): a GPU that turned hot takes no placements and its best-effort jobs
+    // move; one that cooled takes placements again.
+    const GpuSample sample{r.temperature_c, r.utilization, r.memory_used_fraction};
+    switch (ObserveGpuSample(hs, sample, now, c)) {
+      case HotSpotChange::kNone:
+        break;
+      case HotSpotChange::kTurnedHot:
         UpdateGpuUsable(n, r.index);
         Event("", "GpuHot", fmt::format("{} is hot: {}; no new placements", where, c.hot_reason), batch);
-        if (hs.migrate) {
-          const std::string reason = fmt::format("migrated off hot {} ({})", where, c.hot_reason);
-          for (JobState* j : JobsOnGpu(n, r.index)) {
-            if (j->job.qos != QosClass::kBestEffort || j->phase != JobPhase::kRunning) continue;
-            bool stopping = false;
-            for (const TaskState& ts : j->tasks) stopping |= ts.phase == TaskPhase::kStopping;
-            if (stopping) continue;
-            ++metrics_.hotspot_migrations;
-            for (size_t i = 0; i < j->tasks.size(); ++i)
-              StopTask(*j, static_cast<int>(i), TaskPhase::kPreempted, reason, batch);
-            Event(j->rec.id, "Migrating", reason + ": the job stops, checkpoints and restarts elsewhere",
-                  batch);
-          }
-        }
-      }
-    } else {
-      c.over_since_ms = 0;
-      if (c.under_since_ms == 0) c.under_since_ms = now;
-      if (c.hot && now - c.under_since_ms >= 1000LL * hs.cooldown_seconds) {
-        c.hot = false;
+        if (hs.migrate) MigrateOffHotGpu(n, r.index, fmt::format("migrated off hot {} ({})", where, c.hot_reason), batch);
+        break;
+      case HotSpotChange::kCooled:
         Event("", "GpuCooled",
               fmt::format("{} has been under the hot-spot thresholds for {} s; placements again", where,
                           (now - c.under_since_ms) / 1000),
               batch);
-        c.hot_reason.clear();
         UpdateGpuUsable(n, r.index);
-      }
+        break;
     }
   }
 }
 
-// ---- JSON views --------------------------------------------------------------------------------
+void PoolService::MigrateOffHotGpu(NodeIndex n, int gpu, const std::string& reason, WriteBatch& batch) {
+  for (JobState* j : JobsOnGpu(n, gpu)) {
+    if (j->job.qos != QosClass::kBestEffort || j->phase != JobPhase::kRunning) continue;
+    bool stopping = false;
+    for (const TaskState& ts : j->tasks) stopping |= ts.phase == TaskPhase::kStopping;
+    if (stopping) continue;
+    ++metrics_.hotspot_migrations;
+    for (size_t i = 0; i < j->tasks.size(); ++i) StopTask(*j, static_cast<int>(i), TaskPhase::kPreempted, reason, batch);
+    Event(j->rec.id, "Migrating", reason + ": the job stops, checkpoints and restarts elsewhere", batch);
+  }
+}
 
 }  // namespace gpupool

@@ -250,6 +250,8 @@ class PoolService {
     double temperature_c = -1, utilization = -1, memory_used_fraction = -1;  // -1: not reported
   };
   void ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& reports, WriteBatch& batch);
+  // Stops the running best-effort jobs on GPU `gpu` of node `n` to restart elsewhere (not a fault).
+  void MigrateOffHotGpu(NodeIndex n, int gpu, const std::string& reason, WriteBatch& batch);
   // Jobs with a live task on GPU `gpu` of node `n`.
   std::vector<JobState*> JobsOnGpu(NodeIndex n, int gpu);
   void UpdateGpuUsable(NodeIndex n, int gpu);
