@@ -9,6 +9,7 @@ add_library(gpupool_server
   src/server/service.cc
   src/server/state.cc
   src/server/hotspots.cc
+  src/server/views.cc
   src/server/service_agents.cc
   src/server/service_api.cc
   src/server/service_cycle.cc

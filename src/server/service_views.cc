@@ -1,5 +1,5 @@
-// PoolService, what it shows: the JSON views of tasks, jobs, nodes and queues, health, the
-// Prometheus text, the invariant check and GPU usage.
+// PoolService, what it shows: the JSON views (built by views.h from the state) with what only the
+// service knows (watch versions, the clock), health, the Prometheus text and GPU usage.
 #include "server/service.h"
 
 #include <fmt/format.h>
@@ -21,113 +21,26 @@
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
 #include "server/service_internal.h"
+#include "server/views.h"
 
 namespace gpupool {
 
 using nlohmann::json;
 using namespace service_internal;
 
-json PoolService::TaskJson(const JobState& j, int index) const {
-  const TaskState& ts = j.tasks[static_cast<size_t>(index)];
-  const TaskGroup& g = j.job.groups[static_cast<size_t>(ts.group)];
-  json t = {{"index", index},           {"group", g.name},
-            {"replica", ts.replica},    {"state", TaskPhaseName(ts.phase)},
-            {"exitCode", ts.exit_code}, {"restarts", ts.restarts}};
-  if (ts.placed) {
-    json p = PlacementToJson(ts.placement, state_.ledger);
-    t["node"] = p["node"];
-    t["cpu"] = p["cpu"];
-    t["memory"] = p["memory"];
-    t["gpus"] = p["gpus"];
-  } else {
-    t["node"] = "";
-    t["gpus"] = json::array();
-  }
-  if (ts.phase == TaskPhase::kStopping) t["stopReason"] = ts.stop_reason;
-  // How it ended, as its agent said ("exit code 3", "killed by SIGKILL after the grace period").
-  if (!ts.end_message.empty()) t["message"] = ts.end_message;
-  return t;
-}
+
+
+
+json PoolService::TaskJson(const JobState& j, int index) const { return TaskView(state_, j, index); }
 
 json PoolService::JobJson(const JobState& j) const {
-  json out = {{"id", j.rec.id},
-              {"name", j.rec.name},
-              {"tenant", j.rec.tenant},
-              {"queue", j.rec.queue},
-              {"priority", j.rec.priority},
-              {"qos", QosClassName(j.job.qos)},
-              {"state", JobPhaseName(j.phase)},
-              {"reason", j.rec.reason},
-              {"faults", j.rec.faults},
-              {"createdAt", FormatTime(j.rec.created_ms)},
-              {"updatedAt", FormatTime(j.rec.updated_ms)}};
-  if (j.phase == JobPhase::kPending && j.rec.not_before_ms > NowMs())
-    out["notBefore"] = FormatTime(j.rec.not_before_ms);
-  out["spec"] = JobSpecToJson(j.job);
-  out["taskCounts"] = TaskCountsJson(static_cast<int>(j.tasks.size()), j.task_counts);
-  json tasks = json::array();
-  for (size_t i = 0; i < j.tasks.size(); ++i) tasks.push_back(TaskJson(j, static_cast<int>(i)));
-  out["tasks"] = std::move(tasks);
+  json out = JobView(state_, j, NowMs());
   // For GET /api/v1/jobs/{id}?wait=S&since=VERSION.
   out["version"] = job_watches_->Version(j.rec.id);
   return out;
 }
 
-json PoolService::NodeJson(NodeIndex n) const {
-  const NodeSpec& spec = state_.ledger.spec(n);
-  const NodeState& st = state_.ledger.state(n);
-  const NodeInfo& info = state_.nodes[n];
-  int64_t gpu_capacity = 0;
-  json gpus = json::array();
-  std::map<int, json> gpu_tasks;
-  for (const auto& [job_id, index] : info.tasks) {
-    auto it = state_.jobs.find(job_id);
-    if (it == state_.jobs.end()) continue;
-    const TaskState& ts = it->second->tasks[static_cast<size_t>(index)];
-    for (const GpuGrant& g : ts.placement.gpus) {
-      gpu_tasks[g.gpu].push_back({{"job", job_id}, {"index", index}, {"share", g.share.units()}});
-    }
-  }
-  for (size_t i = 0; i < spec.gpus.size(); ++i) {
-    const GpuDevice& d = spec.gpus[i];
-    const GpuState& gs = st.gpus[i];
-    if (!d.mig_enabled) gpu_capacity += 1000;
-    json g = {{"index", d.index},           {"uuid", d.uuid},
-              {"model", d.model},           {"memory", FormatMemory(d.memory)},
-              {"healthy", gs.healthy},      {"migEnabled", gs.mig_enabled},
-              {"freeShare", gs.free_share}, {"freeMemory", FormatMemory(MiB(gs.free_memory))}};
-    if (i < info.gpus.size()) {
-      const NodeInfo::GpuCondition& c = info.gpus[i];
-      if (!c.fault.empty()) g["fault"] = c.fault;
-      g["hot"] = c.hot;
-      if (c.hot) g["hotReason"] = c.hot_reason;
-      if (c.temperature_c >= 0) g["temperatureC"] = c.temperature_c;
-      if (c.utilization >= 0) g["utilization"] = c.utilization;
-      if (c.memory_used_fraction >= 0) g["memoryUsedFraction"] = c.memory_used_fraction;
-    }
-    auto it = gpu_tasks.find(static_cast<int>(i));
-    g["tasks"] = it == gpu_tasks.end() ? json::array() : it->second;
-    gpus.push_back(std::move(g));
-  }
-  return {{"name", spec.name},
-          {"state", info.state},
-          {"cordoned", st.cordoned},
-          {"draining", info.draining},
-          {"labels", spec.labels},
-          {"lastHeartbeat", FormatTime(info.last_heartbeat_ms)},
-          {"capacity",
-           {{"cpu", FormatCpu(spec.cpu)},
-            {"memory", FormatMemory(spec.memory)},
-            {"gpus", spec.gpus.size()},
-            {"gpuShare", gpu_capacity}}},
-          {"free",
-           {{"cpu", FormatCpu(MilliCpu(st.free_cpu))},
-            {"memory", FormatMemory(MiB(st.free_memory))},
-            {"gpuShare", st.free_gpu_share}}},
-          {"tasks", info.tasks.size()},
-          {"gpus", std::move(gpus)},
-          {"spec", info.spec_json}};
-}
+json PoolService::NodeJson(NodeIndex n) const { return NodeView(state_, n); }
 
 json PoolService::QueueJson(const QueueSpec& q) const {
   return QueueSpecJson(q);
