@@ -10,6 +10,7 @@ add_library(gpupool_server
   src/server/state.cc
   src/server/hotspots.cc
   src/server/views.cc
+  src/server/retention.cc
   src/server/service_agents.cc
   src/server/service_api.cc
   src/server/service_cycle.cc
@@ -29,6 +30,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/service_property_test.cc
     src/server/state_test.cc
     src/server/hotspots_test.cc
+    src/server/retention_test.cc
     src/server/http_api_test.cc
     src/server/admission_test.cc
     src/server/e2e_test.cc

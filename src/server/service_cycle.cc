@@ -20,6 +20,7 @@
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
+#include "server/retention.h"
 #include "server/service_internal.h"
 
 namespace gpupool {
@@ -160,33 +161,16 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
   if (now < next_removal_ms_) return;
   // One pass over the jobs at most every tenth of the retention period (1 s to 1 min).
   next_removal_ms_ = now + std::clamp<int64_t>(keep_ms / 10, 1000, 60000);
+  const RetentionPass pass = ExpiredJobs(state_, now, keep_ms, kMaxRemovalsPerPass);
+  if (pass.more) next_removal_ms_ = now;  // more to do: the next cycle goes on
   uint64_t removed_max = removed_max_seq_;
-  int removed = 0;
-  for (auto it = state_.by_seq.begin(); it != state_.by_seq.end();) {
-    if (removed == kMaxRemovalsPerPass) {
-      next_removal_ms_ = now;  // more to do: the next cycle goes on
-      break;
-    }
-    JobState& j = *it->second;
-    bool ended =
-        j.phase == JobPhase::kSucceeded || j.phase == JobPhase::kFailed || j.phase == JobPhase::kCancelled;
-    int64_t last_change = j.rec.updated_ms;
-    for (const TaskState& ts : j.tasks) {
-      // A failed or cancelled job may still be stopping tasks: it stays until they have stopped.
-      ended &= ts.phase != TaskPhase::kAssigned && ts.phase != TaskPhase::kRunning &&
-               ts.phase != TaskPhase::kStopping;
-      last_change = std::max(last_change, ts.updated_ms);
-    }
-    if (!ended || last_change > now - keep_ms) {
-      ++it;
-      continue;
-    }
-    batch.Add(DeleteJob{j.rec.id});
-    removed_max = std::max(removed_max, it->first);
+  for (uint64_t seq : pass.expired) {
+    auto it = state_.by_seq.find(seq);
+    const std::string id = it->second->rec.id;
+    batch.Add(DeleteJob{id});
+    removed_max = std::max(removed_max, seq);
     ++metrics_.jobs_removed;
-    ++removed;
-    const std::string id = j.rec.id;
-    it = state_.RemoveJob(it);
+    state_.RemoveJob(it);
     // Its watchers hear "gone" once the removal is durable.
     job_watches_->Forget(id);
     job_watches_->Changed(id);
