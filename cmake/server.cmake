@@ -11,6 +11,7 @@ add_library(gpupool_server
   src/server/hotspots.cc
   src/server/views.cc
   src/server/retention.cc
+  src/server/timeouts.cc
   src/server/service_agents.cc
   src/server/service_api.cc
   src/server/service_cycle.cc
@@ -31,6 +32,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/state_test.cc
     src/server/hotspots_test.cc
     src/server/retention_test.cc
+    src/server/timeouts_test.cc
     src/server/http_api_test.cc
     src/server/admission_test.cc
     src/server/e2e_test.cc

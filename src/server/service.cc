@@ -23,6 +23,7 @@
 #include "sched/typical_pods.h"
 #include "server/hotspots.h"
 #include "server/resources_json.h"
+#include "server/timeouts.h"
 #include "server/service_internal.h"
 
 namespace gpupool {
@@ -284,31 +285,27 @@ void PoolService::AfterTaskEnded(JobState& j, WriteBatch& batch) {
 
 void PoolService::ExpireStops(WriteBatch& batch) {
   const int64_t now = NowMs();
+  // Jobs no longer stopping anything leave the list.
   for (auto sit = state_.stopping_jobs.begin(); sit != state_.stopping_jobs.end();) {
-    JobState* jp = state_.FindJob(*sit);
+    const JobState* jp = state_.FindJob(*sit);
     bool still = false;
     if (jp != nullptr) {
       for (const TaskState& ts : jp->tasks) still |= ts.phase == TaskPhase::kStopping;
     }
-    if (!still) {
-      sit = state_.stopping_jobs.erase(sit);
-      continue;
-    }
-    ++sit;
-    JobState& j = *jp;
-    bool ended = false;
-    for (size_t i = 0; i < j.tasks.size(); ++i) {
-      TaskState& ts = j.tasks[i];
-      if (ts.phase != TaskPhase::kStopping || ts.stop_deadline_ms > now) continue;
-      ReleaseTask(j, static_cast<int>(i));
+    sit = still ? std::next(sit) : state_.stopping_jobs.erase(sit);
+  }
+  for (const OverdueStops& due : OverdueStopsAt(state_, now)) {
+    JobState& j = *state_.FindJob(due.job_id);
+    for (int i : due.tasks) {
+      TaskState& ts = j.tasks[static_cast<size_t>(i)];
+      ReleaseTask(j, i);
       state_.SetTaskPhase(j, ts, ts.stop_outcome);
       ts.updated_ms = now;
-      PutTaskOp(j, static_cast<int>(i), batch);
+      PutTaskOp(j, i, batch);
       Event(j.rec.id, "TaskFinished",
             fmt::format("task {} did not confirm its stop in time; released ({})", i, ts.stop_reason), batch);
-      ended = true;
     }
-    if (ended) AfterTaskEnded(j, batch);
+    AfterTaskEnded(j, batch);
   }
 }
 
@@ -343,14 +340,13 @@ void PoolService::FaultJob(JobState& j, const std::string& cause, const std::str
 void PoolService::CheckNodes(WriteBatch& batch) {
   const int64_t now = NowMs();
   const double mono = MonoNow();
-  for (NodeIndex n = 0; n < state_.nodes.size(); ++n) {
+  for (const SilentNode& silent : SilentNodes(state_, mono, config_.heartbeat_timeout_seconds)) {
+    const NodeIndex n = silent.node;
     NodeInfo& info = state_.nodes[n];
-    if (info.state != "ready" || mono - info.heartbeat_mono < config_.heartbeat_timeout_seconds) continue;
     const std::string& name = state_.ledger.spec(n).name;
     info.state = "lost";
     ++metrics_.nodes_lost;
-    const std::string reason =
-        fmt::format("node {} lost (no heartbeat for {:.1f} s)", name, mono - info.heartbeat_mono);
+    const std::string reason = fmt::format("node {} lost (no heartbeat for {:.1f} s)", name, silent.silent_s);
     batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, state_.ledger.state(n).cordoned, info.draining,
                                      info.state, info.last_heartbeat_ms)});
     Event("", "NodeLost", reason, batch);
