@@ -396,6 +396,7 @@ Status Agent::Start(std::chrono::seconds register_timeout) {
     metrics_port_ = *port;
     std::string host = options_.advertise_host;
     if (host.empty()) host = hp.first == "0.0.0.0" || hp.first == "::" || hp.first.empty() ? HostName() : hp.first;
+    if (host.find(':') != std::string::npos && !host.starts_with("[")) host = "[" + host + "]";  // IPv6
     endpoint_ = fmt::format("{}://{}:{}", options_.tls_cert_file.empty() ? "http" : "https", host, *port);
   }
   const auto deadline = std::chrono::steady_clock::now() + register_timeout;

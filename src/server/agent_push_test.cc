@@ -7,7 +7,10 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <cstdlib>
 #include <thread>
+
+#include <httplib.h>
 
 #include "agent/agent.h"
 #include "server/http_api.h"
@@ -40,6 +43,7 @@ class AgentPushTest : public ::testing::Test {
     c.http.workers = 4;
     c.tokens[kAdmin] = Principal{"", Role::kAdmin};
     c.tokens[kBootstrap] = Principal{"", Role::kAgent};
+    c.tls.agent_ca_file = agent_ca_;
     auto store = OpenSqliteStore({c.data_dir + "/gpupool.db", false});
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     auto service = PoolService::Open(c, std::move(store).value());
@@ -104,6 +108,7 @@ class AgentPushTest : public ::testing::Test {
     return false;
   }
 
+  std::string agent_ca_;  // set before SetUp: the server's tls.agentCA
   std::string dir_;
   std::unique_ptr<PoolService> service_;
   std::unique_ptr<HttpApi> api_;
@@ -160,6 +165,49 @@ TEST_F(AgentPushTest, AFinishedTaskLeavesOnlyItsLogsBehind) {
     EXPECT_FALSE(std::filesystem::exists(runs + ids[k] + ".0")) << ids[k];
     EXPECT_FALSE(std::filesystem::exists(dir_ + "/agent/process/" + ids[k] + ".0/task.json")) << ids[k];
   }
+}
+
+// An agent that serves its log endpoint over TLS (--tls-cert) advertises https://host:port: it
+// registers (the server once refused any endpoint but http://) and the server reads its tasks'
+// logs over TLS, checking the agent's certificate against tls.agentCA.
+class AgentTlsTest : public AgentPushTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gpupool-agent-tls-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    certs_ = tmpl;
+    const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    const std::string script =
+        "cd " + certs_ + " && openssl req -x509 " + ec +
+        " -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca 2>/dev/null && openssl req " + ec +
+        " -keyout agent.key -out agent.csr -subj /CN=push-node 2>/dev/null && printf 'subjectAltName=IP:127.0.0.1' > "
+        "san.ext && openssl x509 -req -in agent.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out agent.pem "
+        "-days 2 -extfile san.ext 2>/dev/null";
+    ASSERT_EQ(std::system(("bash -c \"" + script + "\"").c_str()), 0) << "openssl failed";
+    agent_ca_ = certs_ + "/ca.pem";
+    AgentPushTest::SetUp();
+  }
+  void TearDown() override {
+    AgentPushTest::TearDown();
+    std::filesystem::remove_all(certs_);
+  }
+  std::string certs_;
+};
+
+TEST_F(AgentTlsTest, AnAgentServingItsLogsOverTlsRegistersAndItsLogsAreReadThroughTheServer) {
+  ASSERT_NO_FATAL_FAILURE(StartAgent([this](AgentOptions& o) {
+    o.metrics_listen = "127.0.0.1:0";
+    o.advertise_host = "127.0.0.1";
+    o.tls_cert_file = certs_ + "/agent.pem";
+    o.tls_key_file = certs_ + "/agent.key";
+  }));
+  const std::string id = Submit(R"(["sh", "-c", "echo hello over tls"])");
+  ASSERT_TRUE(WaitForState(id, "succeeded", 20s)) << Job(id);
+  httplib::Client api("127.0.0.1", port_);
+  auto r = api.Get("/api/v1/jobs/" + id + "/tasks/0/logs", {{"Authorization", std::string("Bearer ") + kAdmin}});
+  ASSERT_TRUE(r) << "no answer";
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->body, "hello over tls\n");
 }
 
 }  // namespace

@@ -459,10 +459,18 @@ void HttpApi::Routes() {
                             src->task_id));
       return;
     }
+    // Only a log answer is passed on: whatever else the endpoint names (a node can name any
+    // address its agent could serve on) does not reach the tenant.
+    if (r->log_size < 0) {
+      SendError(res, 502, StatusCode::kIoError,
+                fmt::format("the endpoint of node '{}' at {} did not answer as an agent (no X-Log-Size)", src->node,
+                            src->endpoint));
+      return;
+    }
     res.status = 200;
     res.set_header("X-Log-Node", src->node);
     if (r->log_offset >= 0) res.set_header("X-Log-Offset", std::to_string(r->log_offset));
-    if (r->log_size >= 0) res.set_header("X-Log-Size", std::to_string(r->log_size));
+    res.set_header("X-Log-Size", std::to_string(r->log_size));
     res.set_content(r->body, "text/plain; charset=utf-8");
   });
 

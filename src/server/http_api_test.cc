@@ -668,6 +668,59 @@ TEST_F(HttpApiTest, TaskLogsAreReadFromTheAgentOfTheNodeTheTaskRanOn) {
   EXPECT_NE(r.raw.find("n1"), std::string::npos) << r.raw;
 }
 
+// What a node may name as its log endpoint: its agent, over http or (with --tls-cert) https. Not an
+// address the server would reach for no agent: the link-local range (cloud metadata services), the
+// unspecified and multicast addresses; and an answer without the log protocol's X-Log-Size header
+// is not relayed to the tenant, whatever service the endpoint names.
+TEST_F(HttpApiTest, ALogEndpointMustBeAnAgentsAndOnlyALogAnswerIsRelayed) {
+  constexpr char kLogToken[] = "00112233445566778899aabbccddeeff";
+  json node = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"}, {"gpus", {{{"index", 0}, {"model", "A100-80GB"}}}}};
+  for (const char* bad : {"http://169.254.169.254:80", "http://169.254.0.1:9400", "http://0.0.0.0:9400",
+                          "http://[fe80::1]:9400", "http://224.0.0.1:9400", "http://[::]:9400",
+                          "https://169.254.169.254:443", "http://n1:0", "http://n1:99999", "http://n1",
+                          "http://:9400"}) {
+    json b = node;
+    b["agent"] = {{"endpoint", bad}, {"logToken", kLogToken}};
+    Reply r = Post("/api/v1/agent/register", b.dump(), kAgentToken);
+    EXPECT_TRUE(IsError(r, 400, "InvalidArgument")) << bad << ": " << r.raw;
+    EXPECT_NE(r.raw.find("agent.endpoint"), std::string::npos) << r.raw;
+  }
+  EXPECT_EQ(Get("/api/v1/nodes").body["items"].size(), 0u);
+  int k = 0;
+  for (const char* good : {"https://n1.example.com:9400", "http://10.0.0.7:9400", "http://[2001:db8::7]:9400",
+                           "http://gpu-node-7:9400"}) {
+    json g = node;
+    g["name"] = "g" + std::to_string(k++);
+    g["agent"] = {{"endpoint", good}, {"logToken", kLogToken}};
+    Reply r = Post("/api/v1/agent/register", g.dump(), kAgentToken);
+    EXPECT_EQ(r.status, 200) << good << ": " << r.raw;
+    ASSERT_TRUE(service_->SetCordon(g["name"], true).ok());
+  }
+
+  // An endpoint that is some other HTTP service: its answer is not a log, and is not passed on.
+  const std::string job = Submit(OneTaskJson("r", R"({"cpu": "1", "memory": "1Gi", "gpu": 0.5})"), kVisionToken);
+  httplib::Server other;
+  other.Get(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"secret": "instance credentials"})", "application/json");
+  });
+  const int port = other.bind_to_any_port("127.0.0.1");
+  std::thread serve([&] { other.listen_after_bind(); });
+  json n2 = node;
+  n2["name"] = "n2";
+  n2["agent"] = {{"endpoint", "http://127.0.0.1:" + std::to_string(port)}, {"logToken", kLogToken}};
+  Reply reg = Post("/api/v1/agent/register", n2.dump(), kAgentToken);
+  ASSERT_EQ(reg.status, 200) << reg.raw;
+  creds_["n2"] = reg.body["credential"];
+  service_->RunCycle();
+  ASSERT_EQ(State(job), "running");
+  Report(job, 0, "running");
+  Reply r = Get("/api/v1/jobs/" + job + "/tasks/0/logs", kVisionToken);
+  EXPECT_TRUE(IsError(r, 502, "BadGateway")) << r.raw;
+  EXPECT_EQ(r.raw.find("instance credentials"), std::string::npos) << r.raw;
+  other.stop();
+  serve.join();
+}
+
 // A node's agent answers a log read with more than the chunk the server asked for (here the
 // whole 6 MiB file): the server refuses the answer once it passes the chunk, and says so (502),
 // rather than reading whatever a node sends into memory.
