@@ -22,7 +22,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <system_error>
+#include <vector>
 
 namespace gpupool {
 
@@ -366,24 +368,49 @@ std::string Describe(const boost::system::error_code& ec, uint64_t max_reply_byt
   return ec.message();
 }
 
+// Addresses no peer serves on: unspecified, link-local (169.254/16 holds cloud metadata
+// services), multicast, broadcast; IPv4-mapped IPv6 as its IPv4.
+bool NotAPeerAddress(const net::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) return NotAPeerAddress(net::ip::make_address_v4(net::ip::v4_mapped, a.to_v6()));
+  if (a.is_v4()) {
+    const uint32_t v = a.to_v4().to_uint();
+    return (v >> 24) == 0 || (v >> 16) == 0xa9fe || a.is_multicast() || v == 0xffffffffu;
+  }
+  const auto v6 = a.to_v6();
+  return v6.is_unspecified() || v6.is_link_local() || v6.is_multicast();
+}
+
 // One request and its answer over a fresh connection (the server closes it after answering).
 template <class Stream>
 net::awaitable<void> Exchange(Stream& stream, beast::tcp_stream& lowest, tcp::resolver& resolver,
                               const std::string& host, const std::string& port, bool tls,
                               std::chrono::seconds connect_timeout, std::chrono::seconds read_timeout,
                               http::request<http::string_body>& req, http::response_parser<http::string_body>& parser,
-                              uint64_t max_reply_bytes, const char*& phase) {
+                              uint64_t max_reply_bytes, bool only_peers, const char*& phase) {
   boost::system::error_code ec;
   const auto ip = net::ip::make_address(host, ec);
   lowest.expires_after(connect_timeout);
   phase = "connect";
   if (!ec) {
+    if (only_peers && NotAPeerAddress(ip))
+      throw std::runtime_error(fmt::format("{} is not an address a peer serves on", ip.to_string()));
     co_await lowest.async_connect(tcp::endpoint(ip, static_cast<uint16_t>(std::stoi(port))), net::use_awaitable);
   } else {
     phase = "resolve";
-    const auto endpoints = co_await resolver.async_resolve(host, port, net::use_awaitable);
+    const auto resolved = co_await resolver.async_resolve(host, port, net::use_awaitable);
     phase = "connect";
-    co_await lowest.async_connect(endpoints, net::use_awaitable);
+    std::vector<tcp::endpoint> endpoints;
+    std::string refused;
+    for (const auto& entry : resolved) {
+      if (only_peers && NotAPeerAddress(entry.endpoint().address())) {
+        refused = entry.endpoint().address().to_string();
+        continue;
+      }
+      endpoints.push_back(entry.endpoint());
+    }
+    if (endpoints.empty())
+      throw std::runtime_error(fmt::format("{} resolves to {}, not an address a peer serves on", host, refused));
+    co_await lowest.async_connect(endpoints, net::use_awaitable);  // under the stream's deadline
   }
   lowest.socket().set_option(tcp::no_delay(true));
   if (tls) {
@@ -511,11 +538,12 @@ Result<HttpReply> ApiClient::Send(std::string_view method, std::string_view path
         return Status::InvalidArgument(fmt::format("server name '{}' cannot be sent over TLS", host));
       net::co_spawn(ioc,
                     Exchange(*secure, beast::get_lowest_layer(*secure), resolver, host, port, true, connect_timeout,
-                             read_timeout, req, parser, config_.max_reply_bytes, phase),
+                             read_timeout, req, parser, config_.max_reply_bytes, config_.only_peer_addresses, phase),
                     finish);
     } else {
       plain.emplace(ioc);
-      net::co_spawn(ioc, Exchange(*plain, *plain, resolver, host, port, false, connect_timeout, read_timeout, req, parser, config_.max_reply_bytes, phase),
+      net::co_spawn(ioc, Exchange(*plain, *plain, resolver, host, port, false, connect_timeout, read_timeout, req, parser,
+                                         config_.max_reply_bytes, config_.only_peer_addresses, phase),
                     finish);
     }
     // The streams' own deadlines end every step; this bounds the name lookup too.

@@ -64,6 +64,10 @@ struct ClientConfig {
   int connect_timeout_s = 5;
   int read_timeout_s = 30;  // for sending the request and reading the whole answer
   uint64_t max_reply_bytes = kMaxReplyBytes;  // a bigger answer is an error
+  // For addresses a peer names (an agent's log endpoint): never connect to an unspecified,
+  // link-local (cloud metadata), multicast or broadcast address, also when a host name resolves
+  // to one; such a request fails at "connect" naming the address.
+  bool only_peer_addresses = false;
   // Something the user should hear about how the config was found (printed to stderr), e.g.
   // kTokenOnCommandLineWarning.
   std::string warning;

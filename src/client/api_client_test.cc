@@ -278,6 +278,35 @@ TEST(ApiClientTransportTest, AnAnswerOverTheLimitIsRefusedNotAllocated) {
   }
 }
 
+// For addresses a peer names: an unspecified, link-local, multicast or broadcast address is never
+// connected to, given as an address or reached through a name ("0" resolves to 0.0.0.0, the
+// local host); a peer's real address is.
+TEST(ApiClientTransportTest, OnlyPeerAddressesRefusesWhatNoPeerServesOn) {
+  for (const char* url : {"http://169.254.169.254:80", "http://[fe80::1]:80", "http://224.0.0.1:80",
+                          "http://255.255.255.255:80", "http://[::ffff:169.254.169.254]:80", "http://0:80",
+                          "http://[::]:80"}) {
+    ClientConfig c;
+    c.server = url;
+    c.connect_timeout_s = 2;
+    c.only_peer_addresses = true;
+    auto client = ApiClient::Create(c);
+    ASSERT_TRUE(client.ok()) << url;
+    auto r = client->Get("/latest/meta-data/");
+    ASSERT_FALSE(r.ok()) << url;
+    EXPECT_NE(r.status().message().find("not an address a peer serves on"), std::string::npos)
+        << url << ": " << r.status().ToString();
+  }
+  RawServer server("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+  ClientConfig c;
+  c.server = server.url();
+  c.only_peer_addresses = true;
+  auto client = ApiClient::Create(c);
+  ASSERT_TRUE(client.ok());
+  auto r = client->Get("/fine");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->body, "ok");
+}
+
 TEST(ApiClientTransportTest, AnAnswerThatNeverComesTimesOut) {
   RawServer server("");  // reads the request, says nothing
   ClientConfig c;

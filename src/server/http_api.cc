@@ -433,6 +433,7 @@ void HttpApi::Routes() {
     agent_config.connect_timeout_s = 3;
     agent_config.read_timeout_s = 10;
     agent_config.max_reply_bytes = static_cast<uint64_t>(*limit) + 4096;  // the bytes asked for, and slack
+    agent_config.only_peer_addresses = true;  // whatever the node's host name resolves to
     auto agent = ApiClient::Create(agent_config);
     if (!agent.ok()) {
       SendError(res, 502, StatusCode::kIoError,
