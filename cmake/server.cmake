@@ -19,10 +19,11 @@ add_library(gpupool_server
   src/server/service_recover.cc
   src/server/http_api.cc
   src/server/node_credentials.cc
+  src/server/agent_endpoint.cc
 )
 target_link_libraries(gpupool_server
   PUBLIC gpupool_api gpupool_store gpupool_config gpupool_http nlohmann_json::nlohmann_json Threads::Threads
-  PRIVATE gpupool_api_client yaml-cpp OpenSSL::Crypto)
+  PRIVATE gpupool_api_client yaml-cpp OpenSSL::Crypto Boost::boost)
 
 if(GPUPOOL_BUILD_TESTS)
   gpupool_test(server_test
@@ -42,6 +43,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/watches_test.cc
     src/server/agent_push_test.cc
     src/server/agent_reports_test.cc
+    src/server/agent_endpoint_test.cc
   )
   target_link_libraries(server_test PRIVATE gpupool_server gpupool_agent PkgConfig::HTTPLIB)
   # The kill -9 test runs the real binary.

@@ -348,6 +348,26 @@ Result<HttpReply> ApiClient::GetInterruptible(std::string_view path, RequestInte
 
 namespace {
 
+bool NonPeer(const net::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) return NonPeer(net::ip::make_address_v4(net::ip::v4_mapped, a.to_v6()));
+  if (a.is_v4()) {
+    const uint32_t v = a.to_v4().to_uint();
+    return (v >> 24) == 0 || (v >> 16) == 0xa9fe || a.is_multicast() || v == 0xffffffffu;
+  }
+  const auto v6 = a.to_v6();
+  return v6.is_unspecified() || v6.is_link_local() || v6.is_multicast();
+}
+
+}  // namespace
+
+bool IsNonPeerAddress(std::string_view literal) {
+  boost::system::error_code ec;
+  const auto a = net::ip::make_address(std::string(literal), ec);
+  return !ec && NonPeer(a);
+}
+
+namespace {
+
 // The host as a resolver and a certificate check want it: an IPv6 literal without its brackets.
 std::string BareHost(const std::string& host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
@@ -368,18 +388,6 @@ std::string Describe(const boost::system::error_code& ec, uint64_t max_reply_byt
   return ec.message();
 }
 
-// Addresses no peer serves on: unspecified, link-local (169.254/16 holds cloud metadata
-// services), multicast, broadcast; IPv4-mapped IPv6 as its IPv4.
-bool NotAPeerAddress(const net::ip::address& a) {
-  if (a.is_v6() && a.to_v6().is_v4_mapped()) return NotAPeerAddress(net::ip::make_address_v4(net::ip::v4_mapped, a.to_v6()));
-  if (a.is_v4()) {
-    const uint32_t v = a.to_v4().to_uint();
-    return (v >> 24) == 0 || (v >> 16) == 0xa9fe || a.is_multicast() || v == 0xffffffffu;
-  }
-  const auto v6 = a.to_v6();
-  return v6.is_unspecified() || v6.is_link_local() || v6.is_multicast();
-}
-
 // One request and its answer over a fresh connection (the server closes it after answering).
 template <class Stream>
 net::awaitable<void> Exchange(Stream& stream, beast::tcp_stream& lowest, tcp::resolver& resolver,
@@ -392,7 +400,7 @@ net::awaitable<void> Exchange(Stream& stream, beast::tcp_stream& lowest, tcp::re
   lowest.expires_after(connect_timeout);
   phase = "connect";
   if (!ec) {
-    if (only_peers && NotAPeerAddress(ip))
+    if (only_peers && NonPeer(ip))
       throw std::runtime_error(fmt::format("{} is not an address a peer serves on", ip.to_string()));
     co_await lowest.async_connect(tcp::endpoint(ip, static_cast<uint16_t>(std::stoi(port))), net::use_awaitable);
   } else {
@@ -402,7 +410,7 @@ net::awaitable<void> Exchange(Stream& stream, beast::tcp_stream& lowest, tcp::re
     std::vector<tcp::endpoint> endpoints;
     std::string refused;
     for (const auto& entry : resolved) {
-      if (only_peers && NotAPeerAddress(entry.endpoint().address())) {
+      if (only_peers && NonPeer(entry.endpoint().address())) {
         refused = entry.endpoint().address().to_string();
         continue;
       }

@@ -73,6 +73,12 @@ struct ClientConfig {
   std::string warning;
 };
 
+// The rule only_peer_addresses applies, for an address written out ("10.0.0.7", "fe80::1",
+// "::ffff:169.254.169.254"): true when it is unspecified, link-local (169.254/16 holds cloud
+// metadata services), multicast or broadcast, also as IPv4-mapped IPv6. False for every other
+// address and for what is not an address (a host name is judged once it resolves).
+bool IsNonPeerAddress(std::string_view literal);
+
 // What --token on a command line earns: it shows in `ps` and in the shell's history.
 inline constexpr std::string_view kTokenOnCommandLineWarning =
     "warning: --token on the command line is visible to every user of this machine (ps, "

@@ -2,12 +2,6 @@
 // reports, agent info), assignments and their long polls, task status reports (one or batched).
 #include "server/service.h"
 
-#include <cstring>
-
-#include <netinet/in.h>
-
-#include <arpa/inet.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -25,6 +19,7 @@
 #include "sched/preemption.h"
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
+#include "server/agent_endpoint.h"
 #include "server/resources_json.h"
 #include "server/service_internal.h"
 
@@ -33,103 +28,6 @@ namespace gpupool {
 using nlohmann::json;
 using namespace service_internal;
 
-namespace {
-
-struct AgentInfo {
-  std::string endpoint;
-  std::string log_token;
-};
-
-// An agent's log endpoint, "http[s]://host:port": the server connects there to read task logs
-// for tenants, so a node must not be able to point it at what is no agent. Refused: anything but
-// a bare scheme, host and port; ports outside 1..65535; and the addresses that are never a peer's
-// — unspecified, link-local (where cloud metadata services answer), multicast, broadcast — also
-// as IPv4-mapped IPv6. A host name is taken as given (it is resolved when a log is read); what
-// comes back is relayed only when it is a log answer (http_api.cc).
-Status CheckAgentEndpoint(const std::string& endpoint) {
-  auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument(fmt::format("agent.endpoint: {}, got '{}'", why, endpoint.substr(0, 256)));
-  };
-  if (endpoint.size() > 256) return bad("at most 256 characters");
-  std::string_view rest = endpoint;
-  if (rest.starts_with("http://")) {
-    rest.remove_prefix(7);
-  } else if (rest.starts_with("https://")) {
-    rest.remove_prefix(8);
-  } else {
-    return bad("must be http://host:port or https://host:port");
-  }
-  std::string_view host;
-  std::string_view port;
-  if (rest.starts_with("[")) {
-    const size_t close = rest.find(']');
-    if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':')
-      return bad("must be http[s]://host:port");
-    host = rest.substr(1, close - 1);
-    port = rest.substr(close + 2);
-  } else {
-    const size_t colon = rest.rfind(':');
-    if (colon == std::string_view::npos) return bad("must name a port: http[s]://host:port");
-    host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
-  }
-  if (host.empty() || host.find_first_of(" /?#@[]\\") != std::string_view::npos ||
-      (!rest.starts_with("[") && host.find(':') != std::string_view::npos))
-    return bad("must be http[s]://host:port");
-  int port_number = 0;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), port_number);
-  if (ec != std::errc() || end != port.data() + port.size() || port_number < 1 || port_number > 65535)
-    return bad("the port must be 1 to 65535");
-  const std::string h(host);
-  const bool bracketed = rest.starts_with("[");
-  in6_addr v6{};
-  in_addr v4{};
-  bool have_v4 = false;
-  if (::inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
-    if (!IN6_IS_ADDR_V4MAPPED(&v6)) {
-      if (IN6_IS_ADDR_UNSPECIFIED(&v6) || IN6_IS_ADDR_LINKLOCAL(&v6) || IN6_IS_ADDR_MULTICAST(&v6))
-        return bad("not an address an agent serves on (unspecified, link-local or multicast)");
-      return Status::Ok();
-    }
-    std::memcpy(&v4, &v6.s6_addr[12], 4);
-    have_v4 = true;
-  } else if (bracketed) {
-    return bad("[...] must hold an IPv6 address");
-  } else if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) {
-    have_v4 = true;
-  } else if (h.find_first_not_of("0123456789.") == std::string::npos) {
-    return bad("not an IPv4 address");
-  }
-  if (have_v4) {
-    const uint32_t a = ntohl(v4.s_addr);
-    if ((a >> 24) == 0 || (a >> 16) == 0xa9fe || (a >> 28) == 0xe || a == 0xffffffffu)
-      return bad("not an address an agent serves on (unspecified, link-local, multicast or broadcast)");
-  }
-  return Status::Ok();
-}
-
-// The "agent" member of a registration or heartbeat: {endpoint: "http[s]://host:port", logToken}.
-Result<AgentInfo> ParseAgentInfo(const json& v) {
-  if (!v.is_object()) return Status::InvalidArgument("agent: must be an object {endpoint, logToken}");
-  AgentInfo info;
-  for (auto it = v.begin(); it != v.end(); ++it) {
-    if (it.key() != "endpoint" && it.key() != "logToken")
-      return Status::InvalidArgument(
-          fmt::format("agent.{}: unknown field (known: endpoint, logToken)", it.key()));
-    if (!it.value().is_string())
-      return Status::InvalidArgument(fmt::format("agent.{}: must be a string", it.key()));
-  }
-  info.endpoint = v.value("endpoint", "");
-  info.log_token = v.value("logToken", "");
-  RETURN_IF_ERROR(CheckAgentEndpoint(info.endpoint));
-  if (info.log_token.size() < 16 || info.log_token.size() > 256 ||
-      info.log_token.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
-    return Status::InvalidArgument("agent.logToken: must be 16 to 256 hex digits");
-  }
-  return info;
-}
-
-}  // namespace
 
 Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in) {
   std::optional<AgentInfo> agent;
