@@ -117,9 +117,8 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   }
 
   std::lock_guard<std::mutex> lock(mu_);
-  // Its reservation becomes the pending job's count (AddJob counts it).
+  // Its reservation becomes the pending job's count.
   --submissions_in_flight_;
-  state_.pending_counts.Remove(state->rec.tenant, state->rec.queue, task_count);
   JobState* raw = state.get();
   for (const auto& g : raw->job.groups) {
     for (int rep = 0; rep < g.replicas; ++rep) {
@@ -134,7 +133,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     }
   }
   raw->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(raw->tasks.size());
-  state_.AddJob(std::move(state));
+  state_.AddJob(std::move(state), /*already_counted=*/true);
   ++metrics_.submitted;
   wake_pending_ = true;
   wake_.notify_one();
