@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "server/service.h"
+#include "server/service_test_util.h"
 #include "store/sqlite_store.h"
 
 namespace gpupool {
@@ -52,12 +53,7 @@ class PropertyRun {
 
   void Open() {
     service_.reset();
-    SqliteStoreOptions o;
-    o.path = dir_ + "/gpupool.db";
-    o.synchronous_full = false;
-    auto store = OpenSqliteStore(o);
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    auto s = PoolService::Open(config_, std::move(store).value());
+    auto s = testing_util::OpenServiceIn(dir_, config_);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(s).value();
   }

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "server/service_test_util.h"
 #include "store/sqlite_store.h"
 
 namespace gpupool {
@@ -51,12 +52,7 @@ class ServiceTest : public ::testing::Test {
   }
   void Open() {
     service_.reset();
-    SqliteStoreOptions o;
-    o.path = dir_.path() + "/gpupool.db";
-    o.synchronous_full = false;
-    auto store = OpenSqliteStore(o);
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    auto s = PoolService::Open(config_, std::move(store).value());
+    auto s = testing_util::OpenServiceIn(dir_.path(), config_);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(s).value();
   }
@@ -490,6 +486,26 @@ TEST_F(ServiceTest, RestartKeepsWhyAndToWhatEndTasksStopAndHowTheyEnded) {
   Report(id, 1, "stopped");
   EXPECT_EQ(Get(id)["tasks"][1]["state"], "cancelled");
   EXPECT_EQ(State(id), "failed");
+  ExpectConsistent();
+}
+
+// An agent's end message is kept to 4 KiB, cut on a character boundary: a report of many
+// multi-byte characters never leaves half a character for the JSON views to choke on.
+TEST_F(ServiceTest, ALongEndMessageIsCutWholeCharactersAndStillRendersAndRecovers) {
+  AddNode("n1", 1);
+  const std::string id = Submit(kAdmin, kQuarter);
+  service_->RunCycle();
+  Report(id, 0, "running");
+  std::string message = "xx";  // two bytes first, so that byte 4096 falls inside a three-byte character
+  for (int i = 0; i < 3000; ++i) message += "\u20ac";  // the euro sign: 3 bytes in UTF-8
+  auto r = service_->ReportTask("n1", id, 0, {{"state", "failed"}, {"exitCode", 1}, {"message", message}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::string kept = Get(id)["tasks"][0]["message"];
+  EXPECT_EQ(kept.size(), 4094u);  // 2 + 1364 whole characters
+  EXPECT_EQ(kept, message.substr(0, kept.size()));
+  EXPECT_NO_THROW((void)json(kept).dump());  // valid UTF-8 (dump throws on a broken sequence)
+  Open();
+  EXPECT_EQ(Get(id)["tasks"][0]["message"], kept);
   ExpectConsistent();
 }
 
