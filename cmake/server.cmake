@@ -8,6 +8,9 @@ add_library(gpupool_server
   src/server/job_list.cc
   src/server/service.cc
   src/server/state.cc
+  src/server/state_machine.cc
+  src/server/state_machine_jobs.cc
+  src/server/state_machine_nodes.cc
   src/server/hotspots.cc
   src/server/views.cc
   src/server/retention.cc

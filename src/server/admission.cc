@@ -35,7 +35,8 @@ Status CheckQueueAccess(const QueueOrder& order, const Job& job) {
 }
 
 Status PendingCounts::CheckRoom(const ServerConfig& config, const QueueSpec* spec, const std::string& tenant,
-                                const std::string& queue, int64_t tasks) const {
+                                const std::string& queue, int64_t tasks, const PendingCounts* in_flight) const {
+  auto plus = [](PendingCount a, PendingCount b) { return PendingCount{a.jobs + b.jobs, a.tasks + b.tasks}; };
   int64_t max_jobs = config.max_pending_jobs_per_tenant;
   int64_t max_tasks = config.max_pending_tasks_per_tenant;
   std::string jobs_key = "limits.maxPendingJobsPerTenant", tasks_key = "limits.maxPendingTasksPerTenant";
@@ -49,7 +50,7 @@ Status PendingCounts::CheckRoom(const ServerConfig& config, const QueueSpec* spe
       tasks_key = fmt::format("tenants.{}.maxPendingTasks", tenant);
     }
   }
-  const PendingCount t = this->tenant(tenant);
+  const PendingCount t = in_flight ? plus(this->tenant(tenant), in_flight->tenant(tenant)) : this->tenant(tenant);
   if (t.jobs + 1 > max_jobs) {
     return Status::LimitExceeded(fmt::format(
         "tenant '{}' has {} pending job(s), the limit is {} ({}); wait for some to start or cancel some", tenant,
@@ -62,7 +63,7 @@ Status PendingCounts::CheckRoom(const ServerConfig& config, const QueueSpec* spe
         tenant, t.tasks, tasks, max_tasks, tasks_key));
   }
   if (spec != nullptr) {
-    const PendingCount q = this->queue(queue);
+    const PendingCount q = in_flight ? plus(this->queue(queue), in_flight->queue(queue)) : this->queue(queue);
     if (spec->max_pending_jobs > 0 && q.jobs + 1 > spec->max_pending_jobs) {
       return Status::LimitExceeded(fmt::format("queue '{}' has {} pending job(s), the limit is {} (queue.maxPendingJobs)",
                                                queue, q.jobs, spec->max_pending_jobs));

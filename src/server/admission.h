@@ -1,9 +1,10 @@
 // Who may put what into a queue, and how much one tenant may have waiting: the checks a submission
 // passes before anything is stored (docs/server.md#tenant-limits, #queue-access).
 //
-// Pending counts are kept incrementally by PoolService under its mutex: a job counts from the
-// moment its submission reserved the room (before the durable write) until it leaves the pending
-// state (placed, cancelled, failed) or its write failed; a requeued job counts again.
+// Pending counts are kept incrementally under the service's mutex: the state counts a job from
+// the moment it enters the state until it leaves the pending state (placed, cancelled, failed); a
+// requeued job counts again. Submissions between their admission and their durable write hold a
+// reservation in a second set of counts (PoolService::in_flight_), which admission adds.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,9 @@ class PendingCounts {
  public:
   // LimitExceeded, naming the limit and its value, when one more job of `tasks` tasks by `tenant`
   // in `queue` would go over the tenant's limits (config) or the queue's own caps (`spec`).
+  // `in_flight`: counts reserved by submissions not yet in these counts, added to them.
   Status CheckRoom(const ServerConfig& config, const QueueSpec* spec, const std::string& tenant,
-                   const std::string& queue, int64_t tasks) const;
+                   const std::string& queue, int64_t tasks, const PendingCounts* in_flight = nullptr) const;
   void Add(const std::string& tenant, const std::string& queue, int64_t tasks);
   void Remove(const std::string& tenant, const std::string& queue, int64_t tasks);
 

@@ -47,7 +47,7 @@ TEST(RetentionTest, APassTakesAtMostItsShareAndSaysThereIsMore) {
   pass = ExpiredJobs(st, 10'000, 1000, 3);
   EXPECT_EQ(pass.expired, (std::vector<uint64_t>{4, 5}));
   EXPECT_FALSE(pass.more);
-  EXPECT_TRUE(st.CheckInvariants(0).ok());
+  EXPECT_TRUE(st.CheckInvariants().ok());
 }
 
 }  // namespace

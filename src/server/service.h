@@ -23,6 +23,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -48,6 +49,7 @@
 #include "server/metrics.h"
 #include "server/node_credentials.h"
 #include "server/state.h"
+#include "server/state_machine.h"
 #include "server/watches.h"
 #include "store/store.h"
 
@@ -169,6 +171,12 @@ class PoolService {
 
   const ServerConfig& config() const { return config_; }
 
+  // Hears every operation the state machine applied, in order, under the service's lock (the
+  // replay test records them; a replicated log will). Set it before the first request.
+  void SetOperationObserver(std::function<void(const Operation&)> observer);
+  // Calls `fn` with the state under the service's lock (tests compare states with it).
+  void InspectState(const std::function<void(const PoolState&)>& fn) const;
+
  private:
   using TaskState = PoolTask;
   using JobState = PoolJob;
@@ -177,7 +185,7 @@ class PoolService {
   PoolService(ServerConfig config, std::unique_ptr<Store> store);
   Status Recover();
   Status RebuildScheduler();             // REQUIRES: mu_
-  Status CheckInvariantsLocked() const { return state_.CheckInvariants(submissions_in_flight_); }  // REQUIRES: mu_
+  Status CheckInvariantsLocked() const { return state_.CheckInvariants(); }  // REQUIRES: mu_
   Status RebuildQueueOrder();            // REQUIRES: mu_
   void Loop();
   int CycleLocked(WriteBatch& batch);  // REQUIRES: mu_
@@ -188,35 +196,16 @@ class PoolService {
   nlohmann::json TaskJson(const JobState& j, int index) const;
   nlohmann::json NodeJson(NodeIndex n) const;
   nlohmann::json QueueJson(const QueueSpec& q) const;
-  void PutJobOps(JobState& j, WriteBatch& batch);
-  void PutTaskOp(const JobState& j, int index, WriteBatch& batch);
-  void Event(const std::string& job_id, const std::string& type, const std::string& message,
-             WriteBatch& batch);
-  Status CommitLocked(WriteBatch& batch);
-  // `agent_ended_it`: the node's agent reported the task's end, so its assignments need not be
-  // pushed again for it (the next heartbeat drops it from the list).
-  void ReleaseTask(JobState& j, int index, bool agent_ended_it = false);
-  void StopTask(JobState& j, int index, TaskPhase outcome, const std::string& reason, WriteBatch& batch);
-  void AfterTaskEnded(JobState& j, WriteBatch& batch);
-  // Ends the job failed with `reason` and stops whatever of it still runs.
-  void FailJob(JobState& j, const std::string& reason, WriteBatch& batch);
   Result<nlohmann::json> GetQueueLocked(const std::string& name);
-  // A task status report from an agent, checked for shape (not yet against the state).
-  struct TaskReport {
-    std::string job_id;
-    int index = 0;
-    std::string state;  // running, succeeded, failed, stopped
-    int exit_code = 0;
-    std::string message;
-    int run = -1;                       // the run (restart count) the report is about; -1: not said
-    std::optional<std::string> run_id;  // the placement's run id the report is about
-  };
+  // Applies `op` (stamped with the clocks now unless it carries a time) and takes in what it
+  // changed: its store writes join `batch`; watchers, the queue order and the loop hear of it.
+  // Refused: its error, nothing changed.
+  Status ApplyLocked(Operation op, WriteBatch& batch);
+  Status CommitLocked(WriteBatch& batch);
+  void TakeEffectsLocked(Effects& fx);
   static Result<TaskReport> ParseTaskReport(const std::string& job_id, int index, const nlohmann::json& body,
                                             bool with_ids);
-  Result<nlohmann::json> ReportTaskLocked(const std::string& node, const TaskReport& report, WriteBatch& batch);
   nlohmann::json AssignmentsJsonLocked(NodeIndex n) const;
-  // A node whose assignments changed; its watchers hear of it at the next NotifyWatchersLocked.
-  void MarkAssignmentsChanged(NodeIndex n) { node_watches_->Changed(n); }
   // Every change enqueued so far is durable: bumps the versions of the changed nodes and answers
   // their watchers.
   void NotifyWatchersLocked();
@@ -232,29 +221,10 @@ class PoolService {
   void BuildRunningView(RunningView& view);
   bool TryPreempt(JobState& j, const PendingEntry& entry, RunningView& running, WriteBatch& batch);
   void MaybeReserve(JobState& j, WriteBatch& batch);
+  // The loop's controllers: each reads the state and applies what it decides as operations.
   void ExpireStops(WriteBatch& batch);
-  // A fault hit the job: counts it against the retry budget and stops every live task (as
-  // preempted: requeue), or fails the job once over budget. Tasks already released by the caller
-  // (a lost node's) keep the phase the caller gave them.
-  void FaultJob(JobState& j, const std::string& cause, const std::string& reason, WriteBatch& batch);
-  // Retention: removes the jobs that ended (every task stopped) and have not changed for
-  // config_.finished_job_retention_seconds, from memory and, through `batch`, from the store.
   void RemoveExpiredJobs(WriteBatch& batch);
-  // Marks silent nodes lost and releases their tasks.
   void CheckNodes(WriteBatch& batch);
-  // The heartbeat's GPU reports: faults, recoveries, hot spots.
-  struct GpuReport {
-    int index = 0;
-    bool healthy = true;
-    std::string reason;
-    double temperature_c = -1, utilization = -1, memory_used_fraction = -1;  // -1: not reported
-  };
-  void ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& reports, WriteBatch& batch);
-  // Stops the running best-effort jobs on GPU `gpu` of node `n` to restart elsewhere (not a fault).
-  void MigrateOffHotGpu(NodeIndex n, int gpu, const std::string& reason, WriteBatch& batch);
-  // Jobs with a live task on GPU `gpu` of node `n`.
-  std::vector<JobState*> JobsOnGpu(NodeIndex n, int gpu);
-  void UpdateGpuUsable(NodeIndex n, int gpu);
   void LearnTypicalPods();
   int64_t NowMs() const;     // the wall clock (config_.wall_clock_ms in tests)
   double MonoNow() const;    // the steady clock, in seconds (config_.mono_clock_s in tests)
@@ -275,8 +245,10 @@ class PoolService {
   std::atomic<bool> stopping_{false};
   std::thread loop_;
 
-  // Jobs, tasks, nodes, the ledger and their indexes (server/state.h).
+  // Jobs, tasks, nodes, queues, the ledger and their indexes (server/state.h), and the only code
+  // that changes them (server/state_machine.h).
   PoolState state_;
+  StateMachine machine_{state_, config_};
   SeededRng rng_{42};
   std::unique_ptr<Scheduler> scheduler_;
   Profile profile_;
@@ -285,23 +257,20 @@ class PoolService {
   size_t recent_next_ = 0;
   uint64_t tasks_since_learn_ = 0;
 
-  std::optional<QueueOrder> order_;
-  std::vector<QueueSpec> queues_;
+  std::optional<QueueOrder> order_;  // built from state_.queues
 
-  int submissions_in_flight_ = 0;             // between their reservation and their job (or failure)
+  // Pending counts reserved by submissions between their admission and their job (or failure).
+  PendingCounts in_flight_;
   std::atomic<uint64_t> next_seq_{1};
-  uint64_t removed_max_seq_ = 0;  // the highest seq retention removed (stored as meta)
   int64_t next_removal_ms_ = 0;   // the next retention pass (wall clock)
 
   // Distinguishes this server run's watch versions from an earlier run's.
   std::string run_token_;
   std::optional<WatchSet<NodeIndex>> node_watches_;   // nodes' assignments
   std::optional<WatchSet<std::string>> job_watches_;  // jobs, by id
-  // Nodes held for one waiting gang.
-  std::string reserved_for_;
-  std::vector<uint8_t> reserved_nodes_;
 
   ServerMetrics metrics_;
+  std::function<void(const Operation&)> operation_observer_;
 
   NodeCredentials credentials_;
   std::string cluster_id_;

@@ -70,45 +70,20 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
         "to replace the agent, an admin revokes it first (gpupool nodes revoke {})",
         spec->name, spec->name));
   }
-  NodeIndex n;
-  if (existing) {
-    n = *existing;
-    if (state_.nodes[n].spec_json != canonical)
-      return Status::FailedPrecondition(fmt::format(
-          "node '{}' is registered with a different inventory; a changed machine needs a new name",
-          spec->name));
-  } else {
-    if (state_.nodes.size() >= static_cast<size_t>(config_.max_nodes))
-      return Status::LimitExceeded(fmt::format(
-          "the pool knows {} node(s), the limit is {} (limits.maxNodes); node '{}' is not registered",
-          state_.nodes.size(), config_.max_nodes, spec->name));
-    auto added = state_.ledger.AddNode(*spec);
-    if (!added.ok()) return Status::InvalidArgument(added.status().message());
-    n = *added;
-    NodeInfo info;
-    info.spec_json = canonical;
-    state_.nodes.push_back(std::move(info));
-  }
-  NodeInfo& info = state_.nodes[n];
-  const bool was_lost = info.state != "ready";
-  info.state = "ready";
-  info.last_heartbeat_ms = now;
-  info.heartbeat_mono = MonoNow();
-  info.agent_endpoint = agent ? agent->endpoint : "";
-  info.agent_log_token = agent ? agent->log_token : "";
-  ++state_.capacity_epoch;
   WriteBatch batch;
-  batch.Add(PutNode{
-      MakeNodeRecord(spec->name, canonical, state_.ledger.state(n).cordoned, info.draining, info.state, now)});
-  Event("", existing ? (was_lost ? "NodeReady" : "NodeReregistered") : "NodeRegistered", spec->name, batch);
+  RegisterNodeOp op;
+  op.spec = *spec;
+  op.spec_json = canonical;
+  op.agent = agent;
+  op.max_nodes = config_.max_nodes;
+  RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
+  const NodeIndex n = *state_.ledger.FindNode(spec->name);
   std::string secret;
   if (who.role != Role::kNode) secret = credentials_.Issue(spec->name, now, batch);
   if (Status st = CommitLocked(batch); !st.ok()) {
     if (!secret.empty()) credentials_.Forget(spec->name);
     return st;
   }
-  wake_pending_ = true;
-  wake_.notify_one();
   json out = {{"node", NodeJson(n)},
               {"clusterId", cluster_id_},
               {"features", AgentFeatures()},
@@ -130,7 +105,7 @@ Result<json> PoolService::RevokeNodeCredential(const std::string& node) {
   std::lock_guard<std::mutex> lock(mu_);
   WriteBatch batch;
   RETURN_IF_ERROR(credentials_.Revoke(node, NowMs(), batch));
-  Event("", "NodeCredentialRevoked", node, batch);
+  batch.Add(AppendEvent{MakeEvent("", NowMs(), "NodeCredentialRevoked", node)});
   RETURN_IF_ERROR(CommitLocked(batch));
   return json{{"node", node}, {"state", "revoked"}};
 }
@@ -190,19 +165,8 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
         gpu_reports.push_back(std::move(r));
       }
     }
-    // Every number is checked before anything of the heartbeat is applied: a bad one is a 400
-    // naming the field, with nothing stored.
-    if (!gpu_reports.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto n = state_.ledger.FindNode(node);
-      if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
-      const size_t count = state_.ledger.spec(*n).gpus.size();
-      for (size_t i = 0; i < gpu_reports.size(); ++i) {
-        if (static_cast<size_t>(gpu_reports[i].index) >= count)
-          return Status::InvalidArgument(fmt::format("gpus[{}].index: node '{}' has {} GPU(s), there is no GPU {}",
-                                                     i, node, count, gpu_reports[i].index));
-      }
-    }
+    // Every number is checked before anything of the heartbeat is applied (GPU indexes against the
+    // node's by the state machine): a bad one is a 400 naming the field, with nothing stored.
     if (body.contains("tasks")) {
       if (!body["tasks"].is_array()) return Status::InvalidArgument("tasks: must be a list");
       if (body["tasks"].size() > 4096) return Status::InvalidArgument("tasks: at most 4096 entries");
@@ -231,29 +195,12 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto n = state_.ledger.FindNode(node);
-    if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
-    NodeInfo& info = state_.nodes[*n];
-    info.last_heartbeat_ms = NowMs();
-    info.heartbeat_mono = MonoNow();
     WriteBatch batch;
-    if (info.state != "ready") {
-      // Back from lost: its tasks were released when it was lost (the agent fenced them), so it
-      // comes back empty and its agent stops whatever is not in its assignments.
-      info.state = "ready";
-      batch.Add(PutNode{MakeNodeRecord(node, info.spec_json, state_.ledger.state(*n).cordoned, info.draining,
-                                       info.state, info.last_heartbeat_ms)});
-      Event("", "NodeReady", node + " heartbeats again", batch);
-      ++state_.capacity_epoch;
-      wake_pending_ = true;
-      wake_.notify_one();
-    }
-    // After a server restart the agent's endpoint comes back with its first heartbeat.
-    if (agent) {
-      info.agent_endpoint = agent->endpoint;
-      info.agent_log_token = agent->log_token;
-    }
-    ApplyGpuReports(*n, gpu_reports, batch);
+    HeartbeatOp op;
+    op.node = node;
+    op.agent = agent;
+    op.gpus = std::move(gpu_reports);
+    RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
     credentials_.FlushLastUsed(kCredentialLastUsedStepMs, batch);
     if (!batch.empty()) RETURN_IF_ERROR(CommitLocked(batch));
   }
@@ -340,7 +287,7 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
   return json{{"assignments", std::move(items)}, {"version", node_watches_->Version(n)}};
 }
 
-Result<PoolService::TaskReport> PoolService::ParseTaskReport(const std::string& job_id, int index, const json& body,
+Result<TaskReport> PoolService::ParseTaskReport(const std::string& job_id, int index, const json& body,
                                                                bool with_ids) {
   if (!body.is_object()) return Status::InvalidArgument("status: the body must be a JSON object");
   TaskReport r;
@@ -394,9 +341,12 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   ASSIGN_OR_RETURN(TaskReport report, ParseTaskReport(job_id, index, body, /*with_ids=*/false));
   std::lock_guard<std::mutex> lock(mu_);
   WriteBatch batch;
-  ASSIGN_OR_RETURN(json task, ReportTaskLocked(node, report, batch));
+  ReportTaskOp op;
+  op.node = node;
+  op.report = std::move(report);
+  RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
-  return task;
+  return TaskJson(*state_.FindJob(job_id), index);
 }
 
 Result<json> PoolService::ReportTasks(const std::string& node, const json& body) {
@@ -435,98 +385,20 @@ Result<json> PoolService::ReportTasks(const std::string& node, const json& body)
   WriteBatch batch;
   json results = json::array();
   for (const TaskReport& r : reports) {
-    auto task = ReportTaskLocked(node, r, batch);
+    ReportTaskOp op;
+    op.node = node;
+    op.report = r;
+    const Status task = ApplyLocked(std::move(op), batch);
     if (task.ok()) {
       results.push_back({{"ok", true}});
     } else {
       results.push_back({{"ok", false},
-                         {"code", std::string(StatusCodeName(task.status().code()))},
-                         {"message", task.status().message()}});
+                         {"code", std::string(StatusCodeName(task.code()))},
+                         {"message", task.message()}});
     }
   }
   RETURN_IF_ERROR(CommitLocked(batch));
   return json{{"results", std::move(results)}};
-}
-
-Result<json> PoolService::ReportTaskLocked(const std::string& node, const TaskReport& report, WriteBatch& batch) {
-  const std::string& job_id = report.job_id;
-  const int index = report.index;
-  const std::string& state = report.state;
-  const int exit_code = report.exit_code;
-  std::string message = report.message;
-  const int run = report.run;
-  const std::optional<std::string>& run_id = report.run_id;
-  auto n = state_.ledger.FindNode(node);
-  if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
-  JobState* j = state_.FindJob(job_id);
-  if (j == nullptr) return Status::NotFound(fmt::format("job '{}' not found", job_id));
-  if (index < 0 || static_cast<size_t>(index) >= j->tasks.size())
-    return Status::NotFound(fmt::format("job '{}' has no task {}", job_id, index));
-  TaskState& ts = j->tasks[static_cast<size_t>(index)];
-  if (run_id && ts.placed && ts.placement.node == *n && !ConstantTimeEqual(*run_id, ts.run_id))
-    return Status::FailedPrecondition(fmt::format(
-        "runId: task {}[{}] is at another run than the report's (a process of an earlier placement, or of "
-        "another pool): ignored",
-        job_id, index));
-  if (!ts.placed || ts.placement.node != *n || (run >= 0 && run != ts.restarts)) {
-    // A late report for a task that has moved on (released, requeued): harmless, say so.
-    if (run >= 0 && run != ts.restarts && ts.placed && ts.placement.node == *n)
-      return Status::FailedPrecondition(fmt::format(
-          "task {}[{}]: the report is about run {}, the task is at run {}", job_id, index, run, ts.restarts));
-    return Status::FailedPrecondition(fmt::format("task {}[{}] is not assigned to node '{}' (it is {})",
-                                                  job_id, index, node, TaskPhaseName(ts.phase)));
-  }
-  const int64_t now = NowMs();
-  const TaskGroup& g = j->job.groups[static_cast<size_t>(ts.group)];
-  const std::string task_name = fmt::format("{}[{}]", g.name, ts.replica);
-  if (state == "running") {
-    if (ts.phase == TaskPhase::kAssigned) {
-      state_.SetTaskPhase(*j, ts, TaskPhase::kRunning);
-      ts.updated_ms = now;
-      PutTaskOp(*j, index, batch);
-      Event(job_id, "TaskStarted", fmt::format("task {} started on {}", task_name, node), batch);
-    }
-  } else {
-    TaskPhase end;
-    bool unasked_stop = false;
-    if (ts.phase == TaskPhase::kStopping) {
-      end = (state == "succeeded") && ts.stop_outcome == TaskPhase::kCancelled ? TaskPhase::kCancelled
-                                                                               : ts.stop_outcome;
-    } else if (state == "succeeded") {
-      end = TaskPhase::kSucceeded;
-    } else if (state == "failed") {
-      end = TaskPhase::kFailed;
-    } else {
-      // Stopped without being asked: the agent fenced it (its lease ran out), or the machine
-      // killed it. Not the task's own doing, so it is a fault, not a failure.
-      end = TaskPhase::kFailed;
-      unasked_stop = true;
-      if (message.empty()) message = "stopped without being asked to";
-    }
-    ReleaseTask(*j, index, /*agent_ended_it=*/true);
-    state_.SetTaskPhase(*j, ts, end);
-    ts.exit_code = exit_code;
-    ts.end_message = message;
-    ts.updated_ms = now;
-    Event(job_id, "TaskFinished",
-          fmt::format("task {} on {}: {} (exit code {}){}{}", task_name, node, TaskPhaseName(end), exit_code,
-                      message.empty() ? "" : ": ", message),
-          batch);
-    if (end == TaskPhase::kFailed && (j->job.retry.on_failure || unasked_stop) &&
-        j->phase == JobPhase::kRunning && j->rec.faults < j->job.retry.max_restarts) {
-      // A fault like a lost node: the gang restarts from its checkpoint.
-      const std::string reason = unasked_stop
-                                     ? fmt::format("task {} stopped on {}: {}", task_name, node, message)
-                                     : fmt::format("task {} failed on {} with exit code {}{}{}", task_name,
-                                                   node, exit_code, message.empty() ? "" : ": ", message);
-      state_.SetTaskPhase(*j, ts, TaskPhase::kPreempted);
-      ts.stop_reason = reason;
-      FaultJob(*j, unasked_stop ? "task_stopped" : "task_failed", reason, batch);
-    }
-    PutTaskOp(*j, index, batch);
-    AfterTaskEnded(*j, batch);
-  }
-  return TaskJson(*j, index);
 }
 
 // ---- scheduling --------------------------------------------------------------------------------

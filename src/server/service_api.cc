@@ -57,70 +57,36 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     if (Status st = order_->Admit(job.queue, demand); !st.ok()) return st;
     // The room is reserved here, under the lock, before the durable write (which runs without it):
     // concurrent submissions cannot all pass the check and then overshoot together.
-    RETURN_IF_ERROR(
-        state_.pending_counts.CheckRoom(config_, order_->FindQueue(job.queue), job.tenant, job.queue, task_count));
-    state_.pending_counts.Add(job.tenant, job.queue, task_count);
-    ++submissions_in_flight_;
+    RETURN_IF_ERROR(state_.pending_counts.CheckRoom(config_, order_->FindQueue(job.queue), job.tenant, job.queue,
+                                                    task_count, &in_flight_));
+    in_flight_.Add(job.tenant, job.queue, task_count);
   }
   const uint64_t seq = next_seq_.fetch_add(1);
   job.id = fmt::format("j-{:012}", seq);
-  const int64_t now = NowMs();
-  auto state = std::make_unique<JobState>();
-  state->rec.id = job.id;
-  state->rec.seq = seq;
-  state->rec.tenant = job.tenant;
-  state->rec.queue = job.queue;
-  state->rec.name = job.name;
-  state->rec.priority = job.priority;
-  state->rec.state = "pending";
-  state->rec.spec_json = JobSpecToJson(job).dump();
-  state->rec.created_ms = now;
-  state->rec.updated_ms = now;
-  state->demand = demand;
-  state->pending_since_ms = now;
-  state->submit_mono = MonoNow();
-  int t = 0;
-  for (size_t g = 0; g < job.groups.size(); ++g) {
-    for (int rep = 0; rep < job.groups[g].replicas; ++rep, ++t) {
-      TaskState ts;
-      ts.group = static_cast<int>(g);
-      ts.replica = rep;
-      ts.updated_ms = now;
-      state->tasks.push_back(ts);
-      state->task_group.push_back(static_cast<int>(g));
-    }
-  }
-  state->job = std::move(job);
+  SubmitJobOp op;
+  op.now_ms = NowMs();
+  op.mono = MonoNow();
+  op.rec.id = job.id;
+  op.rec.seq = seq;
+  op.rec.tenant = job.tenant;
+  op.rec.queue = job.queue;
+  op.rec.name = job.name;
+  op.rec.priority = job.priority;
+  op.rec.state = "pending";
+  op.rec.spec_json = JobSpecToJson(job).dump();
+  op.rec.created_ms = op.now_ms;
+  op.rec.updated_ms = op.now_ms;
+  op.demand = demand;
+  op.job = std::move(job);
 
-  WriteBatch batch;
-  batch.Add(PutJob{state->rec});
-  for (size_t i = 0; i < state->tasks.size(); ++i) {
-    TaskRecord r;
-    r.job_id = state->rec.id;
-    r.index = static_cast<int>(i);
-    r.state = "pending";
-    r.updated_ms = now;
-    batch.Add(PutTask{r});
-  }
-  EventRecord e;
-  e.job_id = state->rec.id;
-  e.time_ms = now;
-  e.type = "Submitted";
-  e.message = fmt::format("by tenant '{}' to queue '{}': {} task(s), needs {}", state->rec.tenant,
-                          state->rec.queue, state->tasks.size(), FormatResources(demand));
-  batch.Add(AppendEvent{e});
-  if (Status st = committer_->Commit(std::move(batch)); !st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    state_.pending_counts.Remove(state->rec.tenant, state->rec.queue, task_count);
-    --submissions_in_flight_;
-    return Status::Internal("the job could not be stored: " + st.message());
-  }
-
+  // Durable first, without the lock (group commit batches concurrent submitters); the job enters
+  // the state only once it is on disk, so memory never holds what the disk does not.
+  const Status written = committer_->Commit(StateMachine::SubmissionWrites(op));
   std::lock_guard<std::mutex> lock(mu_);
-  // Its reservation becomes the pending job's count.
-  --submissions_in_flight_;
-  JobState* raw = state.get();
-  for (const auto& g : raw->job.groups) {
+  // Its reservation becomes the pending job's count (or is dropped).
+  in_flight_.Remove(op.rec.tenant, op.rec.queue, task_count);
+  if (!written.ok()) return Status::Internal("the job could not be stored: " + written.message());
+  for (const auto& g : op.job.groups) {
     for (int rep = 0; rep < g.replicas; ++rep) {
       if (scheduler_ != nullptr) scheduler_->Observe(g.request);  // policies that learn online
       if (recent_tasks_.size() < kRecentTasks) {
@@ -132,12 +98,11 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
       ++tasks_since_learn_;
     }
   }
-  raw->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(raw->tasks.size());
-  state_.AddJob(std::move(state), /*already_counted=*/true);
-  ++metrics_.submitted;
-  wake_pending_ = true;
-  wake_.notify_one();
-  return JobJson(*raw);
+  const std::string id = op.rec.id;
+  WriteBatch already_written;
+  if (Status st = ApplyLocked(std::move(op), already_written); !st.ok())
+    FailStop(st.WithContext("a stored submission"));
+  return JobJson(*state_.FindJob(id));
 }
 
 Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, const std::string& job_id,
@@ -274,25 +239,10 @@ Result<json> PoolService::CancelJob(const Principal& who, const std::string& id)
   if (IsTerminal(j.phase))
     return Status::FailedPrecondition(fmt::format("job '{}' is already {}", id, JobPhaseName(j.phase)));
   WriteBatch batch;
-  const std::string by = who.role == Role::kAdmin ? "an admin" : "tenant '" + who.tenant + "'";
-  for (size_t i = 0; i < j.tasks.size(); ++i) {
-    TaskState& ts = j.tasks[i];
-    if (ts.phase == TaskPhase::kPending) {
-      state_.SetTaskPhase(j, ts, TaskPhase::kCancelled);
-      ts.updated_ms = NowMs();
-      PutTaskOp(j, static_cast<int>(i), batch);
-    } else {
-      StopTask(j, static_cast<int>(i), TaskPhase::kCancelled, "job cancelled", batch);
-    }
-  }
-  state_.SetJobPhase(j, JobPhase::kCancelled);
-  j.rec.reason = "cancelled by " + by;
-  state_.pending.erase(j.rec.seq);
-  state_.partial.erase(j.rec.seq);
-  if (reserved_for_ == j.rec.id) reserved_for_.clear();
-  ++metrics_.finished["cancelled"];
-  Event(j.rec.id, "Cancelled", j.rec.reason, batch);
-  PutJobOps(j, batch);
+  CancelJobOp op;
+  op.job_id = j.rec.id;
+  op.by = who.role == Role::kAdmin ? "an admin" : "tenant '" + who.tenant + "'";
+  RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
   return JobJson(j);
 }
@@ -362,45 +312,23 @@ Result<json> PoolService::GetNode(const std::string& name) {
 
 Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto n = state_.ledger.FindNode(name);
-  if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
-  NodeInfo& info = state_.nodes[*n];
-  if (!cordoned && info.draining) info.draining = false;
-  RETURN_IF_ERROR(state_.ledger.SetCordoned(*n, cordoned));
-  ++state_.capacity_epoch;
   WriteBatch batch;
-  batch.Add(PutNode{
-      MakeNodeRecord(name, info.spec_json, cordoned, info.draining, info.state, info.last_heartbeat_ms)});
-  Event("", cordoned ? "NodeCordoned" : "NodeUncordoned", name, batch);
+  CordonNodeOp op;
+  op.node = name;
+  op.cordoned = cordoned;
+  RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
-  wake_pending_ = true;
-  wake_.notify_one();
-  return NodeJson(*n);
+  return NodeJson(*state_.ledger.FindNode(name));
 }
 
 Result<json> PoolService::DrainNode(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto n = state_.ledger.FindNode(name);
-  if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
-  NodeInfo& info = state_.nodes[*n];
-  RETURN_IF_ERROR(state_.ledger.SetCordoned(*n, true));
-  info.draining = true;
   WriteBatch batch;
-  const auto tasks = info.tasks;
-  for (const auto& [job_id, index] : tasks) {
-    JobState* j = state_.FindJob(job_id);
-    if (j == nullptr) continue;
-    // Every job on the node goes back to its queue and restarts elsewhere from its checkpoint.
-    for (size_t i = 0; i < j->tasks.size(); ++i) {
-      StopTask(*j, static_cast<int>(i), TaskPhase::kPreempted, "node " + name + " drained", batch);
-    }
-    Event(job_id, "Draining", fmt::format("node {} is drained: the job stops and is queued again", name),
-          batch);
-  }
-  batch.Add(PutNode{MakeNodeRecord(name, info.spec_json, true, true, info.state, info.last_heartbeat_ms)});
-  Event("", "NodeDrained", name, batch);
+  DrainNodeOp op;
+  op.node = name;
+  RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
-  return NodeJson(*n);
+  return NodeJson(*state_.ledger.FindNode(name));
 }
 
 // ---- queues ------------------------------------------------------------------------------------
@@ -447,21 +375,12 @@ Result<json> PoolService::CreateQueue(const json& body) {
   auto q = ParseQueueJson(body, "queue");
   if (!q.ok()) return q.status();
   std::lock_guard<std::mutex> lock(mu_);
-  if (order_->HasQueue(q->name))
-    return Status::FailedPrecondition(fmt::format("queue '{}' already exists", q->name));
-  std::vector<QueueSpec> next = queues_;
-  next.push_back(*q);
-  QueueOrderOptions options = config_.ordering;
-  options.queues = next;
-  auto order = QueueOrder::Create(options);
-  if (!order.ok()) return Status::InvalidArgument(order.status().message());
   WriteBatch batch;
-  batch.Add(PutQueue{{q->name, QueueJson(*q).dump()}});
-  Event("", "QueueCreated", q->name, batch);
+  PutQueueOp op;
+  op.spec = *q;
+  op.create = true;
+  RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
-  queues_ = std::move(next);
-  order_.emplace(std::move(order).value());
-  ++state_.capacity_epoch;
   return GetQueueLocked(q->name);
 }
 
@@ -482,30 +401,11 @@ Result<json> PoolService::UpdateQueue(const std::string& name, const json& body)
   }
   auto q = ParseQueueJson(merged, "queue");
   if (!q.ok()) return q.status();
-  std::vector<QueueSpec> next;
-  bool found = false;
-  for (const QueueSpec& s : order_->options().queues) {
-    if (s.name == name) {
-      next.push_back(*q);
-      found = true;
-    } else {
-      next.push_back(s);
-    }
-  }
-  if (!found) next.push_back(*q);
-  QueueOrderOptions options = config_.ordering;
-  options.queues = next;
-  auto order = QueueOrder::Create(options);
-  if (!order.ok()) return Status::InvalidArgument(order.status().message());
   WriteBatch batch;
-  batch.Add(PutQueue{{q->name, QueueJson(*q).dump()}});
-  Event("", "QueueUpdated", q->name, batch);
+  PutQueueOp op;
+  op.spec = *q;
+  RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
-  queues_ = order->options().queues;
-  order_.emplace(std::move(order).value());
-  ++state_.capacity_epoch;
-  wake_pending_ = true;
-  wake_.notify_one();
   return GetQueueLocked(name);
 }
 

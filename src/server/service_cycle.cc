@@ -1,5 +1,7 @@
-// PoolService, the scheduling loop: the cycle (queue order, the placement pipeline, gang
-// placement), retention, preemption and backfill reservations. Runs on the loop thread.
+// PoolService, the scheduling loop and its controllers: the cycle (queue order, the placement
+// pipeline, gang placement), preemption, backfill reservations, node timeouts, overdue stops and
+// retention. Each reads the state and applies what it decides as operations (operations.h); none
+// touches the store or HTTP. Runs on the loop thread.
 #include "server/service.h"
 
 #include <fmt/format.h>
@@ -21,6 +23,7 @@
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
 #include "server/retention.h"
+#include "server/timeouts.h"
 #include "server/service_internal.h"
 
 namespace gpupool {
@@ -113,9 +116,9 @@ bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
       any = true;
     }
   }
-  if (!reserved_for_.empty() && reserved_for_ != j.rec.id) {
-    for (size_t i = 0; i < n && i < reserved_nodes_.size(); ++i) {
-      if (reserved_nodes_[i] && mask.reason[i] == 0) {
+  if (!state_.reserved_for.empty() && state_.reserved_for != j.rec.id) {
+    for (size_t i = 0; i < n && i < state_.reserved_nodes.size(); ++i) {
+      if (state_.reserved_nodes[i] && mask.reason[i] == 0) {
         mask.reason[i] = 1;
         any = true;
       }
@@ -154,6 +157,7 @@ bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
   return true;
 }
 
+// Retention: ended jobs unchanged for finishedJobRetentionSeconds leave memory and the store.
 void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
   const int64_t keep_ms = config_.finished_job_retention_seconds * 1000;
   if (keep_ms <= 0) return;
@@ -163,23 +167,29 @@ void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
   next_removal_ms_ = now + std::clamp<int64_t>(keep_ms / 10, 1000, 60000);
   const RetentionPass pass = ExpiredJobs(state_, now, keep_ms, kMaxRemovalsPerPass);
   if (pass.more) next_removal_ms_ = now;  // more to do: the next cycle goes on
-  uint64_t removed_max = removed_max_seq_;
-  for (uint64_t seq : pass.expired) {
-    auto it = state_.by_seq.find(seq);
-    const std::string id = it->second->rec.id;
-    batch.Add(DeleteJob{id});
-    removed_max = std::max(removed_max, seq);
-    ++metrics_.jobs_removed;
-    state_.RemoveJob(it);
-    // Its watchers hear "gone" once the removal is durable.
-    job_watches_->Forget(id);
-    job_watches_->Changed(id);
+  RemoveJobsOp op;
+  op.seqs = pass.expired;
+  op.events_before_ms = now - keep_ms;
+  (void)ApplyLocked(std::move(op), batch);
+}
+
+// Nodes silent past the heartbeat timeout are lost.
+void PoolService::CheckNodes(WriteBatch& batch) {
+  for (const SilentNode& silent : SilentNodes(state_, MonoNow(), config_.heartbeat_timeout_seconds)) {
+    NodeLostOp op;
+    op.node = silent.node;
+    op.silent_s = silent.silent_s;
+    (void)ApplyLocked(op, batch);
   }
-  // Cluster events (nodes lost and back, GPU conditions) age out the same way.
-  batch.Add(DeleteClusterEvents{now - keep_ms});
-  if (removed_max != removed_max_seq_) {
-    removed_max_seq_ = removed_max;
-    batch.Add(PutMeta{kRemovedMaxSeqKey, std::to_string(removed_max)});
+}
+
+// Stops past their deadline are released as if confirmed.
+void PoolService::ExpireStops(WriteBatch& batch) {
+  for (const OverdueStops& due : OverdueStopsAt(state_, NowMs())) {
+    StopsOverdueOp op;
+    op.job_id = due.job_id;
+    op.tasks = due.tasks;
+    (void)ApplyLocked(std::move(op), batch);
   }
 }
 
@@ -191,40 +201,19 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   RemoveExpiredJobs(batch);
   LearnTypicalPods();
   const int64_t now = NowMs();
-
-  // Preemptors stop waiting once their victims have stopped.
+  // Preemptors whose victims stopped stop waiting; jobs in their backoff say until when.
+  bool waits = false;
   for (uint64_t seq : state_.pending) {
-    JobState& j = *state_.by_seq[seq];
-    for (auto it = j.waiting_for.begin(); it != j.waiting_for.end();) {
-      JobState* v = state_.FindJob(*it);
-      bool stopping = false;
-      if (v != nullptr) {
-        for (const TaskState& ts : v->tasks) stopping |= ts.phase == TaskPhase::kStopping;
-      }
-      it = stopping ? std::next(it) : j.waiting_for.erase(it);
-    }
+    const JobState& j = *state_.by_seq[seq];
+    waits |= !j.waiting_for.empty() || j.rec.not_before_ms > now;
   }
-  if (!reserved_for_.empty()) {
-    JobState* r = state_.FindJob(reserved_for_);
-    if (r == nullptr || r->phase != JobPhase::kPending) {
-      reserved_for_.clear();
-      ++state_.capacity_epoch;
-    }
-  }
+  if (waits) (void)ApplyLocked(CycleStartOp{{now, MonoNow()}}, batch);
 
   std::vector<PendingEntry> entries;
   std::vector<JobState*> states;
   for (uint64_t seq : state_.pending) {
     JobState* j = state_.by_seq[seq];
-    if (!j->waiting_for.empty()) continue;
-    if (j->rec.not_before_ms > now) {
-      // Retry backoff after a fault (docs/jobspec.md#retry).
-      const std::string message =
-          fmt::format("waiting for its retry backoff (restart {} of {}) until {}", j->rec.faults,
-                      j->job.retry.max_restarts, FormatTime(j->rec.not_before_ms));
-      if (message != j->pending_message) j->pending_message = message;
-      continue;
-    }
+    if (!j->waiting_for.empty() || j->rec.not_before_ms > now) continue;  // preempting, or in its backoff
     entries.push_back({seq, j->rec.tenant, j->rec.queue, j->rec.priority, j->demand});
     states.push_back(j);
   }
@@ -262,7 +251,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
         MaybeReserve(j, batch);
         continue;
       }
-      const std::string shape = j.rec.id == reserved_for_ ? "" : JobShapeKey(j.job);
+      const std::string shape = j.rec.id == state_.reserved_for ? "" : JobShapeKey(j.job);
       if (!shape.empty() && failed_shapes.count(shape)) {
         pass.Skipped(i);
         j.failed_epoch = state_.capacity_epoch;
@@ -284,42 +273,16 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       });
       scheduler_->SetNodeMask(nullptr);
       if (r.placed) {
-        std::set<std::string> node_names;
+        // The scheduler committed its choice to the ledger while choosing; the operation commits
+        // it again as the state's change.
+        PlaceTasksOp op;
+        op.job_id = j.rec.id;
         for (const auto& b : binder.bound) {
-          TaskState& ts = j.tasks[static_cast<size_t>(b.task)];
-          state_.SetTaskPhase(j, ts, TaskPhase::kAssigned);
-          ts.placed = true;
-          ts.run_id = NewRunId();
-          ts.placement = b.placement;
-          ts.last_node = state_.ledger.spec(b.placement.node).name;
-          ts.allocation = b.allocation;
-          ts.updated_ms = now;
-          state_.nodes[b.placement.node].tasks.insert({j.rec.id, b.task});
-          MarkAssignmentsChanged(b.placement.node);
-          state_.usage[{j.rec.tenant, j.rec.queue}] +=
-              TaskDemand(j.job.groups[static_cast<size_t>(ts.group)].request);
-          node_names.insert(state_.ledger.spec(b.placement.node).name);
-          PutTaskOp(j, b.task, batch);
+          (void)state_.ledger.Release(b.allocation);
+          op.tasks.push_back({b.task, b.placement, NewRunId()});
         }
-        const bool partial = binder.bound.size() < j.tasks.size();
-        if (partial) state_.partial.insert(j.rec.seq);
-        state_.SetJobPhase(j, JobPhase::kRunning);
-        j.rec.reason = "";
-        j.pending_message.clear();
-        j.started_ms = now;
-        state_.pending.erase(j.rec.seq);
-        if (reserved_for_ == j.rec.id) {
-          reserved_for_.clear();
-          ++state_.capacity_epoch;
-        }
-        Event(j.rec.id, "Scheduled",
-              fmt::format("placed {} of {} task(s) on {}", binder.bound.size(), j.tasks.size(),
-                          fmt::join(node_names, ", ")),
-              batch);
-        PutJobOps(j, batch);
-        ++metrics_.placements;
-        metrics_.task_placements += binder.bound.size();
-        metrics_.scheduling_latency.Observe(MonoNow() - j.submit_mono);
+        if (Status st = ApplyLocked(std::move(op), batch); !st.ok())
+          FailStop(st.WithContext("applying the scheduler's placement"));
         pass.Placed(i);
         ++placed;
         continue;
@@ -327,19 +290,23 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       pass.Skipped(i);
       j.failed_epoch = state_.capacity_epoch;
       if (!shape.empty()) failed_shapes.insert(shape);
+      std::string pending_task;
       if (r.first_failed_task >= 0) {
         const TaskState& ft = j.tasks[static_cast<size_t>(r.first_failed_task)];
-        j.pending_task = fmt::format("{}[{}]", j.job.groups[static_cast<size_t>(ft.group)].name, ft.replica);
+        pending_task = fmt::format("{}[{}]", j.job.groups[static_cast<size_t>(ft.group)].name, ft.replica);
       }
-      std::string message = r.status.message();
-      if (message.empty()) message = r.diagnosis.ToString();
-      j.diagnosis = r.diagnosis;
-      if (message != j.pending_message) {
-        j.pending_message = message;
-        j.rec.reason = message;
-        Event(j.rec.id, "Pending", message, batch);
-        PutJobOps(j, batch);
-      }
+      JobWaitsOp wait;
+      wait.job_id = j.rec.id;
+      wait.message = r.status.message();
+      if (wait.message.empty()) wait.message = r.diagnosis.ToString();
+      wait.pending_task = pending_task;
+      wait.diagnosis = r.diagnosis;
+      // Said only when something of it changed: a job that keeps not fitting adds nothing.
+      const Diagnosis& had = j.diagnosis;
+      if (wait.message != j.pending_message || (!pending_task.empty() && pending_task != j.pending_task) ||
+          wait.diagnosis.total_nodes != had.total_nodes || wait.diagnosis.feasible_nodes != had.feasible_nodes ||
+          wait.diagnosis.reasons != had.reasons)
+        (void)ApplyLocked(std::move(wait), batch);
       const uint64_t preempt_epoch = state_.capacity_epoch + metrics_.placements;
       if (config_.preemption && j.preempt_epoch != preempt_epoch) {
         j.preempt_epoch = preempt_epoch;
@@ -349,9 +316,9 @@ int PoolService::CycleLocked(WriteBatch& batch) {
     }
   }
   // Running jobs whose gang minimum was met place their remaining tasks as room appears.
-  for (auto it = state_.partial.begin(); it != state_.partial.end();) {
-    JobState& j = *state_.by_seq[*it];
-    bool still = false;
+  const std::vector<uint64_t> partial(state_.partial.begin(), state_.partial.end());
+  for (uint64_t seq : partial) {
+    JobState& j = *state_.by_seq[seq];
     for (size_t t = 0; t < j.tasks.size(); ++t) {
       TaskState& ts = j.tasks[t];
       if (ts.phase != TaskPhase::kPending) continue;
@@ -361,24 +328,14 @@ int PoolService::CycleLocked(WriteBatch& batch) {
       Decision d;
       auto id = scheduler_->Place(req, &d);
       scheduler_->SetNodeMask(nullptr);
-      if (!id.ok()) {
-        still = true;
-        continue;
-      }
-      state_.SetTaskPhase(j, ts, TaskPhase::kAssigned);
-      ts.placed = true;
-      ts.run_id = NewRunId();
-      ts.placement = d.placement;
-      ts.last_node = state_.ledger.spec(d.placement.node).name;
-      ts.allocation = *id;
-      ts.updated_ms = now;
-      state_.nodes[d.placement.node].tasks.insert({j.rec.id, static_cast<int>(t)});
-      MarkAssignmentsChanged(d.placement.node);
-      state_.usage[{j.rec.tenant, j.rec.queue}] += TaskDemand(req);
-      PutTaskOp(j, static_cast<int>(t), batch);
-      ++metrics_.task_placements;
+      if (!id.ok()) continue;
+      (void)state_.ledger.Release(*id);
+      PlaceTasksOp op;
+      op.job_id = j.rec.id;
+      op.tasks.push_back({static_cast<int>(t), d.placement, NewRunId()});
+      if (Status st = ApplyLocked(std::move(op), batch); !st.ok())
+        FailStop(st.WithContext("applying the scheduler's placement"));
     }
-    it = still ? std::next(it) : state_.partial.erase(it);
   }
   metrics_.cycle_duration.Observe(MonoNow() - t0);
   return placed;
@@ -452,7 +409,9 @@ bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView
     r.job->tasks[static_cast<size_t>(r.task)].allocation = *id;
   }
   if (!fits) return false;
-  std::vector<std::string> victims;
+  PreemptOp op;
+  op.job_id = j.rec.id;
+  op.grace_period_seconds = config_.grace_period_seconds;
   for (size_t c = 0; c < needed; ++c) {
     JobState* v = running_jobs[candidates[c].index];
     const std::string why =
@@ -460,26 +419,14 @@ bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView
             ? fmt::format("preempted by {} (priority {} > {})", j.rec.id, j.rec.priority, v->rec.priority)
             : fmt::format("preempted by {} (queue '{}' reclaims its guaranteed quota)", j.rec.id,
                           j.rec.queue);
-    for (size_t t = 0; t < v->tasks.size(); ++t)
-      StopTask(*v, static_cast<int>(t), TaskPhase::kPreempted, why, batch);
-    Event(v->rec.id, "Preempted",
-          why + fmt::format("; tasks get SIGTERM and {} s to checkpoint", config_.grace_period_seconds),
-          batch);
-    j.waiting_for.insert(v->rec.id);
-    victims.push_back(v->rec.id);
-    ++metrics_.preemptions;
+    op.victims.push_back({v->rec.id, why});
   }
-  Event(j.rec.id, "Preempting",
-        fmt::format("stopping {} to make room: {}", victims.size(), fmt::join(victims, ", ")), batch);
   view.built = false;  // the victims are stopping now
-  j.pending_message = fmt::format("waiting for {} preempted job(s) to stop", victims.size());
-  j.rec.reason = j.pending_message;
-  PutJobOps(j, batch);
-  return true;
+  return ApplyLocked(std::move(op), batch).ok();
 }
 
 void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
-  if (!reserved_for_.empty()) return;
+  if (!state_.reserved_for.empty()) return;
   if (NowMs() - j.pending_since_ms < 1000LL * config_.reserve_after_seconds) return;
   // Nodes that could hold this job's largest task when empty, closest to free first.
   const TaskRequest* largest = nullptr;
@@ -507,7 +454,6 @@ void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
   });
   Resources covered;
   std::vector<uint8_t> reserved(state_.ledger.node_count(), 0);
-  std::vector<std::string> names;
   for (NodeIndex n : candidates) {
     if (covered.gpu >= j.demand.gpu && covered.cpu >= j.demand.cpu && covered.memory >= j.demand.memory)
       break;
@@ -516,15 +462,12 @@ void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
     covered.memory += s.memory.units();
     covered.gpu += 1000 * static_cast<int64_t>(s.gpus.size());
     reserved[n] = 1;
-    names.push_back(s.name);
   }
   if (covered.gpu < j.demand.gpu || covered.cpu < j.demand.cpu || covered.memory < j.demand.memory) return;
-  reserved_for_ = j.rec.id;
-  reserved_nodes_ = std::move(reserved);
-  Event(j.rec.id, "Reserved",
-        fmt::format("waited {} s: holding {} for this job; smaller jobs stop backfilling them",
-                    (NowMs() - j.pending_since_ms) / 1000, fmt::join(names, ", ")),
-        batch);
+  ReserveOp op;
+  op.job_id = j.rec.id;
+  op.nodes = std::move(reserved);
+  (void)ApplyLocked(std::move(op), batch);
 }
 
 // ---- health, metrics, invariants ---------------------------------------------------------------

@@ -114,6 +114,16 @@ inline NodeRecord MakeNodeRecord(const std::string& name, const nlohmann::json& 
 }
 
 
+inline EventRecord MakeEvent(const std::string& job_id, int64_t time_ms, const std::string& type,
+                             const std::string& message) {
+  EventRecord e;
+  e.job_id = job_id;
+  e.time_ms = time_ms;
+  e.type = type;
+  e.message = message;
+  return e;
+}
+
 // The view a watcher of a removed job gets.
 inline nlohmann::json GoneJob() {
   return nlohmann::json{{"error", {{"code", "NotFound"}, {"message", "the job was removed (retention)"}}}};

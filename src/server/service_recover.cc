@@ -36,8 +36,8 @@ Status PoolService::Recover() {
 
   // Queues: the config seeds an empty store; afterwards the store (and the API) own them.
   if (snap->queues.empty()) {
-    queues_ = config_.ordering.queues;
-    for (const QueueSpec& q : queues_) batch.Add(PutQueue{{q.name, QueueJson(q).dump()}});
+    state_.queues = config_.ordering.queues;
+    for (const QueueSpec& q : state_.queues) batch.Add(PutQueue{{q.name, QueueJson(q).dump()}});
   } else {
     for (const QueueRecord& r : snap->queues) {
       json j = json::parse(r.config_json, nullptr, false);
@@ -52,7 +52,7 @@ Status PoolService::Recover() {
       if (Status st = CheckSpecName(q->name, "name"); !st.ok())
         std::fprintf(stderr, "gpupool server: stored queue '%s' has a name no job can give (%s); rename it\n",
                      r.name.c_str(), st.message().c_str());
-      queues_.push_back(*q);
+      state_.queues.push_back(*q);
     }
   }
   RETURN_IF_ERROR(RebuildQueueOrder());
@@ -126,7 +126,7 @@ Status PoolService::Recover() {
     if (ec != std::errc() || end != value.data() + value.size())
       return Status::Internal(fmt::format("stored meta {} is not a job sequence number: '{}'", key, value));
     max_seq = std::max(max_seq, removed);
-    removed_max_seq_ = removed;
+    state_.removed_max_seq = removed;
   }
   next_seq_ = max_seq + 1;
 
@@ -193,7 +193,7 @@ Status PoolService::Recover() {
 
 Status PoolService::RebuildQueueOrder() {
   QueueOrderOptions options = config_.ordering;
-  options.queues = queues_;
+  options.queues = state_.queues;
   auto order = QueueOrder::Create(options);
   if (!order.ok()) return order.status();
   order_.emplace(std::move(order).value());

@@ -83,11 +83,23 @@ void PoolState::SetJobPhase(PoolJob& j, JobPhase phase) {
   --in_queue[static_cast<size_t>(j.phase)];
   ++in_queue[static_cast<size_t>(phase)];
   j.phase = phase;
+  if (phase != JobPhase::kPending && reserved_for == j.rec.id) {
+    // The job the nodes were held for has left the queue: smaller jobs may backfill them again.
+    reserved_for.clear();
+    reserved_nodes.clear();
+    ++capacity_epoch;
+  }
 }
 
 void PoolState::SetTaskPhase(PoolJob& j, PoolTask& ts, TaskPhase phase) {
   --j.task_counts[static_cast<size_t>(ts.phase)];
   ++j.task_counts[static_cast<size_t>(phase)];
+  if (phase == TaskPhase::kStopping && ts.phase != phase) {
+    stopping_jobs.insert(j.rec.id);
+  } else if (ts.phase == TaskPhase::kStopping && phase != TaskPhase::kStopping &&
+             j.task_counts[static_cast<size_t>(TaskPhase::kStopping)] == 0) {
+    stopping_jobs.erase(j.rec.id);
+  }
   ts.phase = phase;
 }
 
@@ -101,7 +113,7 @@ const PoolJob* PoolState::FindJob(const std::string& id) const {
   return it == jobs.end() ? nullptr : it->second.get();
 }
 
-Status PoolState::CheckInvariants(int submissions_in_flight) const {
+Status PoolState::CheckInvariants() const {
   RETURN_IF_ERROR(ledger.CheckInvariants());
   size_t live = 0;
   std::array<int64_t, 5> phases{};
@@ -153,18 +165,25 @@ Status PoolState::CheckInvariants(int submissions_in_flight) const {
   }
   if (indexed != by_seq.size())
     return Status::Internal(fmt::format("the tenant index holds {} jobs, there are {}", indexed, by_seq.size()));
-  // Submissions in flight hold reservations, so the counts may be above what the jobs say, never below;
-  // with none in flight they are exact.
   for (const auto& [tenant, want] : pending_by_tenant) {
     const PendingCount have = pending_counts.tenant(tenant);
-    const bool off = submissions_in_flight == 0 ? (have.jobs != want.jobs || have.tasks != want.tasks)
-                                                 : (have.jobs < want.jobs || have.tasks < want.tasks);
-    if (off)
+    if (have.jobs != want.jobs || have.tasks != want.tasks)
       return Status::Internal(fmt::format("tenant '{}': {} pending jobs ({} tasks) counted, {} ({}) pending",
                                           tenant, have.jobs, have.tasks, want.jobs, want.tasks));
   }
-  if (submissions_in_flight == 0 && pending_counts.tenants().size() != pending_by_tenant.size())
+  if (pending_counts.tenants().size() != pending_by_tenant.size())
     return Status::Internal("pending counts held for tenants with nothing pending");
+  for (const auto& [id, j] : jobs) {
+    const bool stopping = j->task_counts[static_cast<size_t>(TaskPhase::kStopping)] > 0;
+    if (stopping != (stopping_jobs.count(id) > 0))
+      return Status::Internal(fmt::format("job {}: the stopping index says {}", id, !stopping));
+  }
+  if (stopping_jobs.size() > jobs.size()) return Status::Internal("the stopping index lists jobs that are gone");
+  if (!reserved_for.empty()) {
+    const PoolJob* r = FindJob(reserved_for);
+    if (r == nullptr || r->phase != JobPhase::kPending)
+      return Status::Internal(fmt::format("nodes are held for job '{}', which is not pending", reserved_for));
+  }
   return Status::Ok();
 }
 

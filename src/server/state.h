@@ -3,8 +3,9 @@
 // job's or a task's phase goes through SetJobPhase/SetTaskPhase, a job enters with AddJob and
 // leaves with RemoveJob, and CheckInvariants says whether everything still agrees.
 //
-// No I/O and no lock of its own: PoolService holds one PoolState under its mutex, writes what it
-// changes to the store, and is the only code that changes it (docs/design.md).
+// No I/O and no lock of its own: PoolService holds one PoolState under its mutex; the state machine
+// (state_machine.h) is the only code that changes it, by applying operations, besides recovery
+// from the store (docs/design.md).
 #pragma once
 
 #include <array>
@@ -137,9 +138,8 @@ class PoolState {
   const PoolJob* FindJob(const std::string& id) const;
 
   // The ledger's own invariants, that it holds exactly the allocations of the live tasks, and that
-  // every index and count agrees with the jobs. `submissions_in_flight` hold pending-count
-  // reservations of jobs not yet added: with any, the counts may be above what the jobs say.
-  Status CheckInvariants(int submissions_in_flight) const;
+  // every index and count agrees with the jobs.
+  Status CheckInvariants() const;
   std::vector<GpuUse> GpuUsage() const;
 
   Ledger ledger;
@@ -153,9 +153,14 @@ class PoolState {
   std::unordered_map<std::string, JobCounts> queue_phase_count;  // queue -> jobs per JobPhase
   std::unordered_map<std::string, std::set<uint64_t>> by_tenant;  // tenant -> seqs of its jobs
   std::set<uint64_t> partial;           // running jobs with unplaced tasks
-  std::set<std::string> stopping_jobs;  // jobs with a task in kStopping
+  std::set<std::string> stopping_jobs;  // jobs with a task in kStopping (SetTaskPhase keeps it)
   std::vector<PoolNode> nodes;          // by NodeIndex, as the ledger's
   std::map<std::pair<std::string, std::string>, Resources> usage;  // (tenant, queue) -> used
+  std::vector<QueueSpec> queues;        // the queue tree, as created and changed
+  // Nodes held for one waiting gang (ReserveOp); released when that job leaves the pending state.
+  std::string reserved_for;
+  std::vector<uint8_t> reserved_nodes;  // by NodeIndex
+  uint64_t removed_max_seq = 0;         // the highest seq retention removed (stored as meta)
   // Bumped whenever capacity may have grown: a release, a node registered or uncordoned, a queue
   // changed, a reservation lifted. See PoolJob::failed_epoch.
   uint64_t capacity_epoch = 0;
