@@ -40,6 +40,9 @@ struct SubmitJobOp : OpTime {
   JobRecord rec;
   Job job;
   Resources demand;
+  // Its rows are on disk already (the facade writes StateMachine::SubmissionWrites before applying
+  // it, without the lock): applying it adds no writes. The state it makes is the same.
+  bool written = false;
 };
 
 // A job cancelled by a tenant or an admin (`by` says who, for its reason).

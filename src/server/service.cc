@@ -87,8 +87,10 @@ Status PoolService::ApplyLocked(Operation op, WriteBatch& batch) {
       },
       op);
   Effects fx(metrics_);
-  RETURN_IF_ERROR(machine_.Apply(op, fx));
-  if (operation_observer_) operation_observer_(op);
+  std::optional<Operation> heard;
+  if (operation_observer_) heard = op;  // the machine takes the operation's contents
+  RETURN_IF_ERROR(machine_.Apply(std::move(op), fx));
+  if (heard) operation_observer_(*heard);
   batch.Append(std::move(fx.batch));
   TakeEffectsLocked(fx);
   return Status::Ok();

@@ -50,6 +50,7 @@
 #include "server/node_credentials.h"
 #include "server/state.h"
 #include "server/state_machine.h"
+#include "server/views.h"
 #include "server/watches.h"
 #include "store/store.h"
 
@@ -193,6 +194,8 @@ class PoolService {
   // REQUIRES: mu_ for all below.
   Result<JobState*> VisibleJob(const Principal& who, const std::string& id);
   nlohmann::json JobJson(const JobState& j) const;
+  // A job's JSON from its snapshot (views.h), built without the lock.
+  nlohmann::json JobAnswer(const JobSnapshot& snap, const std::string& version) const;
   nlohmann::json TaskJson(const JobState& j, int index) const;
   nlohmann::json NodeJson(NodeIndex n) const;
   nlohmann::json QueueJson(const QueueSpec& q) const;

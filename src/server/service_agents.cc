@@ -346,7 +346,7 @@ Result<json> PoolService::ReportTask(const std::string& node, const std::string&
   op.report = std::move(report);
   RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
-  return TaskJson(*state_.FindJob(job_id), index);
+  return TaskJson(*state_.FindJob(job_id), index);  // one task: small enough to build here
 }
 
 Result<json> PoolService::ReportTasks(const std::string& node, const json& body) {

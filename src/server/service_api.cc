@@ -21,6 +21,7 @@
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
 #include "server/service_internal.h"
+#include "server/views.h"
 
 namespace gpupool {
 
@@ -82,7 +83,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   // Durable first, without the lock (group commit batches concurrent submitters); the job enters
   // the state only once it is on disk, so memory never holds what the disk does not.
   const Status written = committer_->Commit(StateMachine::SubmissionWrites(op));
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   // Its reservation becomes the pending job's count (or is dropped).
   in_flight_.Remove(op.rec.tenant, op.rec.queue, task_count);
   if (!written.ok()) return Status::Internal("the job could not be stored: " + written.message());
@@ -99,10 +100,14 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     }
   }
   const std::string id = op.rec.id;
+  op.written = true;
   WriteBatch already_written;
   if (Status st = ApplyLocked(std::move(op), already_written); !st.ok())
     FailStop(st.WithContext("a stored submission"));
-  return JobJson(*state_.FindJob(id));
+  const JobSnapshot snap = SnapshotJob(state_, *state_.FindJob(id));
+  const std::string version = job_watches_->Version(id);
+  lock.unlock();
+  return JobAnswer(snap, version);
 }
 
 Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, const std::string& job_id,
@@ -134,10 +139,17 @@ Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, 
 }
 
 Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto j = VisibleJob(who, id);
-  if (!j.ok()) return j.status();
-  return JobJson(**j);
+  JobSnapshot snap;
+  std::string version;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto j = VisibleJob(who, id);
+    if (!j.ok()) return j.status();
+    snap = SnapshotJob(state_, **j);
+    version = job_watches_->Version(id);
+  }
+  // The JSON is built from the snapshot, without the lock.
+  return JobAnswer(snap, version);
 }
 
 Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q) {
@@ -149,6 +161,7 @@ Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q)
     return Status::InvalidArgument(fmt::format("limit: must be between 1 and {}{}", max_limit,
                                                detailed ? " when fields asks for tasks or spec" : ""));
   std::vector<JobSummary> page;
+  std::vector<std::vector<TaskSnapshot>> page_tasks;  // fields=tasks: per job of the page
   uint64_t last = 0;
   bool more = false;
   {
@@ -206,8 +219,8 @@ Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q)
       s.task_counts = j.task_counts;
       if (q.with_spec) s.spec_json = j.rec.spec_json;
       if (q.with_tasks) {
-        s.tasks_json = json::array();
-        for (size_t i = 0; i < j.tasks.size(); ++i) s.tasks_json.push_back(TaskJson(j, static_cast<int>(i)));
+        std::vector<TaskSnapshot>& tasks = page_tasks.emplace_back();
+        for (size_t i = 0; i < j.tasks.size(); ++i) tasks.push_back(SnapshotTask(state_, j, static_cast<int>(i)));
         listed_tasks += s.tasks;
       }
       return true;
@@ -225,14 +238,21 @@ Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q)
   }
   // The JSON is built without the lock.
   json items = json::array();
-  for (const JobSummary& s : page) items.push_back(JobSummaryJson(s, q.with_spec, q.with_tasks));
+  for (size_t k = 0; k < page.size(); ++k) {
+    JobSummary& s = page[k];
+    if (q.with_tasks) {
+      s.tasks_json = json::array();
+      for (const TaskSnapshot& t : page_tasks[k]) s.tasks_json.push_back(TaskView(t));
+    }
+    items.push_back(JobSummaryJson(s, q.with_spec, q.with_tasks));
+  }
   json out = {{"items", std::move(items)}};
   if (more) out["nextPageToken"] = std::to_string(last);
   return out;
 }
 
 Result<json> PoolService::CancelJob(const Principal& who, const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto jr = VisibleJob(who, id);
   if (!jr.ok()) return jr.status();
   JobState& j = **jr;
@@ -244,7 +264,10 @@ Result<json> PoolService::CancelJob(const Principal& who, const std::string& id)
   op.by = who.role == Role::kAdmin ? "an admin" : "tenant '" + who.tenant + "'";
   RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   RETURN_IF_ERROR(CommitLocked(batch));
-  return JobJson(j);
+  const JobSnapshot snap = SnapshotJob(state_, j);
+  const std::string version = job_watches_->Version(id);
+  lock.unlock();
+  return JobAnswer(snap, version);
 }
 
 Result<json> PoolService::JobEvents(const Principal& who, const std::string& id, int64_t after_id,
@@ -297,17 +320,26 @@ Result<json> PoolService::JobEvents(const Principal& who, const std::string& id,
 // ---- nodes -------------------------------------------------------------------------------------
 
 json PoolService::ListNodes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<NodeSnapshot> nodes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    nodes.reserve(state_.ledger.node_count());
+    for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) nodes.push_back(SnapshotNode(state_, n));
+  }
   json items = json::array();
-  for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) items.push_back(NodeJson(n));
+  for (const NodeSnapshot& n : nodes) items.push_back(NodeView(n));
   return {{"items", std::move(items)}};
 }
 
 Result<json> PoolService::GetNode(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto n = state_.ledger.FindNode(name);
-  if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
-  return NodeJson(*n);
+  NodeSnapshot node;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto n = state_.ledger.FindNode(name);
+    if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
+    node = SnapshotNode(state_, *n);
+  }
+  return NodeView(node);
 }
 
 Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {

@@ -33,6 +33,13 @@ using namespace service_internal;
 
 json PoolService::TaskJson(const JobState& j, int index) const { return TaskView(state_, j, index); }
 
+json PoolService::JobAnswer(const JobSnapshot& snap, const std::string& version) const {
+  json out = JobView(snap, NowMs());
+  // For GET /api/v1/jobs/{id}?wait=S&since=VERSION.
+  out["version"] = version;
+  return out;
+}
+
 json PoolService::JobJson(const JobState& j) const {
   json out = JobView(state_, j, NowMs());
   // For GET /api/v1/jobs/{id}?wait=S&since=VERSION.

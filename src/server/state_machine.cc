@@ -25,9 +25,9 @@ const char* OperationName(const Operation& op) {
   return kNames[op.index()];
 }
 
-Status StateMachine::Apply(const Operation& op, Effects& fx) {
+Status StateMachine::Apply(Operation op, Effects& fx) {
   return std::visit(
-      [&](const auto& o) -> Status {
+      [&](auto& o) -> Status {
         now_ = o.now_ms;
         mono_ = o.mono;
         fx_ = &fx;

@@ -43,8 +43,9 @@ class StateMachine {
  public:
   StateMachine(PoolState& state, const ServerConfig& config) : st_(state), config_(config) {}
 
-  // Checks `op` against the state; refused: its error, nothing changed. Otherwise applies it.
-  Status Apply(const Operation& op, Effects& fx);
+  // Checks `op` against the state; refused: its error, nothing changed. Otherwise applies it
+  // (taking what it carries, a submitted job's spec, rather than copying it).
+  Status Apply(Operation op, Effects& fx);
 
   // The rows and the event that make a submission durable (the facade writes them before the job
   // enters the state; Apply of a SubmitJobOp adds the same to its effects).
@@ -52,7 +53,7 @@ class StateMachine {
 
  private:
   // One handler per operation (state_machine_jobs.cc, state_machine_nodes.cc).
-  Status On(const SubmitJobOp& op);
+  Status On(SubmitJobOp& op);
   Status On(const CancelJobOp& op);
   Status On(const ReportTaskOp& op);
   Status On(const CycleStartOp& op);

@@ -20,7 +20,7 @@ std::string FormatTimeMs(int64_t ms) { return FormatTime(ms); }
 
 }  // namespace
 
-Status StateMachine::On(const SubmitJobOp& op) {
+Status StateMachine::On(SubmitJobOp& op) {
   if (st_.FindJob(op.rec.id) != nullptr || st_.by_seq.count(op.rec.seq))
     return Status::FailedPrecondition(fmt::format("job '{}' (#{}) exists already", op.rec.id, op.rec.seq));
   auto job = std::make_unique<PoolJob>();
@@ -38,10 +38,10 @@ Status StateMachine::On(const SubmitJobOp& op) {
       job->task_group.push_back(static_cast<int>(g));
     }
   }
-  job->job = op.job;
+  if (!op.written) fx_->batch.Append(SubmissionWrites(op));
+  job->job = std::move(op.job);
   job->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(job->tasks.size());
   st_.AddJob(std::move(job));
-  fx_->batch.Append(SubmissionWrites(op));
   ++fx_->metrics.submitted;
   fx_->wake = true;
   return Status::Ok();

@@ -2,8 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <map>
-
+#include "api/jobspec.h"
 #include "api/node_codec.h"
 #include "server/job_list.h"
 #include "server/resources_json.h"
@@ -14,14 +13,83 @@ namespace gpupool {
 using nlohmann::json;
 using namespace service_internal;
 
-json TaskView(const PoolState& st, const PoolJob& j, int index) {
+namespace {
+
+std::string MigProfileName(const Ledger& ledger, NodeIndex node, int gpu, int profile_id) {
+  const NodeSpec& spec = ledger.spec(node);
+  if (gpu < 0 || static_cast<size_t>(gpu) >= spec.gpus.size()) return "";
+  const GpuModelSpec* model = ledger.catalog().Find(spec.gpus[static_cast<size_t>(gpu)].model);
+  if (model == nullptr || !model->mig.has_value()) return "";
+  for (const MigProfile& p : model->mig->profiles) {
+    if (p.driver_id == profile_id) return p.name;
+  }
+  return "";
+}
+
+}  // namespace
+
+PlacementSnapshot SnapshotPlacement(const PoolState& st, const Placement& p) {
+  PlacementSnapshot out;
+  const NodeSpec* spec = p.node < st.ledger.node_count() ? &st.ledger.spec(p.node) : nullptr;
+  out.node = spec != nullptr ? spec->name : "";
+  out.cpu = p.cpu;
+  out.memory = p.memory;
+  out.share_task = p.share_task;
+  for (const GpuGrant& grant : p.gpus) {
+    PlacementSnapshot::Gpu g;
+    g.index = grant.gpu;
+    const bool known = spec != nullptr && grant.gpu >= 0 && static_cast<size_t>(grant.gpu) < spec->gpus.size();
+    if (known) g.uuid = spec->gpus[static_cast<size_t>(grant.gpu)].uuid;
+    g.share = grant.share.units();
+    g.memory = grant.memory;
+    if (grant.mig.has_value()) {
+      g.mig = grant.mig;
+      if (spec != nullptr) g.mig_profile = MigProfileName(st.ledger, p.node, grant.gpu, grant.mig->profile_id);
+    }
+    out.gpus.push_back(std::move(g));
+  }
+  return out;
+}
+
+json PlacementView(const PlacementSnapshot& p) {
+  json gpus = json::array();
+  for (const PlacementSnapshot::Gpu& grant : p.gpus) {
+    json g = {{"index", grant.index}, {"uuid", grant.uuid}, {"share", grant.share}, {"memory", FormatMemory(grant.memory)}};
+    if (grant.mig.has_value()) {
+      json mig = {{"profileId", grant.mig->profile_id}, {"start", grant.mig->start}};
+      if (!grant.mig_profile.empty()) mig["profile"] = grant.mig_profile;
+      g["mig"] = std::move(mig);
+    }
+    gpus.push_back(std::move(g));
+  }
+  return {{"node", p.node},
+          {"cpu", FormatCpu(p.cpu)},
+          {"memory", FormatMemory(p.memory)},
+          {"gpus", std::move(gpus)},
+          {"shareTask", p.share_task}};
+}
+
+TaskSnapshot SnapshotTask(const PoolState& st, const PoolJob& j, int index) {
   const PoolTask& ts = j.tasks[static_cast<size_t>(index)];
-  const TaskGroup& g = j.job.groups[static_cast<size_t>(ts.group)];
-  json t = {{"index", index},           {"group", g.name},
+  TaskSnapshot t;
+  t.index = index;
+  t.group = j.job.groups[static_cast<size_t>(ts.group)].name;
+  t.replica = ts.replica;
+  t.phase = ts.phase;
+  t.exit_code = ts.exit_code;
+  t.restarts = ts.restarts;
+  if (ts.placed) t.placement = SnapshotPlacement(st, ts.placement);
+  if (ts.phase == TaskPhase::kStopping) t.stop_reason = ts.stop_reason;
+  t.end_message = ts.end_message;
+  return t;
+}
+
+json TaskView(const TaskSnapshot& ts) {
+  json t = {{"index", ts.index},        {"group", ts.group},
             {"replica", ts.replica},    {"state", TaskPhaseName(ts.phase)},
             {"exitCode", ts.exit_code}, {"restarts", ts.restarts}};
-  if (ts.placed) {
-    json p = PlacementToJson(ts.placement, st.ledger);
+  if (ts.placement) {
+    json p = PlacementView(*ts.placement);
     t["node"] = p["node"];
     t["cpu"] = p["cpu"];
     t["memory"] = p["memory"];
@@ -36,13 +104,24 @@ json TaskView(const PoolState& st, const PoolJob& j, int index) {
   return t;
 }
 
-json JobView(const PoolState& st, const PoolJob& j, int64_t now_ms) {
+JobSnapshot SnapshotJob(const PoolState& st, const PoolJob& j) {
+  JobSnapshot out;
+  out.rec = j.rec;
+  out.phase = j.phase;
+  out.qos = j.job.qos;
+  out.task_counts = j.task_counts;
+  out.tasks.reserve(j.tasks.size());
+  for (size_t i = 0; i < j.tasks.size(); ++i) out.tasks.push_back(SnapshotTask(st, j, static_cast<int>(i)));
+  return out;
+}
+
+json JobView(const JobSnapshot& j, int64_t now_ms) {
   json out = {{"id", j.rec.id},
               {"name", j.rec.name},
               {"tenant", j.rec.tenant},
               {"queue", j.rec.queue},
               {"priority", j.rec.priority},
-              {"qos", QosClassName(j.job.qos)},
+              {"qos", QosClassName(j.qos)},
               {"state", JobPhaseName(j.phase)},
               {"reason", j.rec.reason},
               {"faults", j.rec.faults},
@@ -50,29 +129,40 @@ json JobView(const PoolState& st, const PoolJob& j, int64_t now_ms) {
               {"updatedAt", FormatTime(j.rec.updated_ms)}};
   if (j.phase == JobPhase::kPending && j.rec.not_before_ms > now_ms)
     out["notBefore"] = FormatTime(j.rec.not_before_ms);
-  out["spec"] = JobSpecToJson(j.job);
+  // The spec as submitted, in its canonical JSON (stored with the job: JobSpecToJson of its Job).
+  out["spec"] = json::parse(j.rec.spec_json, nullptr, /*allow_exceptions=*/false);
   out["taskCounts"] = TaskCountsJson(static_cast<int>(j.tasks.size()), j.task_counts);
   json tasks = json::array();
-  for (size_t i = 0; i < j.tasks.size(); ++i) tasks.push_back(TaskView(st, j, static_cast<int>(i)));
+  for (const TaskSnapshot& t : j.tasks) tasks.push_back(TaskView(t));
   out["tasks"] = std::move(tasks);
   return out;
 }
 
-json NodeView(const PoolState& pool, NodeIndex n) {
-  const NodeSpec& spec = pool.ledger.spec(n);
-  const NodeState& st = pool.ledger.state(n);
-  const PoolNode& info = pool.nodes[n];
-  int64_t gpu_capacity = 0;
-  json gpus = json::array();
-  std::map<int, json> gpu_tasks;
-  for (const auto& [job_id, index] : info.tasks) {
+NodeSnapshot SnapshotNode(const PoolState& pool, NodeIndex n) {
+  NodeSnapshot out;
+  out.spec = pool.ledger.spec(n);
+  out.ledger_state = pool.ledger.state(n);
+  out.info = pool.nodes[n];
+  out.gpu_tasks.resize(out.spec.gpus.size());
+  for (const auto& [job_id, index] : out.info.tasks) {
     auto it = pool.jobs.find(job_id);
     if (it == pool.jobs.end()) continue;
     const PoolTask& ts = it->second->tasks[static_cast<size_t>(index)];
     for (const GpuGrant& g : ts.placement.gpus) {
-      gpu_tasks[g.gpu].push_back({{"job", job_id}, {"index", index}, {"share", g.share.units()}});
+      if (g.gpu >= 0 && static_cast<size_t>(g.gpu) < out.gpu_tasks.size())
+        out.gpu_tasks[static_cast<size_t>(g.gpu)].push_back(
+            {{"job", job_id}, {"index", index}, {"share", g.share.units()}});
     }
   }
+  return out;
+}
+
+json NodeView(const NodeSnapshot& node) {
+  const NodeSpec& spec = node.spec;
+  const NodeState& st = node.ledger_state;
+  const PoolNode& info = node.info;
+  int64_t gpu_capacity = 0;
+  json gpus = json::array();
   for (size_t i = 0; i < spec.gpus.size(); ++i) {
     const GpuDevice& d = spec.gpus[i];
     const GpuState& gs = st.gpus[i];
@@ -90,8 +180,7 @@ json NodeView(const PoolState& pool, NodeIndex n) {
       if (c.utilization >= 0) g["utilization"] = c.utilization;
       if (c.memory_used_fraction >= 0) g["memoryUsedFraction"] = c.memory_used_fraction;
     }
-    auto it = gpu_tasks.find(static_cast<int>(i));
-    g["tasks"] = it == gpu_tasks.end() ? json::array() : it->second;
+    g["tasks"] = i < node.gpu_tasks.size() ? json(node.gpu_tasks[i]) : json::array();
     gpus.push_back(std::move(g));
   }
   return {{"name", spec.name},
