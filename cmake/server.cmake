@@ -11,6 +11,9 @@ add_library(gpupool_server
   src/server/state_machine.cc
   src/server/state_machine_jobs.cc
   src/server/state_machine_nodes.cc
+  src/server/node_mask.cc
+  src/server/reservations.cc
+  src/server/preemption_plan.cc
   src/server/hotspots.cc
   src/server/views.cc
   src/server/retention.cc
@@ -47,6 +50,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/agent_push_test.cc
     src/server/agent_reports_test.cc
     src/server/agent_endpoint_test.cc
+    src/server/reservations_test.cc
   )
   target_link_libraries(server_test PRIVATE gpupool_server gpupool_agent PkgConfig::HTTPLIB)
   # The kill -9 test runs the real binary.

@@ -49,6 +49,7 @@
 #include "server/metrics.h"
 #include "server/node_credentials.h"
 #include "server/state.h"
+#include "server/preemption_plan.h"
 #include "server/state_machine.h"
 #include "server/views.h"
 #include "server/watches.h"
@@ -213,15 +214,8 @@ class PoolService {
   // their watchers.
   void NotifyWatchersLocked();
   bool ComputeMask(const JobState& j, NodeMask& mask) const;
-  // Running jobs that could be preemption victims, built at most once per cycle (and again after
-  // a preemption changed it).
-  struct RunningView {
-    bool built = false;
-    bool any_best_effort = false;
-    std::vector<RunningEntry> entries;
-    std::vector<JobState*> jobs;
-  };
-  void BuildRunningView(RunningView& view);
+  // The preemption and reservation controllers (preemption_plan.h, reservations.h), their
+  // decisions applied.
   bool TryPreempt(JobState& j, const PendingEntry& entry, RunningView& running, WriteBatch& batch);
   void MaybeReserve(JobState& j, WriteBatch& batch);
   // The loop's controllers: each reads the state and applies what it decides as operations.

@@ -22,6 +22,8 @@
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
+#include "server/node_mask.h"
+#include "server/reservations.h"
 #include "server/retention.h"
 #include "server/timeouts.h"
 #include "server/service_internal.h"
@@ -103,59 +105,7 @@ class RecordingBinder : public Binder {
 
 }  // namespace
 
-bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const {
-  const size_t n = state_.ledger.node_count();
-  bool any = false;
-  mask.reasons = {"reserved for a waiting gang", "node labels do not match the job's node affinity",
-                  "no task of a together-with job on the node", "runs a task of an apart-from job",
-                  "node is lost"};
-  mask.reason.assign(n, 0);
-  for (size_t i = 0; i < n && i < state_.nodes.size(); ++i) {
-    if (state_.nodes[i].state != "ready") {
-      mask.reason[i] = 5;
-      any = true;
-    }
-  }
-  if (!state_.reserved_for.empty() && state_.reserved_for != j.rec.id) {
-    for (size_t i = 0; i < n && i < state_.reserved_nodes.size(); ++i) {
-      if (state_.reserved_nodes[i] && mask.reason[i] == 0) {
-        mask.reason[i] = 1;
-        any = true;
-      }
-    }
-  }
-  const Affinity& aff = j.job.affinity;
-  if (aff.empty()) return any;
-  for (size_t i = 0; i < n; ++i) {
-    if (mask.reason[i] != 0) continue;
-    const NodeSpec& spec = state_.ledger.spec(static_cast<NodeIndex>(i));
-    uint8_t why = 0;
-    for (const auto& req : aff.node) {
-      if (!req.Matches(spec.labels)) why = 2;
-    }
-    if (why == 0 && (!aff.together_with.empty() || !aff.apart_from.empty())) {
-      std::set<const JobState*> on_node;
-      for (const auto& [job_id, index] : state_.nodes[i].tasks) {
-        auto it = state_.jobs.find(job_id);
-        if (it != state_.jobs.end()) on_node.insert(it->second.get());
-      }
-      for (const auto& term : aff.together_with) {
-        bool found = false;
-        for (const JobState* other : on_node) {
-          if (other != &j && LabelsMatch(term, other->job.labels)) found = true;
-        }
-        if (!found) why = 3;
-      }
-      for (const auto& term : aff.apart_from) {
-        for (const JobState* other : on_node) {
-          if (LabelsMatch(term, other->job.labels)) why = 4;
-        }
-      }
-    }
-    if (why != 0) mask.reason[i] = why;
-  }
-  return true;
-}
+bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const { return ComputeNodeMask(state_, j, mask); }
 
 // Retention: ended jobs unchanged for finishedJobRetentionSeconds leave memory and the store.
 void PoolService::RemoveExpiredJobs(WriteBatch& batch) {
@@ -341,133 +291,15 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   return placed;
 }
 
-void PoolService::BuildRunningView(RunningView& view) {
-  view = RunningView{};
-  view.built = true;
-  std::vector<Resources> group_demand;
-  for (auto& [seq, v] : state_.by_seq) {
-    if (v->phase != JobPhase::kRunning) continue;
-    bool stopping = false;
-    Resources used;
-    group_demand.clear();
-    for (const auto& g : v->job.groups) group_demand.push_back(TaskDemand(g.request));
-    for (const TaskState& ts : v->tasks) {
-      stopping |= ts.phase == TaskPhase::kStopping;
-      if (IsLive(ts.phase)) used += group_demand[static_cast<size_t>(ts.group)];
-    }
-    if (stopping) continue;
-    view.any_best_effort |= v->job.qos == QosClass::kBestEffort;
-    view.entries.push_back(
-        {seq, v->rec.tenant, v->rec.queue, v->rec.priority, v->job.qos, used, v->started_ms});
-    view.jobs.push_back(v);
-  }
-}
-
 bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView& view, WriteBatch& batch) {
-  if (!view.built) BuildRunningView(view);
-  // Only best-effort work is ever preempted: with none running there is nothing to look for.
-  if (!view.any_best_effort) return false;
-  const std::vector<RunningEntry>& running = view.entries;
-  const std::vector<JobState*>& running_jobs = view.jobs;
-  std::vector<UsageEntry> usage;
-  for (const auto& [key, r] : state_.usage) usage.push_back({key.first, key.second, r});
-  const std::vector<PreemptionCandidate> candidates =
-      PreemptionCandidates(*order_, entry, j.job.qos, running, usage);
-  if (candidates.empty()) return false;
-
-  // What-if: release victims in order until the job fits, then put everything back exactly.
-  struct Released {
-    JobState* job;
-    int task;
-    Placement placement;
-  };
-  std::vector<Released> released;
-  size_t needed = 0;
-  bool fits = false;
-  NodeMask mask;
-  for (size_t c = 0; c < candidates.size() && !fits; ++c) {
-    JobState* v = running_jobs[candidates[c].index];
-    for (size_t t = 0; t < v->tasks.size(); ++t) {
-      TaskState& ts = v->tasks[t];
-      if (!ts.placed) continue;
-      (void)state_.ledger.Release(ts.allocation);
-      released.push_back({v, static_cast<int>(t), ts.placement});
-    }
-    needed = c + 1;
-    const bool masked = ComputeMask(j, mask);
-    scheduler_->SetNodeMask(masked ? &mask : nullptr);
-    JobResult trial = scheduler_->ScheduleJob(j.job);
-    scheduler_->SetNodeMask(nullptr);
-    if (trial.placed) {
-      for (AllocationId a : trial.allocations) (void)state_.ledger.Release(a);
-      fits = true;
-    }
-  }
-  for (const Released& r : released) {
-    auto id = state_.ledger.Commit(r.placement);
-    if (!id.ok()) FailStop(id.status().WithContext("restoring an allocation after a preemption what-if"));
-    r.job->tasks[static_cast<size_t>(r.task)].allocation = *id;
-  }
-  if (!fits) return false;
-  PreemptOp op;
-  op.job_id = j.rec.id;
-  op.grace_period_seconds = config_.grace_period_seconds;
-  for (size_t c = 0; c < needed; ++c) {
-    JobState* v = running_jobs[candidates[c].index];
-    const std::string why =
-        candidates[c].reason == PreemptReason::kPriority
-            ? fmt::format("preempted by {} (priority {} > {})", j.rec.id, j.rec.priority, v->rec.priority)
-            : fmt::format("preempted by {} (queue '{}' reclaims its guaranteed quota)", j.rec.id,
-                          j.rec.queue);
-    op.victims.push_back({v->rec.id, why});
-  }
+  auto op = PlanPreemption(state_, *scheduler_, *order_, j, entry, view, config_.grace_period_seconds);
+  if (!op) return false;
   view.built = false;  // the victims are stopping now
-  return ApplyLocked(std::move(op), batch).ok();
+  return ApplyLocked(std::move(*op), batch).ok();
 }
 
 void PoolService::MaybeReserve(JobState& j, WriteBatch& batch) {
-  if (!state_.reserved_for.empty()) return;
-  if (NowMs() - j.pending_since_ms < 1000LL * config_.reserve_after_seconds) return;
-  // Nodes that could hold this job's largest task when empty, closest to free first.
-  const TaskRequest* largest = nullptr;
-  for (const auto& g : j.job.groups) {
-    if (largest == nullptr || g.request.total_gpu_share() > largest->total_gpu_share()) largest = &g.request;
-  }
-  std::vector<NodeIndex> candidates;
-  for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) {
-    const NodeSpec& s = state_.ledger.spec(n);
-    if (!state_.ledger.state(n).schedulable() || state_.nodes[n].state != "ready") continue;
-    if (static_cast<int>(s.gpus.size()) < largest->gpu_count || s.cpu < largest->cpu ||
-        s.memory < largest->memory)
-      continue;
-    if (!largest->gpu_models.empty() && !s.gpus.empty() &&
-        std::find(largest->gpu_models.begin(), largest->gpu_models.end(), s.gpus[0].model) ==
-            largest->gpu_models.end())
-      continue;
-    candidates.push_back(n);
-  }
-  std::sort(candidates.begin(), candidates.end(), [&](NodeIndex a, NodeIndex b) {
-    const auto& sa = state_.ledger.state(a);
-    const auto& sb = state_.ledger.state(b);
-    if (sa.free_gpu_share != sb.free_gpu_share) return sa.free_gpu_share > sb.free_gpu_share;
-    return a < b;
-  });
-  Resources covered;
-  std::vector<uint8_t> reserved(state_.ledger.node_count(), 0);
-  for (NodeIndex n : candidates) {
-    if (covered.gpu >= j.demand.gpu && covered.cpu >= j.demand.cpu && covered.memory >= j.demand.memory)
-      break;
-    const NodeSpec& s = state_.ledger.spec(n);
-    covered.cpu += s.cpu.units();
-    covered.memory += s.memory.units();
-    covered.gpu += 1000 * static_cast<int64_t>(s.gpus.size());
-    reserved[n] = 1;
-  }
-  if (covered.gpu < j.demand.gpu || covered.cpu < j.demand.cpu || covered.memory < j.demand.memory) return;
-  ReserveOp op;
-  op.job_id = j.rec.id;
-  op.nodes = std::move(reserved);
-  (void)ApplyLocked(std::move(op), batch);
+  if (auto op = PlanReservation(state_, j, NowMs(), config_.reserve_after_seconds)) (void)ApplyLocked(std::move(*op), batch);
 }
 
 // ---- health, metrics, invariants ---------------------------------------------------------------
