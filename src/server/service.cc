@@ -112,7 +112,7 @@ void PoolService::TakeEffectsLocked(Effects& fx) {
 }
 
 void PoolService::SetOperationObserver(std::function<void(const Operation&)> observer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   operation_observer_ = std::move(observer);
 }
 
@@ -138,19 +138,48 @@ json PoolService::AgentFeatures() {
 }
 
 void PoolService::NotifyWatchersLocked() {
-  node_watches_->Flush([this](const NodeIndex& n) -> std::optional<json> { return AssignmentsJsonLocked(n); },
-                       json::object());
-  job_watches_->Flush(
-      [this](const std::string& id) -> std::optional<json> {
-        const JobState* j = state_.FindJob(id);
-        if (j == nullptr) return std::nullopt;
-        return JobJson(*j);
-      },
-      GoneJob());
+  // A node's assignments are built here (what an agent runs must be exactly the durable state);
+  // a job's view is a snapshot now and its JSON is built after the lock is let go.
+  for (auto& due : node_watches_->TakeDue())
+    answers_.push_back({std::move(due.watchers), std::make_shared<json>(AssignmentsJsonLocked(due.key)), nullptr, ""});
+  for (auto& due : job_watches_->TakeDue()) {
+    const JobState* j = state_.FindJob(due.key);
+    if (j == nullptr) {
+      answers_.push_back({std::move(due.watchers), std::make_shared<json>(GoneJob()), nullptr, ""});
+    } else {
+      answers_.push_back(
+          {std::move(due.watchers), nullptr, std::make_shared<JobSnapshot>(SnapshotJob(state_, *j)), due.version});
+    }
+  }
+  if (!answers_.empty()) has_answers_ = true;
+}
+
+void PoolService::DeliverAnswers() {
+  std::vector<Answer> answers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    answers.swap(answers_);
+    has_answers_ = false;
+  }
+  for (const Answer& a : answers) {
+    const json view = a.view ? *a.view : JobAnswer(*a.job, a.version);
+    for (const auto& w : a.watchers) {
+      if (w->waiting()) w->Deliver(view);
+    }
+  }
+}
+
+PoolService::ServiceLock::~ServiceLock() {
+  if (lock_.owns_lock()) unlock();
+}
+
+void PoolService::ServiceLock::unlock() {
+  lock_.unlock();
+  if (svc_.has_answers_) svc_.DeliverAnswers();
 }
 
 void PoolService::ReleaseWatchers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   node_watches_->ReleaseAll([this](const NodeIndex& n) -> std::optional<json> { return AssignmentsJsonLocked(n); },
                             json::object());
   job_watches_->ReleaseAll(

@@ -210,9 +210,33 @@ class PoolService {
   static Result<TaskReport> ParseTaskReport(const std::string& job_id, int index, const nlohmann::json& body,
                                             bool with_ids);
   nlohmann::json AssignmentsJsonLocked(NodeIndex n) const;
-  // Every change enqueued so far is durable: bumps the versions of the changed nodes and answers
-  // their watchers.
+  // Every change enqueued so far is durable: bumps the versions of the changed nodes and jobs, and
+  // takes what their watchers are to hear (answers_), delivered once the lock is let go.
   void NotifyWatchersLocked();
+  // Builds and sends the answers NotifyWatchersLocked took. REQUIRES: not mu_.
+  void DeliverAnswers();
+  // The service's lock: letting go of it (unlock or the end of its scope) delivers the watchers'
+  // answers taken meanwhile, so their JSON is built and sent without the lock.
+  class ServiceLock {
+   public:
+    explicit ServiceLock(PoolService& svc) : svc_(svc), lock_(svc.mu_) {}
+    ~ServiceLock();
+    ServiceLock(const ServiceLock&) = delete;
+    ServiceLock& operator=(const ServiceLock&) = delete;
+    void unlock();
+    void lock() { lock_.lock(); }
+    std::unique_lock<std::mutex>& get() { return lock_; }
+
+   private:
+    PoolService& svc_;
+    std::unique_lock<std::mutex> lock_;
+  };
+  struct Answer {
+    std::vector<std::shared_ptr<Watcher>> watchers;
+    std::shared_ptr<nlohmann::json> view;  // built under the lock (assignments, a gone job)
+    std::shared_ptr<JobSnapshot> job;      // or a job's snapshot, built into JSON after it
+    std::string version;
+  };
   bool ComputeMask(const JobState& j, NodeMask& mask) const;
   // The preemption and reservation controllers (preemption_plan.h, reservations.h), their
   // decisions applied.
@@ -268,6 +292,8 @@ class PoolService {
 
   ServerMetrics metrics_;
   std::function<void(const Operation&)> operation_observer_;
+  std::vector<Answer> answers_;           // guarded by mu_
+  std::atomic<bool> has_answers_{false};
 
   NodeCredentials credentials_;
   std::string cluster_id_;

@@ -59,7 +59,7 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
         "the credential of node '{}' may not register node '{}'", who.node, spec->name));
   if (who.role != Role::kAdmin && who.role != Role::kAgent && who.role != Role::kNode)
     return Status::PermissionDenied("only an agent or an admin registers nodes");
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   const int64_t now = NowMs();
   auto existing = state_.ledger.FindNode(spec->name);
   if (who.role == Role::kAgent && existing && state_.nodes[*existing].state == "ready" &&
@@ -102,7 +102,7 @@ std::optional<Principal> PoolService::AuthenticateNode(std::string_view secret) 
 json PoolService::ListNodeCredentials() { return credentials_.List(); }
 
 Result<json> PoolService::RevokeNodeCredential(const std::string& node) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   WriteBatch batch;
   RETURN_IF_ERROR(credentials_.Revoke(node, NowMs(), batch));
   batch.Add(AppendEvent{MakeEvent("", NowMs(), "NodeCredentialRevoked", node)});
@@ -194,7 +194,7 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     WriteBatch batch;
     HeartbeatOp op;
     op.node = node;
@@ -215,11 +215,11 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
 }
 
 Result<json> PoolService::Assignments(const std::string& node) {
-  std::unique_lock<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   // An assignment is handed out only once the cycle that made it is on disk: a task must never run
   // that a restart would not know about.
   const uint64_t gen = enqueued_gen_;
-  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  durable_.wait(lock.get(), [&] { return durable_gen_ >= gen; });
   auto n = state_.ledger.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
   return AssignmentsJsonLocked(*n);
@@ -227,9 +227,9 @@ Result<json> PoolService::Assignments(const std::string& node) {
 
 Result<std::optional<json>> PoolService::WatchAssignments(const std::string& node, const std::string& since,
                                                           std::shared_ptr<Watcher> watcher) {
-  std::unique_lock<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   const uint64_t gen = enqueued_gen_;
-  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  durable_.wait(lock.get(), [&] { return durable_gen_ >= gen; });
   auto n = state_.ledger.FindNode(node);
   if (!n) return Status::NotFound(fmt::format("node '{}' is not registered", node));
   // Changes not yet durable (the loop's cycle in flight) are not announced: the version is the
@@ -241,9 +241,9 @@ Result<std::optional<json>> PoolService::WatchAssignments(const std::string& nod
 
 Result<std::optional<json>> PoolService::WatchJob(const Principal& who, const std::string& id,
                                                   const std::string& since, std::shared_ptr<Watcher> watcher) {
-  std::unique_lock<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   const uint64_t gen = enqueued_gen_;
-  durable_.wait(lock, [&] { return durable_gen_ >= gen; });
+  durable_.wait(lock.get(), [&] { return durable_gen_ >= gen; });
   ASSIGN_OR_RETURN(JobState * j, VisibleJob(who, id));
   if (!job_watches_->Wait(j->rec.id, since, std::move(watcher), [&] { return JobJson(*j); })) return {JobJson(*j)};
   return {std::nullopt};
@@ -339,7 +339,7 @@ Result<TaskReport> PoolService::ParseTaskReport(const std::string& job_id, int i
 Result<json> PoolService::ReportTask(const std::string& node, const std::string& job_id, int index,
                                      const json& body) {
   ASSIGN_OR_RETURN(TaskReport report, ParseTaskReport(job_id, index, body, /*with_ids=*/false));
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   WriteBatch batch;
   ReportTaskOp op;
   op.node = node;
@@ -381,7 +381,7 @@ Result<json> PoolService::ReportTasks(const std::string& node, const json& body)
   }
   // One critical section and one durable write for all; each report has its own outcome (a late
   // report of a task that moved on is that report's 409, not the others').
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   WriteBatch batch;
   json results = json::array();
   for (const TaskReport& r : reports) {

@@ -50,7 +50,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   const Resources demand = JobDemand(job);
   const auto task_count = static_cast<int64_t>(job.task_count());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     if (!order_->HasQueue(job.queue))
       return Status::InvalidArgument(fmt::format("queue: unknown queue '{}'", job.queue));
     // Queue access rules bind tenants; admins may submit anywhere.
@@ -83,7 +83,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
   // Durable first, without the lock (group commit batches concurrent submitters); the job enters
   // the state only once it is on disk, so memory never holds what the disk does not.
   const Status written = committer_->Commit(StateMachine::SubmissionWrites(op));
-  std::unique_lock<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   // Its reservation becomes the pending job's count (or is dropped).
   in_flight_.Remove(op.rec.tenant, op.rec.queue, task_count);
   if (!written.ok()) return Status::Internal("the job could not be stored: " + written.message());
@@ -112,7 +112,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
 
 Result<PoolService::LogSource> PoolService::TaskLogSource(const Principal& who, const std::string& job_id,
                                                           int index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   auto j = VisibleJob(who, job_id);
   if (!j.ok()) return j.status();
   const JobState& job = **j;
@@ -142,7 +142,7 @@ Result<json> PoolService::GetJob(const Principal& who, const std::string& id) {
   JobSnapshot snap;
   std::string version;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     auto j = VisibleJob(who, id);
     if (!j.ok()) return j.status();
     snap = SnapshotJob(state_, **j);
@@ -165,7 +165,7 @@ Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q)
   uint64_t last = 0;
   bool more = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     // Where to look: one tenant's jobs when the caller or the filter names one tenant, the pending
     // set when only pending jobs are asked for, otherwise every job. Each source is ordered by seq.
     static const std::set<uint64_t> kNone;
@@ -252,7 +252,7 @@ Result<json> PoolService::ListJobs(const Principal& who, const ListJobsQuery& q)
 }
 
 Result<json> PoolService::CancelJob(const Principal& who, const std::string& id) {
-  std::unique_lock<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   auto jr = VisibleJob(who, id);
   if (!jr.ok()) return jr.status();
   JobState& j = **jr;
@@ -275,7 +275,7 @@ Result<json> PoolService::JobEvents(const Principal& who, const std::string& id,
   if (limit < 1 || limit > 1000) return Status::InvalidArgument("limit: must be between 1 and 1000");
   json pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     auto jr = VisibleJob(who, id);
     if (!jr.ok()) return jr.status();
     JobState& j = **jr;
@@ -322,7 +322,7 @@ Result<json> PoolService::JobEvents(const Principal& who, const std::string& id,
 json PoolService::ListNodes() {
   std::vector<NodeSnapshot> nodes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     nodes.reserve(state_.ledger.node_count());
     for (NodeIndex n = 0; n < state_.ledger.node_count(); ++n) nodes.push_back(SnapshotNode(state_, n));
   }
@@ -334,7 +334,7 @@ json PoolService::ListNodes() {
 Result<json> PoolService::GetNode(const std::string& name) {
   NodeSnapshot node;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     auto n = state_.ledger.FindNode(name);
     if (!n) return Status::NotFound(fmt::format("node '{}' not found", name));
     node = SnapshotNode(state_, *n);
@@ -343,7 +343,7 @@ Result<json> PoolService::GetNode(const std::string& name) {
 }
 
 Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   WriteBatch batch;
   CordonNodeOp op;
   op.node = name;
@@ -354,7 +354,7 @@ Result<json> PoolService::SetCordon(const std::string& name, bool cordoned) {
 }
 
 Result<json> PoolService::DrainNode(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   WriteBatch batch;
   DrainNodeOp op;
   op.node = name;
@@ -366,7 +366,7 @@ Result<json> PoolService::DrainNode(const std::string& name) {
 // ---- queues ------------------------------------------------------------------------------------
 
 json PoolService::ListQueues() {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   json items = json::array();
   std::vector<QueueSpec> all = order_->options().queues;
   std::sort(all.begin(), all.end(), [](const QueueSpec& a, const QueueSpec& b) { return a.name < b.name; });
@@ -378,7 +378,7 @@ json PoolService::ListQueues() {
 }
 
 Result<json> PoolService::GetQueue(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   return GetQueueLocked(name);
 }
 
@@ -406,7 +406,7 @@ Result<json> PoolService::CreateQueue(const json& body) {
   RETURN_IF_ERROR(disk_guard_->Check());
   auto q = ParseQueueJson(body, "queue");
   if (!q.ok()) return q.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   WriteBatch batch;
   PutQueueOp op;
   op.spec = *q;
@@ -418,7 +418,7 @@ Result<json> PoolService::CreateQueue(const json& body) {
 
 Result<json> PoolService::UpdateQueue(const std::string& name, const json& body) {
   RETURN_IF_ERROR(disk_guard_->Check());
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   const auto& all = order_->options().queues;
   auto it = std::find_if(all.begin(), all.end(), [&](const QueueSpec& q) { return q.name == name; });
   if (it == all.end()) return Status::NotFound(fmt::format("queue '{}' not found", name));

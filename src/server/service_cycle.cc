@@ -41,7 +41,7 @@ void PoolService::Start() {
 
 void PoolService::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ServiceLock lock(*this);
     stopping_ = true;
     wake_.notify_all();
   }
@@ -49,9 +49,9 @@ void PoolService::Stop() {
 }
 
 void PoolService::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   while (!stopping_) {
-    wake_.wait_for(lock, std::chrono::milliseconds(config_.cycle_interval_ms),
+    wake_.wait_for(lock.get(), std::chrono::milliseconds(config_.cycle_interval_ms),
                    [this] { return wake_pending_ || stopping_.load(); });
     if (stopping_) break;
     wake_pending_ = false;
@@ -79,7 +79,7 @@ void PoolService::Loop() {
 }
 
 int PoolService::RunCycle() {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   WriteBatch batch;
   const int placed = CycleLocked(batch);
   (void)CommitLocked(batch);

@@ -1,6 +1,7 @@
 // PoolService without HTTP: the job lifecycle, gangs, preemption, reservations, affinity, and
 // recovery from the store. Cycles are driven by RunCycle(), so every step is deterministic.
 #include "server/service.h"
+#include "server/watches.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -507,6 +508,39 @@ TEST_F(ServiceTest, ALongEndMessageIsCutWholeCharactersAndStillRendersAndRecover
   Open();
   EXPECT_EQ(Get(id)["tasks"][0]["message"], kept);
   ExpectConsistent();
+}
+
+// A job's watchers are answered once the service's lock is let go: their JSON, and whatever the
+// HTTP layer does with it, never holds up the scheduler or another request. The probe's answer
+// asks the service for something from another thread: under the lock that would wait.
+TEST_F(ServiceTest, JobWatchersAreAnsweredWithoutTheServicesLock) {
+  AddNode("n1", 1);
+  const std::string id = Submit(kAdmin, kQuarter);
+  struct Probe : Watcher {
+    PoolService* svc = nullptr;
+    std::atomic<bool> answered{false};
+    bool lock_free = false;
+    json view;
+    std::future<json> other;  // outlives Deliver: never waited for under the lock
+    void Deliver(const json& v) override {
+      view = v;
+      other = std::async(std::launch::async, [this] { return svc->Health(); });
+      lock_free = other.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+      answered = true;
+    }
+    bool waiting() const override { return !answered; }
+  };
+  auto probe = std::make_shared<Probe>();
+  probe->svc = service_.get();
+  auto w = service_->WatchJob(kAdmin, id, Get(id)["version"], probe);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_FALSE(w->has_value());  // it waits
+  service_->RunCycle();          // placed: the job changed
+  ASSERT_TRUE(probe->answered);
+  EXPECT_TRUE(probe->lock_free);
+  EXPECT_EQ(probe->view["state"], "running");
+  EXPECT_EQ(probe->view["version"], Get(id)["version"]);
+  probe->other.wait();
 }
 
 TEST_F(ServiceTest, MetricsNameQueuesReasonsAndLatency) {

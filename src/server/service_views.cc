@@ -56,7 +56,7 @@ json PoolService::QueueJson(const QueueSpec& q) const {
 // ---- jobs --------------------------------------------------------------------------------------
 
 json PoolService::Health() {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   json disk = disk_guard_->Health();
   const bool disk_ok = disk.value("ok", true);
   json h = {{"status", disk_ok ? "ok" : "degraded"},
@@ -73,7 +73,7 @@ Status PoolService::CheckStoreSpace() { return disk_guard_->Check(); }
 
 std::string PoolService::MetricsText() {
   std::string out;
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   std::map<std::string, int> by_state;
   std::map<std::string, int> pending_by_queue, running_by_queue;
   std::map<std::string, int> pending_by_reason;
@@ -201,12 +201,12 @@ std::string PoolService::MetricsText() {
 }
 
 Status PoolService::CheckInvariants() {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   return CheckInvariantsLocked();
 }
 
 std::vector<PoolService::GpuUse> PoolService::GpuUsage() {
-  std::lock_guard<std::mutex> lock(mu_);
+  ServiceLock lock(*this);
   return state_.GpuUsage();
 }
 

@@ -72,6 +72,27 @@ class WatchSet {
     }
     changed_.clear();
   }
+  // As Flush, but the watchers to answer are handed back instead of answered: the owner takes a
+  // snapshot of each key under its lock and builds and delivers the views after letting go.
+  struct Due {
+    Key key;
+    std::string version;  // the key's version after the change
+    std::vector<std::shared_ptr<Watcher>> watchers;
+  };
+  std::vector<Due> TakeDue() {
+    std::vector<Due> out;
+    for (const Key& k : changed_) {
+      ++Counter(k);
+      auto it = waiting_.find(k);
+      if (it == waiting_.end()) continue;
+      Due d{k, Version(k), std::move(it->second)};
+      waiting_.erase(it);
+      std::erase_if(d.watchers, [](const auto& w) { return !w->waiting(); });
+      if (!d.watchers.empty()) out.push_back(std::move(d));
+    }
+    changed_.clear();
+    return out;
+  }
   // A key that no longer exists (a removed job): its version is forgotten; a watcher still waiting
   // is answered by the next Flush that names the key, or its timeout.
   void Forget(const Key& k) { versions_.erase(k); }
