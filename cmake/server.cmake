@@ -24,6 +24,7 @@ add_library(gpupool_server
   src/server/service_views.cc
   src/server/service_recover.cc
   src/server/http_api.cc
+  src/server/http_replies.cc
   src/server/node_credentials.cc
   src/server/agent_endpoint.cc
 )
