@@ -155,6 +155,9 @@ class RuncRuntime final : public SupervisedRuntime {
     }
   }
 
+  // runc removes each container's group; the agent's scope goes with the runtime, if empty.
+  ~RuncRuntime() override { RemoveEmptyCgroupScope("/sys/fs/cgroup", CgroupScope(state_dir_)); }
+
   std::string name() const override { return "runc"; }
 
   Status Start(const LaunchSpec& spec) override {

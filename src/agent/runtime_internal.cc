@@ -392,6 +392,19 @@ void PruneCgroups(const CgroupLayout& layout, const std::set<std::string>& keep,
   }
 }
 
+void RemoveEmptyCgroupScope(const std::string& cgroup_root, const std::string& scope) {
+  if (scope.empty() || scope.find('/') != std::string::npos) return;
+  const std::string tail = "/gpupool/" + scope;
+  (void)::rmdir((cgroup_root + tail).c_str());  // v2: the root is the hierarchy
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(cgroup_root, ec)) {
+    std::error_code type_ec;
+    // v1 hierarchies (cpu, memory, pids, ..., hybrid's unified); cpu,cpuacct-style links name
+    // a hierarchy twice, and the second rmdir finds nothing.
+    if (entry.is_directory(type_ec)) (void)::rmdir((entry.path().string() + tail).c_str());
+  }
+}
+
 Status RemoveCgroupDirs(const std::vector<std::string>& dirs) {
   Status result;
   for (const std::string& dir : dirs) {

@@ -113,6 +113,11 @@ Status RemoveCgroupDirs(const std::vector<std::string>& dirs);
 // left it empty (the runtime is going away). A group that still holds a process is left alone:
 // the kernel refuses to remove it.
 void PruneCgroups(const CgroupLayout& layout, const std::set<std::string>& keep, bool and_scope);
+// runc creates a container's group in every hierarchy under gpupool/<scope>/ and removes the
+// container's own group when it deletes it, not the scope: removes gpupool/<scope> under
+// `cgroup_root` (a v2 mount, or a directory of v1 hierarchies: every one is tried) wherever it is
+// empty. A scope that still holds a group (a container the next agent adopts) stays.
+void RemoveEmptyCgroupScope(const std::string& cgroup_root, const std::string& scope);
 
 // ---- the supervisor ------------------------------------------------------------------------------
 struct SpawnResult;

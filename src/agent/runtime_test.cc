@@ -738,6 +738,38 @@ TEST_F(RuncTest, LimitsReachTheContainersCgroup) {
   ASSERT_TRUE(rt_->Remove(id).ok());
 }
 
+// runc makes the agent's scope (gpupool/agent-<hash>) in every hierarchy and removes only each
+// container's own group: the scope goes when the runtime does, and is left while a group is in it.
+TEST_F(RuncTest, TheAgentsCgroupScopeGoesWithTheRuntime) {
+  const std::string scope = "/gpupool/" + agent_internal::CgroupScope(dir_.path() + "/state");
+  std::vector<std::string> hierarchies;
+  for (const char* h : {"memory", "pids", "devices", ""}) {
+    const std::string base = std::string("/sys/fs/cgroup") + (*h ? "/" : "") + h;
+    if (agent_internal::PathExists(base + "/cgroup.procs") || agent_internal::PathExists(base + "/tasks"))
+      hierarchies.push_back(base);
+  }
+  const std::string id = UniqueId("runc-scope");
+  LaunchSpec spec = ContainerSpec(id, {"true"});
+  spec.memory_bytes = 64 << 20;
+  ASSERT_TRUE(rt_->Start(spec).ok());
+  EXPECT_EQ(WaitDone(*rt_, id).exit_code, 0) << ReadText(rt_->StderrPath(id));
+  std::vector<std::string> made;
+  for (const std::string& h : hierarchies) {
+    if (agent_internal::PathExists(h + scope)) made.push_back(h + scope);
+  }
+  if (made.empty()) GTEST_SKIP() << "runc made no group under " << scope << " here";
+  ASSERT_TRUE(rt_->Remove(id).ok());
+  // A group still in the scope keeps it.
+  const std::string held = made.front() + "/held";
+  ASSERT_EQ(::mkdir(held.c_str(), 0755), 0) << held;
+  rt_.reset();
+  EXPECT_TRUE(agent_internal::PathExists(made.front()));
+  for (size_t i = 1; i < made.size(); ++i) EXPECT_FALSE(agent_internal::PathExists(made[i])) << made[i];
+  ASSERT_EQ(::rmdir(held.c_str()), 0);
+  agent_internal::RemoveEmptyCgroupScope("/sys/fs/cgroup", agent_internal::CgroupScope(dir_.path() + "/state"));
+  EXPECT_FALSE(agent_internal::PathExists(made.front())) << made.front();
+}
+
 TEST_F(RuncTest, ANewRuntimeAdoptsARunningContainer) {
   std::string id = UniqueId("runc-adopt");
   ASSERT_TRUE(rt_->Start(ContainerSpec(id, {"sh", "-c", "echo up; sleep 60"})).ok());
