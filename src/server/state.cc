@@ -34,7 +34,7 @@ std::string_view TaskPhaseName(TaskPhase p) {
   return "?";
 }
 
-PoolJob& PoolState::AddJob(std::unique_ptr<PoolJob> job, bool already_counted) {
+PoolJob& PoolState::AddJob(std::unique_ptr<PoolJob> job) {
   PoolJob& j = *job;
   const uint64_t seq = j.rec.seq;
   by_seq[seq] = &j;
@@ -43,7 +43,7 @@ PoolJob& PoolState::AddJob(std::unique_ptr<PoolJob> job, bool already_counted) {
   ++queue_phase_count[j.rec.queue][static_cast<size_t>(j.phase)];
   if (j.phase == JobPhase::kPending) {
     pending.insert(seq);
-    if (!already_counted) pending_counts.Add(j.rec.tenant, j.rec.queue, static_cast<int64_t>(j.tasks.size()));
+    pending_counts.Add(j.rec.tenant, j.rec.queue, static_cast<int64_t>(j.tasks.size()));
   }
   jobs[j.rec.id] = std::move(job);
   return j;

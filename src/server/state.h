@@ -127,9 +127,8 @@ class PoolState {
 
   // A job of the given phase, its tasks' phases already counted in its task_counts, joins the
   // indexes (by id, by sequence, by tenant), the per-phase counts, and while pending the pending
-  // queue and the tenant's pending count — unless `already_counted`: a submission reserved its
-  // pending count before its durable write, and that reservation becomes the job's count.
-  PoolJob& AddJob(std::unique_ptr<PoolJob> job, bool already_counted = false);
+  // queue and the tenant's pending count.
+  PoolJob& AddJob(std::unique_ptr<PoolJob> job);
   // Takes the job out of every index and count; returns the next job in sequence order.
   std::map<uint64_t, PoolJob*>::iterator RemoveJob(std::map<uint64_t, PoolJob*>::iterator it);
   void SetJobPhase(PoolJob& j, JobPhase phase);
