@@ -235,23 +235,6 @@ Json GpuJson(const GpuDevice& gpu) {
 
 // ---- placements -----------------------------------------------------------------------------
 
-// The MIG geometry of GPU `gpu` of `node`, or nullptr.
-const MigGeometry* GeometryOf(const Ledger& ledger, NodeIndex node, int gpu) {
-  if (node >= ledger.node_count()) return nullptr;
-  const NodeSpec& spec = ledger.spec(node);
-  if (gpu < 0 || static_cast<size_t>(gpu) >= spec.gpus.size()) return nullptr;
-  const GpuModelSpec* model = ledger.catalog().Find(spec.gpus[static_cast<size_t>(gpu)].model);
-  if (model == nullptr || !model->mig.has_value()) return nullptr;
-  return &*model->mig;
-}
-
-const MigProfile* ProfileById(const MigGeometry& geometry, int id) {
-  for (const MigProfile& p : geometry.profiles) {
-    if (p.driver_id == id) return &p;
-  }
-  return nullptr;
-}
-
 Result<std::optional<MigInstance>> ReadMig(const Json& v, const std::string& path,
                                            const MigGeometry* geometry) {
   ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(v, path, {"profile", "profileId", "start"}));
@@ -532,6 +515,22 @@ Json QuantityCpuJson(MilliCpu cpu) {
 
 Json QuantityMemoryJson(MiB memory) {
   return FormatMemory(memory);
+}
+
+const MigGeometry* GeometryOf(const Ledger& ledger, NodeIndex node, int gpu) {
+  if (node >= ledger.node_count()) return nullptr;
+  const NodeSpec& spec = ledger.spec(node);
+  if (gpu < 0 || static_cast<size_t>(gpu) >= spec.gpus.size()) return nullptr;
+  const GpuModelSpec* model = ledger.catalog().Find(spec.gpus[static_cast<size_t>(gpu)].model);
+  if (model == nullptr || !model->mig.has_value()) return nullptr;
+  return &*model->mig;
+}
+
+const MigProfile* ProfileById(const MigGeometry& geometry, int id) {
+  for (const MigProfile& p : geometry.profiles) {
+    if (p.driver_id == id) return &p;
+  }
+  return nullptr;
 }
 
 }  // namespace gpupool

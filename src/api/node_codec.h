@@ -49,6 +49,10 @@ Result<Topology> TopologyFromJson(const nlohmann::json& j, int gpu_count,
 // Names come from the ledger; a node or GPU the ledger does not have is written with an empty
 // name or uuid, and a MIG instance whose profile it cannot resolve without "profile".
 nlohmann::json PlacementToJson(const Placement& p, const Ledger& ledger);
+// The MIG geometry of GPU `gpu` of `node` (its model's), or nullptr.
+const MigGeometry* GeometryOf(const Ledger& ledger, NodeIndex node, int gpu);
+// The geometry's profile of driver id `id`, or nullptr.
+const MigProfile* ProfileById(const MigGeometry& geometry, int id);
 // The inverse: the node by name, GPUs by index (a uuid, when given, must match the ledger's), MIG
 // instances by profileId or profile name (both: they must agree). shareTask defaults to what the
 // GPUs say (one GPU, a partial share, no MIG). Does not check that the placement fits.

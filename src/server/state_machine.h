@@ -86,6 +86,8 @@ class StateMachine {
   std::vector<PoolJob*> JobsOnGpu(NodeIndex n, int gpu);
   void UpdateGpuUsable(NodeIndex n, int gpu);
   void CapacityGrew();
+  // The job of that id while it is pending; FailedPrecondition otherwise.
+  Result<PoolJob*> PendingJob(const std::string& id);
 
   PoolState& st_;
   const ServerConfig& config_;

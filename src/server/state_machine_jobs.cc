@@ -234,10 +234,15 @@ Status StateMachine::On(const PlaceTasksOp& op) {
   return Status::Ok();
 }
 
-Status StateMachine::On(const JobWaitsOp& op) {
-  PoolJob* j = st_.FindJob(op.job_id);
+Result<PoolJob*> StateMachine::PendingJob(const std::string& id) {
+  PoolJob* j = st_.FindJob(id);
   if (j == nullptr || j->phase != JobPhase::kPending)
-    return Status::FailedPrecondition(fmt::format("job '{}' is not pending", op.job_id));
+    return Status::FailedPrecondition(fmt::format("job '{}' is not pending", id));
+  return j;
+}
+
+Status StateMachine::On(const JobWaitsOp& op) {
+  ASSIGN_OR_RETURN(PoolJob * j, PendingJob(op.job_id));
   if (!op.pending_task.empty()) j->pending_task = op.pending_task;
   j->diagnosis = op.diagnosis;
   if (op.message != j->pending_message) {
@@ -250,9 +255,7 @@ Status StateMachine::On(const JobWaitsOp& op) {
 }
 
 Status StateMachine::On(const PreemptOp& op) {
-  PoolJob* j = st_.FindJob(op.job_id);
-  if (j == nullptr || j->phase != JobPhase::kPending)
-    return Status::FailedPrecondition(fmt::format("job '{}' is not pending", op.job_id));
+  ASSIGN_OR_RETURN(PoolJob * j, PendingJob(op.job_id));
   if (op.victims.empty()) return Status::InvalidArgument("no victim");
   std::vector<PoolJob*> victims;
   for (const PreemptOp::Victim& v : op.victims) {
@@ -280,9 +283,7 @@ Status StateMachine::On(const PreemptOp& op) {
 }
 
 Status StateMachine::On(const ReserveOp& op) {
-  PoolJob* j = st_.FindJob(op.job_id);
-  if (j == nullptr || j->phase != JobPhase::kPending)
-    return Status::FailedPrecondition(fmt::format("job '{}' is not pending", op.job_id));
+  ASSIGN_OR_RETURN(PoolJob * j, PendingJob(op.job_id));
   if (!st_.reserved_for.empty())
     return Status::FailedPrecondition(fmt::format("nodes are held for job '{}' already", st_.reserved_for));
   if (op.nodes.size() != st_.ledger.node_count()) return Status::InvalidArgument("the node set is not the pool's");

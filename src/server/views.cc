@@ -13,20 +13,6 @@ namespace gpupool {
 using nlohmann::json;
 using namespace service_internal;
 
-namespace {
-
-std::string MigProfileName(const Ledger& ledger, NodeIndex node, int gpu, int profile_id) {
-  const NodeSpec& spec = ledger.spec(node);
-  if (gpu < 0 || static_cast<size_t>(gpu) >= spec.gpus.size()) return "";
-  const GpuModelSpec* model = ledger.catalog().Find(spec.gpus[static_cast<size_t>(gpu)].model);
-  if (model == nullptr || !model->mig.has_value()) return "";
-  for (const MigProfile& p : model->mig->profiles) {
-    if (p.driver_id == profile_id) return p.name;
-  }
-  return "";
-}
-
-}  // namespace
 
 PlacementSnapshot SnapshotPlacement(const PoolState& st, const Placement& p) {
   PlacementSnapshot out;
@@ -44,7 +30,9 @@ PlacementSnapshot SnapshotPlacement(const PoolState& st, const Placement& p) {
     g.memory = grant.memory;
     if (grant.mig.has_value()) {
       g.mig = grant.mig;
-      if (spec != nullptr) g.mig_profile = MigProfileName(st.ledger, p.node, grant.gpu, grant.mig->profile_id);
+      const MigGeometry* geometry = GeometryOf(st.ledger, p.node, grant.gpu);
+      const MigProfile* profile = geometry != nullptr ? ProfileById(*geometry, grant.mig->profile_id) : nullptr;
+      if (profile != nullptr) g.mig_profile = profile->name;
     }
     out.gpus.push_back(std::move(g));
   }
