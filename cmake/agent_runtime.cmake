@@ -20,6 +20,7 @@ target_link_libraries(gpupool_agent_runtime
 add_executable(gpupool-supervise
   src/agent/supervisor_main.cc
   src/agent/supervisor_protocol.cc
+  src/agent/supervisor_sandbox.cc
   src/agent/log_pump.cc
 )
 target_include_directories(gpupool-supervise PRIVATE src)
@@ -33,6 +34,7 @@ set_source_files_properties(src/agent/runtime_internal.cc PROPERTIES
 
 if(GPUPOOL_BUILD_TESTS)
   # Starts real processes and (when runc and /bin/busybox are installed) containers.
-  gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc src/agent/supervisor_test.cc)
+  gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc src/agent/supervisor_test.cc
+    src/agent/sandbox_test.cc)
   target_link_libraries(runtime_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
 endif()

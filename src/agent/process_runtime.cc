@@ -57,6 +57,23 @@ class ProcessRuntime final : public SupervisedRuntime {
       req.envp.push_back(k + "=" + v);
     }
     req.workdir = spec.workdir.empty() ? TaskDir(spec.id) : spec.workdir;
+    if (spec.uid >= 0) {
+      // Its own directory, its uid's alone; the rest of the state directory stays root's.
+      const std::string work = TaskDir(spec.id) + "/work";
+      RETURN_IF_ERROR(MakeOwnedDir(work, spec.uid, spec.gid));
+      if (spec.workdir.empty()) req.workdir = work;
+      req.keep_paths.push_back(work);
+      req.hide_paths.push_back(state_dir_);
+      if (!log_dir_.empty()) req.hide_paths.push_back(log_dir_);
+    }
+    req.uid = spec.uid;
+    req.gid = spec.gid;
+    req.no_new_privs = spec.no_new_privs;
+    req.hide_paths.insert(req.hide_paths.end(), spec.hide_paths.begin(), spec.hide_paths.end());
+    req.keep_paths.insert(req.keep_paths.end(), spec.keep_paths.begin(), spec.keep_paths.end());
+    if (!spec.workdir.empty() && !req.hide_paths.empty()) req.keep_paths.push_back(spec.workdir);
+    req.private_dev = spec.private_dev;
+    req.devices = spec.devices;
     SetLogFiles(spec.id, &req);
     req.exit_path = ExitPath(spec.id);
     req.lease_path = spec.lease_path;

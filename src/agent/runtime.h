@@ -34,6 +34,31 @@ struct LaunchSpec {
   // once a deadline has passed, sends the task SIGTERM, then SIGKILL, even when the agent is dead.
   // Empty, or a file that does not exist: no fencing.
   std::string lease_path;
+
+  // The sandbox (docs/agent.md#the-task-sandbox). The agent fills these in for every task; a spec
+  // that leaves them alone (tests of other things) runs as the agent does.
+  //   uid/gid       >= 0: the task's identity (no supplementary groups, no capabilities). Its own
+  //                 working directory (`work/` in the task directory, mode 0700) is its uid's.
+  //   no_new_privs  setuid binaries and file capabilities grant nothing.
+  //   hide_paths    process runtime: covered in the task's mount namespace (the runtime adds its
+  //                 own state and log directories whenever a uid is set); keep_paths are brought
+  //                 back (the working directory always).
+  //   private_dev   process runtime: /dev holds the standard nodes and `devices` only.
+  //   network       runc: "none" (a network namespace of its own: loopback only) or "host".
+  //   binds         runc: host directories mounted into the container (checkpoints, volumes).
+  int64_t uid = -1;
+  int64_t gid = -1;
+  bool no_new_privs = false;
+  std::vector<std::string> hide_paths;
+  std::vector<std::string> keep_paths;
+  bool private_dev = false;
+  std::string network = "none";
+  struct Bind {
+    std::string source;       // absolute host path, an existing directory
+    std::string destination;  // absolute path in the container
+    bool readonly = true;
+  };
+  std::vector<Bind> binds;
 };
 
 enum class RunState { kRunning, kExited, kUnknown };
@@ -80,6 +105,9 @@ struct RuntimeOptions {
   std::string log_dir;
   int64_t log_max_bytes = int64_t{64} << 20;
   int log_keep = 1;
+  // runc: the only directories a task's rootfs (and a bundle's root) may lie under, after
+  // symbolic links are resolved. Empty: no container may run.
+  std::vector<std::string> container_roots;
 };
 
 // Fails with a clear message when the runtime cannot work here (runc not installed, ...).

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <spawn.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -203,6 +204,17 @@ Status MakeDirs(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return Status::IoError(fmt::format("{} is not a directory", path));
+  return Status::Ok();
+}
+
+Status MakeOwnedDir(const std::string& path, int64_t uid, int64_t gid) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::IoError(fmt::format("cannot create {}: {}", path, ErrnoText(errno)));
+  FdCloser fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) return Status::IoError(fmt::format("cannot open {}: {}", path, ErrnoText(errno)));
+  if (::fchown(fd.get(), static_cast<uid_t>(uid), static_cast<gid_t>(gid < 0 ? uid : gid)) != 0 ||
+      ::fchmod(fd.get(), 0700) != 0)
+    return Status::IoError(fmt::format("cannot give {} to {}:{}: {}", path, uid, gid, ErrnoText(errno)));
   return Status::Ok();
 }
 
@@ -478,6 +490,9 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
     if (has_nul(a)) return Status::InvalidArgument("an argument contains a NUL byte");
   for (const auto& e : req.envp)
     if (has_nul(e)) return Status::InvalidArgument("an environment entry contains a NUL byte");
+  // Every descriptor handed over sits at 10 or above, so the dup2s onto 0..5 never clobber one
+  // that a later dup2 still reads.
+  constexpr int kHigh = 10;
   const std::string& supervisor = SupervisorPath();
   if (supervisor.empty())
     return Status::FailedPrecondition(fmt::format(
@@ -498,24 +513,46 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   plan.stderr_path = req.stderr_path;
   plan.log_max_bytes = req.log_max_bytes;
   plan.log_keep = std::clamp(req.log_keep, 0, kMaxLogKeep);
+  plan.uid = req.uid;
+  plan.gid = req.gid;
+  plan.no_new_privs = req.no_new_privs;
+  plan.hide_paths = req.hide_paths;
+  plan.keep_paths = req.keep_paths;
+  plan.private_dev = req.private_dev;
+  plan.devices = req.devices;
+  for (const auto* list : {&plan.hide_paths, &plan.keep_paths, &plan.devices})
+    for (const auto& p : *list)
+      if (p.empty() || p[0] != '/' || has_nul(p)) return Status::InvalidArgument(fmt::format("sandbox path '{}' is not absolute", p));
   std::vector<std::string> args = EncodeSupervisorArgs(plan);
   args.insert(args.begin(), std::string(kSupervisorName));
-  std::vector<char*> sup_argv;
-  for (auto& a : args) sup_argv.push_back(a.data());
-  sup_argv.push_back(nullptr);
+  // The plan travels in a sealed memory file on fd 5: a command line is readable by every local
+  // user (/proc/<pid>/cmdline), and the plan holds the task's environment.
+  const std::string plan_text = JoinPlanArgs(args);
+  if (plan_text.size() > kMaxPlanBytes) return Status::InvalidArgument("the task's command and environment are too large");
+  FdCloser plan_fd(Above(::memfd_create("gpupool-plan", MFD_CLOEXEC | MFD_ALLOW_SEALING), kHigh));
+  if (plan_fd.get() < 0) return Status::IoError(fmt::format("memfd_create: {}", ErrnoText(errno)));
+  for (size_t off = 0; off < plan_text.size();) {
+    ssize_t w = ::write(plan_fd.get(), plan_text.data() + off, plan_text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::IoError(fmt::format("writing the supervisor's plan: {}", ErrnoText(errno)));
+    off += static_cast<size_t>(w);
+  }
+  if (::fcntl(plan_fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0 ||
+      ::lseek(plan_fd.get(), 0, SEEK_SET) != 0)
+    return Status::IoError(fmt::format("sealing the supervisor's plan: {}", ErrnoText(errno)));
+  std::string plan_arg = "--plan-fd=5";
+  std::string name_arg = kSupervisorName;
+  char* sup_argv[] = {name_arg.data(), plan_arg.data(), nullptr};
   // The supervisor's own environment: not the task's (see supervisor_protocol.h).
   std::string path_env = "PATH=" + DefaultPath();
   char* sup_envp[] = {path_env.data(), nullptr};
 
-  // Every descriptor handed over sits at 10 or above, so the dup2s onto 0..4 never clobber one
-  // that a later dup2 still reads.
-  constexpr int kHigh = 10;
   FdCloser devnull(Above(OpenHigh("/dev/null", O_RDWR), kHigh));
   if (devnull.get() < 0) return Status::IoError(fmt::format("cannot open /dev/null: {}", ErrnoText(errno)));
-  FdCloser out(Above(OpenHigh(req.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), kHigh));
+  FdCloser out(Above(OpenHigh(req.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), kHigh));
   if (out.get() < 0)
     return Status::IoError(fmt::format("cannot create {}: {}", req.stdout_path, ErrnoText(errno)));
-  FdCloser err(Above(OpenHigh(req.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), kHigh));
+  FdCloser err(Above(OpenHigh(req.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), kHigh));
   if (err.get() < 0)
     return Status::IoError(fmt::format("cannot create {}: {}", req.stderr_path, ErrnoText(errno)));
   int pipefd[2];
@@ -539,14 +576,15 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   posix_spawn_file_actions_t actions;
   if (int e = ::posix_spawn_file_actions_init(&actions); e != 0)
     return Status::Internal(fmt::format("posix_spawn_file_actions_init: {}", ErrnoText(e)));
-  const int moves[][2] = {{devnull.get(), 0}, {out.get(), 1}, {err.get(), 2}, {pipe_w.get(), 3}, {go_r.get(), 4}};
+  const int moves[][2] = {{devnull.get(), 0}, {out.get(), 1},     {err.get(), 2},
+                          {pipe_w.get(), 3},  {go_r.get(), 4},    {plan_fd.get(), kPlanFd}};
   int fa_err = 0;
   for (const auto& m : moves)
     if (fa_err == 0) fa_err = ::posix_spawn_file_actions_adddup2(&actions, m[0], m[1]);
-  if (fa_err == 0) fa_err = ::posix_spawn_file_actions_addclosefrom_np(&actions, 5);
+  if (fa_err == 0) fa_err = ::posix_spawn_file_actions_addclosefrom_np(&actions, kPlanFd + 1);
   pid_t sup = -1;
   int spawn_err = fa_err != 0 ? fa_err : ::posix_spawn(&sup, supervisor.c_str(), &actions, nullptr,
-                                                        sup_argv.data(), sup_envp);
+                                                        sup_argv, sup_envp);
   ::posix_spawn_file_actions_destroy(&actions);
   if (spawn_err != 0)
     return Status::Internal(

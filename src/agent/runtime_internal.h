@@ -65,6 +65,9 @@ Status WriteFileAtomic(const std::string& path, const std::string& content, bool
 // Writes into an existing file (cgroup control files): no truncation games, one write.
 Status WriteControlFile(const std::string& path, const std::string& content);
 Status MakeDirs(const std::string& path);
+// A directory owned by uid:gid with mode 0700 (created, or an existing directory, never a link,
+// given to them).
+Status MakeOwnedDir(const std::string& path, int64_t uid, int64_t gid);
 // Removes a directory tree; a missing path is Ok.
 Status RemoveTree(const std::string& path);
 bool PathExists(const std::string& path);
@@ -138,6 +141,14 @@ struct SpawnRequest {
   // Run by S (fork + execve, no PATH search: argv[0] is a path) at the KILL deadline, before it
   // kills T's group; empty: none.
   std::vector<std::string> fence_kill_argv;
+  // The sandbox (SupervisorPlan in supervisor_protocol.h has the meaning of each).
+  int64_t uid = -1;
+  int64_t gid = -1;
+  bool no_new_privs = false;
+  std::vector<std::string> hide_paths;
+  std::vector<std::string> keep_paths;
+  bool private_dev = false;
+  std::vector<std::string> devices;
   // Called with the pids once the supervisor has forked the task, which execs only after it
   // returns Ok (the runtimes write the task's record here, so an agent killed mid-start never
   // leaves a task running that its successor does not know of). An error stops the task unrun.

@@ -26,6 +26,7 @@
 
 #include "agent/log_pump.h"
 #include "agent/supervisor_protocol.h"
+#include "agent/supervisor_sandbox.h"
 
 namespace gpupool::agent_internal {
 namespace {
@@ -44,6 +45,8 @@ struct ChildPlan {
   char* const* fence_argv;
   char* const* fence_envp;
   LogSink log_out, log_err;         // fds filled in by the supervisor
+  const SupervisorPlan* plan;       // the sandbox's fields
+  const std::vector<DeviceNode>* devices;
 };
 
 // What the supervisor tracks while the task runs: the read ends of the task's output pipes and the
@@ -189,6 +192,13 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced, P
     }
     ::close(fd);
   }
+  int32_t stage = 0;
+  int err = 0;
+  if (!EnterSandbox(*p.plan, *p.devices, &stage, &err)) {
+    SafeSend(3, stage, err);
+    ::_exit(127);
+  }
+  // As the task's own identity: a working directory it may not enter is refused here.
   if (::chdir(p.workdir) != 0) {
     SafeSend(3, kMsgChdir, errno);
     ::_exit(127);
@@ -297,7 +307,15 @@ int main(int argc, char** argv) {
   using namespace gpupool::agent_internal;
   SupervisorPlan plan;
   std::string why;
-  if (!DecodeSupervisorArgs(argc, argv, &plan, &why)) {
+  // The plan arrives on fd 5 (see EncodeSupervisorArgs), not on the command line.
+  std::vector<std::string> plan_args;
+  std::vector<const char*> plan_argv;
+  bool read_ok = argc == 2 && std::strcmp(argv[1], "--plan-fd=5") == 0 && ReadPlanArgs(kPlanFd, &plan_args, &why);
+  if (argc != 2) why = "expected --plan-fd=5";
+  ::close(kPlanFd);
+  for (const auto& a : plan_args) plan_argv.push_back(a.c_str());
+  plan_argv.push_back(nullptr);
+  if (!read_ok || !DecodeSupervisorArgs(static_cast<int>(plan_args.size()), plan_argv.data(), &plan, &why)) {
     // Only the agent starts this program; on a terminal, say what is wrong.
     if (::isatty(2)) {
       const char* usage = "gpupool-supervise: started by the gpupool agent only: ";
@@ -323,11 +341,14 @@ int main(int argc, char** argv) {
   std::string fence_path_env = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
   char* fence_envp[] = {fence_path_env.data(), nullptr};
 
+  // Stat'ed now, while /dev is the host's.
+  const std::vector<DeviceNode> devices = plan.private_dev ? StatDevices(plan.devices) : std::vector<DeviceNode>{};
+
   ChildPlan p{plan.executable.c_str(), task_argv.data(), task_envp.data(), plan.workdir.c_str(), procs.data(),
               plan.exit_path.c_str(), exit_tmp.c_str(),
               plan.lease_path.empty() ? nullptr : plan.lease_path.c_str(),
               plan.fence_argv.empty() ? nullptr : plan.fence_argv[0].c_str(), fence_argv.data(), fence_envp,
-              LogSink{}, LogSink{}};
+              LogSink{}, LogSink{}, &plan, &devices};
   std::vector<std::string> rotated_out, rotated_err;
   for (int i = 1; i <= plan.log_keep; ++i) {
     rotated_out.push_back(RotatedLogPath(plan.stdout_path, i));

@@ -29,6 +29,13 @@ std::vector<std::string> EncodeSupervisorArgs(const SupervisorPlan& p) {
   for (const auto& c : p.cgroup_procs) out.push_back("--cgroup-procs=" + c);
   for (const auto& f : p.fence_argv) out.push_back("--fence=" + f);
   for (const auto& e : p.envp) out.push_back("--env=" + e);
+  if (p.uid >= 0) out.push_back("--uid=" + std::to_string(p.uid));
+  if (p.gid >= 0) out.push_back("--gid=" + std::to_string(p.gid));
+  if (p.no_new_privs) out.push_back("--no-new-privs=1");
+  for (const auto& h : p.hide_paths) out.push_back("--hide=" + h);
+  for (const auto& k : p.keep_paths) out.push_back("--keep=" + k);
+  if (p.private_dev) out.push_back("--private-dev=1");
+  for (const auto& d : p.devices) out.push_back("--dev=" + d);
   out.push_back("--");
   for (const auto& a : p.argv) out.push_back(a);
   return out;
@@ -106,6 +113,21 @@ bool DecodeSupervisorArgs(int argc, const char* const* argv, SupervisorPlan* pla
       plan->fence_argv.push_back(value);
     } else if (name == "env") {
       plan->envp.push_back(value);
+    } else if (name == "uid" || name == "gid") {
+      if (!ParseInt(value, 0, 0xfffffffe, name == "uid" ? &plan->uid : &plan->gid)) {
+        *why = "--" + std::string(name) + " is not an id in [0, 2^32-2]";
+        return false;
+      }
+    } else if (name == "no-new-privs") {
+      plan->no_new_privs = value == "1";
+    } else if (name == "hide" || name == "keep" || name == "dev") {
+      if (value.empty() || value[0] != '/') {
+        *why = "--" + std::string(name) + " is not an absolute path";
+        return false;
+      }
+      (name == "hide" ? plan->hide_paths : name == "keep" ? plan->keep_paths : plan->devices).push_back(value);
+    } else if (name == "private-dev") {
+      plan->private_dev = value == "1";
     } else {
       *why = "unknown option '--" + std::string(name) + "'";
       return false;
@@ -121,6 +143,46 @@ bool DecodeSupervisorArgs(int argc, const char* const* argv, SupervisorPlan* pla
   return false;
 }
 
+std::string JoinPlanArgs(const std::vector<std::string>& args) {
+  std::string out;
+  for (const auto& a : args) {
+    out += a;
+    out.push_back('\0');
+  }
+  return out;
+}
+
+bool ReadPlanArgs(int fd, std::vector<std::string>* args, std::string* why) {
+  std::string buf;
+  char chunk[65536];
+  while (true) {
+    ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *why = "cannot read the plan";
+      return false;
+    }
+    if (n == 0) break;
+    if (buf.size() + static_cast<size_t>(n) > kMaxPlanBytes) {
+      *why = "the plan is too large";
+      return false;
+    }
+    buf.append(chunk, static_cast<size_t>(n));
+  }
+  if (buf.empty() || buf.back() != '\0') {
+    *why = "the plan is empty or cut short";
+    return false;
+  }
+  args->clear();
+  size_t start = 0;
+  while (start < buf.size()) {
+    size_t end = buf.find('\0', start);
+    args->emplace_back(buf, start, end - start);
+    start = end + 1;
+  }
+  return true;
+}
+
 // ---- the status pipe ---------------------------------------------------------------------------
 
 const char* StageText(int32_t kind) {
@@ -132,6 +194,8 @@ const char* StageText(int32_t kind) {
     case kMsgFork: return "cannot fork the task";
     case kMsgSetsid: return "cannot start a session";
     case kMsgPlan: return "the supervisor could not read its command line for";
+    case kMsgNamespace: return "cannot set up the task's mount namespace for";
+    case kMsgIdentity: return "cannot drop to the task's identity for";
     default: return "unknown failure";
   }
 }

@@ -38,10 +38,35 @@ struct SupervisorPlan {
   std::string stdout_path, stderr_path;   // the log files (open on 1 and 2), for rotation
   int64_t log_max_bytes = 0;              // <= 0: unbounded
   int log_keep = 0;
+  // The sandbox (docs/agent.md#the-task-sandbox). uid/gid >= 0: the task drops to them (no
+  // supplementary groups, every capability gone from its sets and bounding set) before it execs;
+  // no_new_privs: setuid binaries and file capabilities grant nothing.
+  int64_t uid = -1;
+  int64_t gid = -1;
+  bool no_new_privs = false;
+  // A private mount namespace for the task, set up (as root) before it drops to uid/gid:
+  //   hide_paths  an empty read-only tmpfs over each (the agent's state, the server's data);
+  //   keep_paths  bound back at their own path when a hidden path covers them (its work and
+  //               checkpoint directories);
+  //   private_dev /dev is a fresh tmpfs with the usual character devices (null, zero, full,
+  //               random, urandom, tty), fresh /dev/pts and /dev/shm, and only `devices` besides.
+  std::vector<std::string> hide_paths;
+  std::vector<std::string> keep_paths;
+  bool private_dev = false;
+  std::vector<std::string> devices;
+  bool mount_namespace() const { return private_dev || !hide_paths.empty(); }
 };
 
 // `--name=value` arguments, then `--`, then the task's argv. Values may hold any byte but NUL.
+// They travel in a sealed memory file on the supervisor's fd 5, never on its command line, which
+// every local user can read in /proc (the task's environment holds its secrets).
 std::vector<std::string> EncodeSupervisorArgs(const SupervisorPlan& plan);
+// The plan file: each argument followed by a NUL. ReadPlanArgs reads it back (at most
+// kMaxPlanBytes) and splits it; false on a read error, a file too large or a missing final NUL.
+std::string JoinPlanArgs(const std::vector<std::string>& args);
+constexpr size_t kMaxPlanBytes = size_t{64} << 20;
+constexpr int kPlanFd = 5;
+bool ReadPlanArgs(int fd, std::vector<std::string>* args, std::string* why);
 // The reverse; false (and `*why` names the argument) on anything malformed.
 bool DecodeSupervisorArgs(int argc, const char* const* argv, SupervisorPlan* plan, std::string* why);
 
@@ -58,6 +83,8 @@ enum : int32_t {
   kMsgFork = 6,
   kMsgSetsid = 7,
   kMsgPlan = 8,  // the supervisor could not read its command line
+  kMsgNamespace = 9,  // the task's mount namespace could not be set up
+  kMsgIdentity = 10,  // the task could not drop to its uid/gid or set no_new_privs
 };
 // "cannot execute", "cannot change to the working directory", ...
 const char* StageText(int32_t kind);

@@ -1,0 +1,237 @@
+// The task sandbox of the process runtime, tried the way a hostile tenant would: another task's
+// files, logs and environment, the agent's state, devices it was not given, setuid binaries, the
+// supervisor's command line. Needs root (it switches identities and builds mount namespaces); as
+// another user every test is skipped and says so.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "agent/runtime.h"
+#include "agent/runtime_internal.h"
+
+namespace gpupool {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kUidA = 20101;
+constexpr int64_t kUidB = 20102;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string UniqueId(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
+
+class SandboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "the sandbox needs root";
+    char tmpl[] = "/tmp/gpupool-sb-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    // A state directory any user may traverse (as /var/lib is): the sandbox must still hide it.
+    ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+    RuntimeOptions opts;
+    opts.state_dir = dir_ + "/state";
+    opts.log_dir = dir_ + "/logs";
+    opts.cgroup_root = "none";
+    auto rt = MakeProcessRuntime(opts);
+    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+    rt_ = std::move(rt).value();
+  }
+  void TearDown() override {
+    if (rt_) {
+      for (const auto& id : rt_->List()) {
+        (void)rt_->Stop(id, 0s);
+        Wait(id);
+        (void)rt_->Remove(id);
+      }
+    }
+    if (!dir_.empty()) (void)agent_internal::RemoveTree(dir_);
+  }
+
+  LaunchSpec Spec(const std::string& id, int64_t uid, const std::string& script) {
+    LaunchSpec s;
+    s.id = UniqueId(id);
+    s.argv = {"sh", "-c", script};
+    s.env = {{"PATH", "/usr/bin:/bin"}};
+    s.uid = uid;
+    s.gid = uid;
+    s.no_new_privs = true;
+    s.private_dev = true;
+    return s;
+  }
+
+  TaskStatusInfo Wait(const std::string& id) {
+    auto deadline = Clock::now() + 10s;
+    TaskStatusInfo info;
+    while (Clock::now() < deadline) {
+      auto r = rt_->Poll(id);
+      if (!r.ok()) return info;
+      info = *r;
+      if (info.state != RunState::kRunning) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    return info;
+  }
+
+  // Runs a task to its end; returns its stdout (and stderr after a "--stderr--" line).
+  std::string Run(const LaunchSpec& spec) {
+    Status st = rt_->Start(spec);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    if (!st.ok()) return "";
+    TaskStatusInfo info = Wait(spec.id);
+    EXPECT_EQ(info.state, RunState::kExited) << info.message;
+    return ReadText(rt_->StdoutPath(spec.id)) + "--stderr--\n" + ReadText(rt_->StderrPath(spec.id));
+  }
+
+  std::string dir_;
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(SandboxTest, TheTaskRunsAsItsUidWithNoGroupsNoCapabilitiesAndNoNewPrivileges) {
+  LaunchSpec spec = Spec("ident", kUidA,
+                         "id -u; id -g; id -G; grep -E '^(CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; "
+                         "pwd; stat -c '%u %a' .");
+  std::string out = Run(spec);
+  EXPECT_NE(out.find("20101\n20101\n20101\n"), std::string::npos) << out;
+  for (const char* line : {"CapPrm:\t0000000000000000", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
+                           "CapAmb:\t0000000000000000", "NoNewPrivs:\t1"})
+    EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
+  // Its working directory is its own, mode 0700.
+  EXPECT_NE(out.find(dir_ + "/state/" + spec.id + "/work\n20101 700\n"), std::string::npos) << out;
+}
+
+TEST_F(SandboxTest, ATaskCannotReadAnotherTenantsFilesLogsEnvironmentOrTheAgentsState) {
+  // Tenant A: a secret in its environment, its log and its directory; it waits.
+  LaunchSpec a = Spec("victim", kUidA, "echo log-secret-a; echo file-secret-a > secret; echo $$ > pid; sleep 30");
+  a.env["DB_PASSWORD"] = "env-secret-a";
+  ASSERT_TRUE(rt_->Start(a).ok());
+  const std::string a_work = dir_ + "/state/" + a.id + "/work";
+  std::string pid;
+  for (int i = 0; i < 200 && pid.empty(); ++i) {
+    pid = ReadText(a_work + "/pid");
+    if (pid.empty()) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(pid.empty());
+  while (!pid.empty() && pid.back() == '\n') pid.pop_back();
+  const std::string a_log = rt_->StdoutPath(a.id);
+  ASSERT_NE(ReadText(a_log).find("log-secret-a"), std::string::npos);
+  // A file of the agent's that any user could read on the host.
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(dir_ + "/state/agent-token", "agent-secret\n").ok());
+  ASSERT_EQ(::chmod((dir_ + "/state/agent-token").c_str(), 0644), 0);
+
+  // Tenant B tries each, and says what it saw.
+  std::string probe =
+      "for f in " + a_work + "/secret " + a_log + " /proc/" + pid + "/environ /proc/" + pid + "/cmdline " + dir_ +
+      "/state/agent-token " + dir_ + "/state/" + a.id + "/task.json; do "
+      "if cat $f >/dev/null 2>&1; then echo READ $f; else echo DENIED $f; fi; done; "
+      "ls -A " + dir_ + "/state | sed 's/^/STATE /'; ls -A " + dir_ + "/logs 2>&1 | sed 's/^/LOGS /'; "
+      "[ -e /proc/1/status ] && echo INIT-VISIBLE; [ -e /proc/" + pid + " ] && echo VICTIM-VISIBLE; true";
+  std::string out = Run(Spec("thief", kUidB, probe));
+  for (const std::string& f : {a_work + "/secret", a_log, "/proc/" + pid + "/environ", "/proc/" + pid + "/cmdline",
+                               dir_ + "/state/agent-token", dir_ + "/state/" + a.id + "/task.json"})
+    EXPECT_NE(out.find("DENIED " + f + "\n"), std::string::npos) << f << "\n" << out;
+  EXPECT_EQ(out.find("READ "), std::string::npos) << out;
+  EXPECT_EQ(out.find("secret-a"), std::string::npos) << out;
+  // The state directory shows only the path to B's own work directory; the logs nothing.
+  const std::string thief_id = UniqueId("thief");
+  EXPECT_NE(out.find("STATE " + thief_id + "\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("STATE " + a.id), std::string::npos) << out;
+  EXPECT_EQ(out.find("STATE agent-token"), std::string::npos) << out;
+  EXPECT_EQ(out.find("LOGS "), std::string::npos) << out;
+  // Only its own processes (its shell and the tools it runs), none of the host's or A's.
+  EXPECT_EQ(out.find("INIT-VISIBLE"), std::string::npos) << out;
+  EXPECT_EQ(out.find("VICTIM-VISIBLE"), std::string::npos) << out;
+}
+
+TEST_F(SandboxTest, OnlyTheAssignedDevicesAreInTheTasksDev) {
+  // A stand-in for "its GPU" and "another GPU": two loop devices of the host.
+  struct stat st;
+  if (::stat("/dev/loop1", &st) != 0 || ::stat("/dev/loop2", &st) != 0) GTEST_SKIP() << "no /dev/loop1 and loop2";
+  LaunchSpec spec = Spec("dev", kUidA, "ls /dev | tr '\\n' ' '; echo; for d in /dev/loop1 /dev/loop2; do "
+                                       "[ -e $d ] && echo HAS $d || echo NO $d; done; echo x > /dev/null && echo NULL-OK");
+  spec.devices = {"/dev/loop1", "/dev/gpupool-absent", "/etc/passwd"};
+  std::string out = Run(spec);
+  EXPECT_NE(out.find("HAS /dev/loop1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("NO /dev/loop2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("NULL-OK"), std::string::npos) << out;
+  EXPECT_NE(out.find("fd full loop1 null ptmx pts random shm stderr stdin stdout tty urandom zero \n"), std::string::npos)
+      << out;
+}
+
+TEST_F(SandboxTest, ASetuidRootBinaryGrantsNothing) {
+  // A setuid-root copy of `id` where the task can run it.
+  const std::string bin = dir_ + "/suid-id";
+  {
+    std::ifstream src("/usr/bin/id", std::ios::binary);
+    std::ofstream dst(bin, std::ios::binary);
+    dst << src.rdbuf();
+  }
+  ASSERT_EQ(::chmod(bin.c_str(), 04755), 0);
+  LaunchSpec spec = Spec("suid", kUidA, bin + " -u; " + bin + " -ru");
+  std::string out = Run(spec);
+  // Effective and real: the task's, not root's.
+  EXPECT_EQ(out.substr(0, 12), "20101\n20101\n") << out;
+}
+
+TEST_F(SandboxTest, HiddenPathsAreEmptyAndKeptPathsStayWritable) {
+  const std::string secret_dir = dir_ + "/server-data";
+  const std::string keep = secret_dir + "/ckpt/job-1";
+  ASSERT_TRUE(agent_internal::MakeDirs(keep).ok());
+  ASSERT_EQ(::chmod(secret_dir.c_str(), 0755), 0);
+  ASSERT_TRUE(agent_internal::MakeOwnedDir(keep, kUidA, kUidA).ok());
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(secret_dir + "/admin.token", "tok-secret\n").ok());
+  ASSERT_EQ(::chmod((secret_dir + "/admin.token").c_str(), 0644), 0);
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(dir_ + "/server.yaml", "tokens: secret\n").ok());
+  ASSERT_EQ(::chmod((dir_ + "/server.yaml").c_str(), 0644), 0);
+  LaunchSpec spec = Spec("hide", kUidA, "cat " + secret_dir + "/admin.token; cat " + dir_ + "/server.yaml | wc -c; "
+                                        "echo step > " + keep + "/ck.txt && echo WROTE; touch " + secret_dir +
+                                        "/x 2>/dev/null || echo RO");
+  spec.hide_paths = {secret_dir, dir_ + "/server.yaml"};
+  spec.keep_paths = {keep};
+  std::string out = Run(spec);
+  EXPECT_EQ(out.find("tok-secret"), std::string::npos) << out;
+  EXPECT_NE(out.find("0\nWROTE\nRO\n"), std::string::npos) << out;
+  EXPECT_EQ(ReadText(keep + "/ck.txt"), "step\n");
+}
+
+TEST_F(SandboxTest, TheSupervisorsCommandLineDoesNotCarryTheTasksEnvironment) {
+  LaunchSpec spec = Spec("cmdline", kUidA, "sleep 30");
+  spec.env["DB_PASSWORD"] = "env-secret-in-cmdline";
+  ASSERT_TRUE(rt_->Start(spec).ok());
+  auto rec = nlohmann::json::parse(ReadText(dir_ + "/state/" + spec.id + "/task.json"));
+  const int sup = rec.value("supervisor_pid", -1);
+  ASSERT_GT(sup, 0) << rec.dump();
+  std::string cmdline = ReadText("/proc/" + std::to_string(sup) + "/cmdline");
+  ASSERT_FALSE(cmdline.empty());
+  EXPECT_EQ(cmdline.find("env-secret"), std::string::npos) << cmdline;
+  EXPECT_EQ(cmdline.find("DB_PASSWORD"), std::string::npos) << cmdline;
+}
+
+TEST_F(SandboxTest, AWorkingDirectoryTheTaskMayNotEnterIsRefusedAtStart) {
+  ASSERT_TRUE(agent_internal::MakeDirs(dir_ + "/root-only").ok());
+  ASSERT_EQ(::chmod((dir_ + "/root-only").c_str(), 0700), 0);
+  LaunchSpec spec = Spec("wd", kUidA, "true");
+  spec.workdir = dir_ + "/root-only";
+  Status st = rt_->Start(spec);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cannot change to the working directory"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("Permission denied"), std::string::npos) << st.ToString();
+}
+
+}  // namespace
+}  // namespace gpupool

@@ -1,0 +1,154 @@
+#include "agent/supervisor_sandbox.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <string_view>
+
+namespace gpupool::agent_internal {
+namespace {
+
+constexpr const char* kStandardDevices[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                                            "/dev/tty"};
+
+// `path` is `dir` or lies below it.
+bool Under(std::string_view path, std::string_view dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
+  if (path.substr(0, dir.size()) != dir) return false;
+  return path.size() == dir.size() || path[dir.size()] == '/' || dir == "/";
+}
+
+// mkdir -p, every new directory root's and 0755 (inside a tmpfs of ours: nothing of the host's).
+bool MakeDirsIn(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i != path.size() && path[i] != '/') continue;
+    std::string prefix = path.substr(0, i);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) return false;
+  }
+  return true;
+}
+
+bool Fail(int32_t stage, int32_t* out_stage, int* err) {
+  *out_stage = stage;
+  *err = errno != 0 ? errno : EINVAL;
+  return false;
+}
+
+bool BuildDev(const std::vector<DeviceNode>& devices) {
+  if (::mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1024k") != 0) return false;
+  for (const DeviceNode& d : devices) {
+    const size_t slash = d.path.rfind('/');
+    if (slash > 4 && !MakeDirsIn(d.path.substr(0, slash))) return false;
+    // mknod applies the umask; the mode is set exactly afterwards.
+    if (::mknod(d.path.c_str(), d.mode, d.rdev) != 0 && errno != EEXIST) return false;
+    if (::chmod(d.path.c_str(), d.mode & 07777) != 0) return false;
+  }
+  const std::pair<const char*, const char*> links[] = {{"/proc/self/fd", "/dev/fd"},
+                                                       {"/proc/self/fd/0", "/dev/stdin"},
+                                                       {"/proc/self/fd/1", "/dev/stdout"},
+                                                       {"/proc/self/fd/2", "/dev/stderr"},
+                                                       {"pts/ptmx", "/dev/ptmx"}};
+  for (const auto& [target, name] : links)
+    if (::symlink(target, name) != 0) return false;
+  if (::mkdir("/dev/pts", 0755) != 0 || ::mkdir("/dev/shm", 01777) != 0 || ::chmod("/dev/shm", 01777) != 0)
+    return false;
+  // A fresh devpts and a fresh shared-memory tmpfs: no other task's terminals or segments.
+  if (::mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") != 0)
+    return false;
+  if (::mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<DeviceNode> StatDevices(const std::vector<std::string>& extra) {
+  std::vector<DeviceNode> out;
+  auto add = [&](const std::string& path) {
+    if (path.rfind("/dev/", 0) != 0 || path.find("/../") != std::string::npos || path.find("/./") != std::string::npos)
+      return;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || !(S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) return;
+    for (const DeviceNode& d : out)
+      if (d.path == path) return;
+    out.push_back(DeviceNode{path, st.st_mode, st.st_rdev});
+  };
+  for (const char* p : kStandardDevices) add(p);
+  for (const auto& p : extra) add(p);
+  return out;
+}
+
+bool EnterSandbox(const SupervisorPlan& plan, const std::vector<DeviceNode>& devices, int32_t* stage, int* err) {
+  errno = 0;
+  if (plan.mount_namespace()) {
+    if (::unshare(CLONE_NEWNS) != 0) return Fail(kMsgNamespace, stage, err);
+    // Nothing mounted here reaches the host; the host's later mounts still show here.
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) return Fail(kMsgNamespace, stage, err);
+    // The directories to bring back, opened before anything covers them (in this namespace: a
+    // bind needs a source in the caller's own namespace).
+    std::vector<std::pair<std::string, int>> keeps;
+    for (const auto& k : plan.keep_paths) {
+      bool covered = false;
+      for (const auto& h : plan.hide_paths) covered = covered || Under(k, h);
+      if (!covered) continue;
+      int fd = ::open(k.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0) return Fail(kMsgNamespace, stage, err);
+      keeps.emplace_back(k, fd);
+    }
+    std::vector<std::string> hidden_dirs;
+    for (const auto& h : plan.hide_paths) {
+      struct stat st;
+      if (::lstat(h.c_str(), &st) != 0) continue;  // absent, or under a path hidden already
+      if (S_ISDIR(st.st_mode)) {
+        if (::mount("gpupool-hidden", h.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") != 0)
+          return Fail(kMsgNamespace, stage, err);
+        hidden_dirs.push_back(h);
+      } else if (S_ISREG(st.st_mode)) {
+        if (::mount("/dev/null", h.c_str(), nullptr, MS_BIND, nullptr) != 0) return Fail(kMsgNamespace, stage, err);
+      }
+    }
+    char fd_path[64];
+    for (const auto& [path, fd] : keeps) {
+      std::snprintf(fd_path, sizeof(fd_path), "/proc/self/fd/%d", fd);
+      if (!MakeDirsIn(path) || ::mount(fd_path, path.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
+        return Fail(kMsgNamespace, stage, err);
+      ::close(fd);
+    }
+    for (const auto& h : hidden_dirs)
+      if (::mount(nullptr, h.c_str(), nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
+        return Fail(kMsgNamespace, stage, err);
+    if (plan.private_dev && !BuildDev(devices)) return Fail(kMsgNamespace, stage, err);
+    // Other users' processes out of sight (their command lines and what runs where). A per-mount
+    // option since Linux 5.8; an older kernel refuses "invisible" (it would have changed the
+    // host's /proc, shared then) and the task keeps the host's view, its environment still
+    // private to its uid.
+    if (plan.uid > 0)
+      (void)::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible");
+  }
+  if (plan.gid >= 0) {
+    if (::setgroups(0, nullptr) != 0) return Fail(kMsgIdentity, stage, err);
+    const gid_t g = static_cast<gid_t>(plan.gid);
+    if (::setresgid(g, g, g) != 0) return Fail(kMsgIdentity, stage, err);
+  }
+  if (plan.uid > 0) {
+    // Out of the bounding set too, so not even a setuid-root binary could hand one back.
+    for (int cap = 0; cap <= 63; ++cap)
+      if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return Fail(kMsgIdentity, stage, err);
+    errno = 0;
+    (void)::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    const uid_t u = static_cast<uid_t>(plan.uid);
+    // From root to a non-root uid in all three ids: the permitted and effective sets empty too.
+    if (::setresuid(u, u, u) != 0) return Fail(kMsgIdentity, stage, err);
+  }
+  if (plan.no_new_privs && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Fail(kMsgIdentity, stage, err);
+  return true;
+}
+
+}  // namespace gpupool::agent_internal
