@@ -13,6 +13,7 @@
 #include <ctime>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "agent/runtime.h"
@@ -21,6 +22,30 @@
 namespace gpupool {
 
 namespace agent_internal {
+
+namespace {
+
+// Everything is allowed but the system calls no task needs and that have been ways out of
+// containers or into the kernel (module loading, kexec, handles to host files, keyrings, BPF,
+// userfaultfd, the clock, swap, reboot, mounting): they fail with EPERM. Names this kernel or
+// libseccomp does not know are skipped by runc.
+nlohmann::json SeccompProfile() {
+  static const char* const kDenied[] = {
+      "acct",          "add_key",          "bpf",           "clock_adjtime", "clock_settime", "create_module",
+      "delete_module", "finit_module",     "fsconfig",      "fsmount",       "fsopen",        "fspick",
+      "get_kernel_syms", "init_module",    "ioperm",        "iopl",          "kcmp",          "kexec_file_load",
+      "kexec_load",    "keyctl",           "lookup_dcookie", "mount",        "mount_setattr", "move_mount",
+      "name_to_handle_at", "nfsservctl",   "open_by_handle_at", "open_tree", "perf_event_open", "pivot_root",
+      "process_vm_readv", "process_vm_writev", "quotactl",  "reboot",        "request_key",   "setns",
+      "settimeofday",  "swapoff",          "swapon",        "syslog",        "umount2",       "unshare",
+      "uselib",        "userfaultfd",      "ustat",         "vhangup",       "adjtimex"};
+  nlohmann::json names = nlohmann::json::array();
+  for (const char* n : kDenied) names.push_back(n);
+  return {{"defaultAction", "SCMP_ACT_ALLOW"},
+          {"syscalls", nlohmann::json::array({{{"names", names}, {"action", "SCMP_ACT_ERRNO"}, {"errnoRet", 1}}})}};
+}
+
+}  // namespace
 
 Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs,
                                    const std::string& cgroup_parent) {
@@ -32,17 +57,22 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
       return Status::InvalidArgument(fmt::format("task {}: bad environment variable name '{}'", spec.id, k));
     env.push_back(k + "=" + v);
   }
-  const json caps = {"CAP_CHOWN",  "CAP_DAC_OVERRIDE", "CAP_FSETID",           "CAP_FOWNER",
-                     "CAP_MKNOD",  "CAP_NET_RAW",      "CAP_SETGID",           "CAP_SETUID",
-                     "CAP_SETFCAP", "CAP_SETPCAP",     "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
-                     "CAP_KILL",   "CAP_AUDIT_WRITE"};
+  // Sandboxed (a uid given): a user namespace maps the task's uid to the container's root, and the
+  // container keeps no capability at all. Otherwise (a queue allowed root) runc's usual set.
+  const bool userns = spec.uid >= 0;
+  const json caps = userns ? json::array()
+                           : json{"CAP_CHOWN",   "CAP_DAC_OVERRIDE", "CAP_FSETID",           "CAP_FOWNER",
+                                  "CAP_MKNOD",   "CAP_NET_RAW",      "CAP_SETGID",           "CAP_SETUID",
+                                  "CAP_SETFCAP", "CAP_SETPCAP",      "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
+                                  "CAP_KILL",    "CAP_AUDIT_WRITE"};
+  const bool host_network = spec.network == "host";
   json process = {
       {"terminal", false},
       {"user", {{"uid", 0}, {"gid", 0}}},
       {"args", spec.argv},
       {"env", env},
       {"cwd", spec.workdir.empty() ? std::string("/") : spec.workdir},
-      {"capabilities", {{"bounding", caps}, {"effective", caps}, {"permitted", caps}}},
+      {"capabilities", {{"bounding", caps}, {"effective", caps}, {"permitted", caps}, {"inheritable", json::array()}, {"ambient", json::array()}}},
       // No rlimits: the container inherits the agent's (a fixed RLIMIT_NOFILE above the host's
       // hard limit would make every start fail).
       {"noNewPrivileges", true},
@@ -62,14 +92,29 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
        {"source", "shm"},
        {"options", {"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}}},
       {{"destination", "/dev/mqueue"}, {"type", "mqueue"}, {"source", "mqueue"}, {"options", {"nosuid", "noexec", "nodev"}}},
-      {{"destination", "/sys"}, {"type", "sysfs"}, {"source", "sysfs"}, {"options", {"nosuid", "noexec", "nodev", "ro"}}},
-      {{"destination", "/sys/fs/cgroup"},
-       {"type", "cgroup"},
-       {"source", "cgroup"},
-       {"options", {"nosuid", "noexec", "nodev", "relatime", "ro"}}},
       // A writable scratch directory: the root filesystem is read-only.
       {{"destination", "/tmp"}, {"type", "tmpfs"}, {"source", "tmpfs"}, {"options", {"nosuid", "nodev", "mode=1777"}}},
   });
+  // sysfs needs a network namespace of the container's own when it has a user namespace; with the
+  // host's network, the host's /sys read-only. The cgroup tree is not the task's business then.
+  if (userns && host_network) {
+    mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", "/sys"},
+                      {"options", {"rbind", "nosuid", "noexec", "nodev", "ro"}}});
+  } else {
+    mounts.push_back({{"destination", "/sys"}, {"type", "sysfs"}, {"source", "sysfs"},
+                      {"options", {"nosuid", "noexec", "nodev", "ro"}}});
+  }
+  if (!userns) {
+    mounts.push_back({{"destination", "/sys/fs/cgroup"}, {"type", "cgroup"}, {"source", "cgroup"},
+                      {"options", {"nosuid", "noexec", "nodev", "relatime", "ro"}}});
+  }
+  for (const auto& b : spec.binds) {
+    if (b.source.empty() || b.source[0] != '/' || b.destination.empty() || b.destination[0] != '/')
+      return Status::InvalidArgument(fmt::format("task {}: a bind needs absolute paths ('{}' -> '{}')", spec.id,
+                                                 b.source, b.destination));
+    json opts = {"rbind", b.readonly ? "ro" : "rw", "nosuid", "nodev"};
+    mounts.push_back({{"destination", b.destination}, {"type", "bind"}, {"source", b.source}, {"options", opts}});
+  }
   for (const auto& path : spec.readonly_binds) {
     if (path.empty() || path[0] != '/' || !PathExists(path)) continue;  // absent on this host
     mounts.push_back({{"destination", path},
@@ -104,11 +149,14 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
   }
   if (spec.memory_bytes > 0) resources["memory"] = {{"limit", spec.memory_bytes}};
 
+  // network "none": a namespace of its own, loopback only (nothing of the host's ports, the
+  // server's and the agent's included); "host": the host's (needs a queue the admin allows it
+  // for: NCCL and RDMA over the host's NICs).
+  json namespaces = json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}}});
+  if (!host_network) namespaces.push_back({{"type", "network"}});
+  if (userns) namespaces.push_back({{"type", "user"}});
   json linux_section = {
-      // No network namespace: the task shares the host's network. The agent sets up no container
-      // networking (no CNI), and GPU jobs talk to each other (NCCL, RDMA) over the host's NICs.
-      {"namespaces",
-       json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}}})},
+      {"namespaces", namespaces},
       {"cgroupsPath", cgroup_parent + "/" + spec.id},
       {"resources", resources},
       {"devices", devices},
@@ -116,7 +164,13 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
        {"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
         "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"}},
       {"readonlyPaths", {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}},
+      {"seccomp", SeccompProfile()},
   };
+  if (userns) {
+    const int64_t gid = spec.gid >= 0 ? spec.gid : spec.uid;
+    linux_section["uidMappings"] = json::array({{{"containerID", 0}, {"hostID", spec.uid}, {"size", 1}}});
+    linux_section["gidMappings"] = json::array({{{"containerID", 0}, {"hostID", gid}, {"size", 1}}});
+  }
   json config = {
       {"ociVersion", "1.0.2"},
       {"process", process},
@@ -146,6 +200,10 @@ class RuncRuntime final : public SupervisedRuntime {
  public:
   RuncRuntime(std::string state_dir, const RuntimeOptions& options, std::string runc)
       : SupervisedRuntime(std::move(state_dir), options), runc_(std::move(runc)), runc_root_(state_dir_ + "/runc-root") {
+    for (const auto& root : options.container_roots) {
+      char buf[PATH_MAX];
+      if (!root.empty() && root[0] == '/' && ::realpath(root.c_str(), buf) != nullptr) roots_.push_back(buf);
+    }
     AdoptExisting();
     for (auto it = tasks_.begin(); it != tasks_.end();) {
       if (!it->second.runc)
@@ -160,29 +218,30 @@ class RuncRuntime final : public SupervisedRuntime {
 
   std::string name() const override { return "runc"; }
 
-  Status Start(const LaunchSpec& spec) override {
+  Status Start(const LaunchSpec& given) override {
     std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(ValidateLaunchSpec(spec));
-    std::string bundle;
-    std::string generated;
+    LaunchSpec spec = given;
+    RETURN_IF_ERROR(ValidateTaskId(spec.id));
+    // A bundle is read for its command, environment, working directory and root, and nothing else:
+    // the agent writes the configuration every container runs with (identity, namespaces, mounts,
+    // devices, limits), whatever the bundle's says.
+    std::string rootfs = spec.rootfs;
     if (!spec.bundle.empty()) {
-      bundle = AbsolutePath(spec.bundle);
-      if (!PathExists(bundle + "/config.json"))
-        return Status::InvalidArgument(fmt::format("task {}: bundle {} has no config.json", spec.id, bundle));
-      RETURN_IF_ERROR(PrepareTaskDir(spec.id));
-    } else {
-      if (spec.rootfs.empty())
-        return Status::InvalidArgument(fmt::format("task {}: neither a bundle nor a rootfs was given", spec.id));
-      struct stat st;
-      if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-        return Status::InvalidArgument(fmt::format("task {}: rootfs {} is not a directory", spec.id, spec.rootfs));
-      ASSIGN_OR_RETURN(std::string config, BuildOciConfig(spec, AbsolutePath(spec.rootfs), "/gpupool/" + CgroupScope(state_dir_)));
-      RETURN_IF_ERROR(PrepareTaskDir(spec.id));
-      generated = TaskDir(spec.id) + "/bundle";
-      RETURN_IF_ERROR(MakeDirs(generated));
-      RETURN_IF_ERROR(WriteFileAtomic(generated + "/config.json", config, /*sync=*/false));  // rewritten every start
-      bundle = generated;
+      if (!spec.rootfs.empty())
+        return Status::InvalidArgument(fmt::format("task {}: give a bundle or a rootfs, not both", spec.id));
+      ASSIGN_OR_RETURN(std::string bundle_dir, AllowedPath(spec.id, "bundle", spec.bundle));
+      ASSIGN_OR_RETURN(rootfs, ReadBundle(bundle_dir, &spec));
     }
+    if (rootfs.empty())
+      return Status::InvalidArgument(fmt::format("task {}: neither a bundle nor a rootfs was given", spec.id));
+    ASSIGN_OR_RETURN(std::string rootfs_abs, AllowedPath(spec.id, "rootfs", rootfs));
+    RETURN_IF_ERROR(ValidateLaunchSpec(spec));
+    ASSIGN_OR_RETURN(std::string config, BuildOciConfig(spec, rootfs_abs, "/gpupool/" + CgroupScope(state_dir_)));
+    RETURN_IF_ERROR(PrepareTaskDir(spec.id));
+    const std::string generated = TaskDir(spec.id) + "/bundle";
+    RETURN_IF_ERROR(MakeDirs(generated));
+    RETURN_IF_ERROR(WriteFileAtomic(generated + "/config.json", config, /*sync=*/false));  // rewritten every start
+    const std::string bundle = generated;
     RETURN_IF_ERROR(MakeDirs(runc_root_));
     // A container of this name left in runc's state (an earlier crash) would make `run` fail.
     std::string ignored;
@@ -240,8 +299,78 @@ class RuncRuntime final : public SupervisedRuntime {
   }
 
  private:
+  // `path` resolved (links followed) and inside one of the allowed container roots, and a
+  // directory; otherwise an error naming the roots.
+  Result<std::string> AllowedPath(const std::string& id, const char* what, const std::string& path) const {
+    char buf[PATH_MAX];
+    struct stat st;
+    if (path.empty() || path[0] != '/' || ::realpath(path.c_str(), buf) == nullptr || ::stat(buf, &st) != 0 ||
+        !S_ISDIR(st.st_mode))
+      return Status::InvalidArgument(fmt::format("task {}: {} {} is not a directory", id, what, path));
+    const std::string resolved = buf;
+    for (const auto& root : roots_) {
+      if (resolved.size() > root.size() && resolved.compare(0, root.size(), root) == 0 &&
+          (resolved[root.size()] == '/' || root == "/"))
+        return resolved;
+    }
+    return Status::PermissionDenied(fmt::format(
+        "task {}: {} {} is not under an allowed container root ({}; the agent's --container-root)", id, what,
+        resolved, roots_.empty() ? std::string("none is configured") : fmt::format("{}", fmt::join(roots_, ", "))));
+  }
+
+  // Reads <bundle>/config.json (at most 1 MiB): process.args (when the spec has no command),
+  // process.env (under the spec's own), process.cwd (when the spec has none) and root.path
+  // (relative to the bundle or absolute), which it returns.
+  static Result<std::string> ReadBundle(const std::string& dir, LaunchSpec* spec) {
+    using nlohmann::json;
+    const std::string path = dir + "/config.json";
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      return Status::InvalidArgument(fmt::format("task {}: bundle {} has no config.json", spec->id, dir));
+    if (st.st_size > (1 << 20))
+      return Status::InvalidArgument(fmt::format("task {}: {} is larger than 1 MiB", spec->id, path));
+    ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (cfg.is_discarded() || !cfg.is_object())
+      return Status::InvalidArgument(fmt::format("task {}: {} is not a JSON object", spec->id, path));
+    auto bad = [&](const char* field) {
+      return Status::InvalidArgument(fmt::format("task {}: {}: {} is malformed", spec->id, path, field));
+    };
+    const json process = cfg.value("process", json::object());
+    if (!process.is_object()) return bad("process");
+    if (spec->argv.empty() && process.contains("args")) {
+      const json& args = process["args"];
+      if (!args.is_array() || args.size() > 1024) return bad("process.args");
+      for (const auto& a : args) {
+        if (!a.is_string()) return bad("process.args");
+        spec->argv.push_back(a.get<std::string>());
+      }
+    }
+    if (process.contains("env")) {
+      const json& env = process["env"];
+      if (!env.is_array() || env.size() > 1024) return bad("process.env");
+      for (const auto& e : env) {
+        if (!e.is_string()) return bad("process.env");
+        const std::string kv = e.get<std::string>();
+        const size_t eq = kv.find('=');
+        if (eq == 0 || eq == std::string::npos) return bad("process.env");
+        spec->env.emplace(kv.substr(0, eq), kv.substr(eq + 1));  // the spec's own value wins
+      }
+    }
+    if (spec->workdir.empty() && process.contains("cwd")) {
+      if (!process["cwd"].is_string()) return bad("process.cwd");
+      spec->workdir = process["cwd"].get<std::string>();
+    }
+    const json root = cfg.value("root", json::object());
+    if (!root.is_object() || !root.contains("path") || !root["path"].is_string()) return bad("root.path");
+    std::string rootfs = root["path"].get<std::string>();
+    if (rootfs.empty()) return bad("root.path");
+    return rootfs[0] == '/' ? rootfs : dir + "/" + rootfs;
+  }
+
   std::string runc_;
   std::string runc_root_;
+  std::vector<std::string> roots_;  // resolved
 };
 
 }  // namespace

@@ -601,7 +601,10 @@ TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {
   EXPECT_EQ(j["linux"]["resources"]["memory"]["limit"], int64_t{1} << 30);
   std::vector<std::string> ns;
   for (const auto& n : j["linux"]["namespaces"]) ns.push_back(n["type"]);
-  EXPECT_EQ(ns, (std::vector<std::string>{"pid", "ipc", "uts", "mount"}));
+  // A network namespace of its own unless the host's is asked for; no user namespace without a uid.
+  EXPECT_EQ(ns, (std::vector<std::string>{"pid", "ipc", "uts", "mount", "network"}));
+  EXPECT_FALSE(j["linux"].contains("uidMappings"));
+  EXPECT_EQ(j["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
   ASSERT_EQ(j["linux"]["devices"].size(), 1u);
   EXPECT_EQ(j["linux"]["devices"][0]["path"], "/dev/null");
   EXPECT_EQ(j["linux"]["devices"][0]["major"], 1);
@@ -635,6 +638,9 @@ class RuncTest : public ::testing::Test {
     if (::access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "/bin/busybox is not installed";
     RuntimeOptions opts;
     opts.state_dir = dir_.path() + "/state";
+    opts.container_roots = {dir_.path()};
+    // Traversable by a container's mapped uid (as /var/lib is), so sandboxed containers can start.
+    ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
     auto rt = MakeRuncRuntime(opts);
     if (!rt.ok()) GTEST_SKIP() << rt.status().ToString();
     rt_ = std::move(rt).value();
