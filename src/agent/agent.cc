@@ -105,6 +105,20 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (options.state_dir.empty()) return Status::InvalidArgument("agent: a state directory is needed");
   std::unique_ptr<Agent> agent(new Agent(std::move(options)));
   AgentOptions& o = agent->options_;
+  // The sandbox's paths are absolute in the task's mount namespace, whatever the agent's cwd.
+  for (auto* list : {&agent->options_.container_roots, &agent->options_.checkpoint_roots, &agent->options_.hide}) {
+    for (auto& p : *list) {
+      std::error_code ec;
+      auto abs = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+      if (!ec) p = abs.string();
+    }
+  }
+  for (auto* dir : {&agent->options_.state_dir, &agent->options_.log_dir}) {
+    std::error_code ec;
+    if (dir->empty()) continue;
+    auto abs = std::filesystem::weakly_canonical(std::filesystem::absolute(*dir, ec), ec);
+    if (!ec) *dir = abs.string();
+  }
   {
     std::random_device rd;
     for (int i = 0; i < 4; ++i) agent->log_token_ += fmt::format("{:08x}", rd());
@@ -156,10 +170,15 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   ro.log_max_bytes = o.log_max_bytes;
   ro.log_keep = o.log_keep;
   if (!o.log_dir.empty()) ro.log_dir = o.log_dir + "/process";
+  agent->sandbox_ = ::geteuid() == 0;
+  if (!agent->sandbox_)
+    std::cerr << fmt::format("gpupool agent {}: not running as root: tasks run as this agent's uid, without the task "
+                             "sandbox (docs/agent.md#the-task-sandbox)\n", o.node);
   auto process = MakeProcessRuntime(ro);
   if (!process.ok()) return process.status().WithContext("the process runtime");
   agent->process_runtime_ = std::move(process).value();
   RuntimeOptions rc = ro;
+  rc.container_roots = o.container_roots;
   rc.state_dir = o.state_dir + "/runc";
   if (!o.log_dir.empty()) rc.log_dir = o.log_dir + "/runc";
   auto runc = MakeRuncRuntime(rc);

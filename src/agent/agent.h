@@ -69,6 +69,15 @@ struct AgentOptions {
   // Wake the loop as soon as a task's supervisor (a child of this process) exits, so a task's end
   // is reported at once rather than at the next poll (child_exits.h).
   bool wake_on_child_exit = true;
+  // The task sandbox (docs/agent.md#the-task-sandbox), in force when the agent runs as root.
+  //   container_roots   the only directories a container's rootfs or bundle may lie under;
+  //   checkpoint_roots  the only directories a sandboxed task's checkpoint directory may lie under
+  //                     (the agent creates it there, the task's uid's, mode 0700);
+  //   hide              more host paths no task may see (the server's data and config, when the
+  //                     agent runs beside it); the agent's state and log directories always are.
+  std::vector<std::string> container_roots = {"/var/lib/gpupool/images"};
+  std::vector<std::string> checkpoint_roots = {"/var/lib/gpupool/checkpoints"};
+  std::vector<std::string> hide;
   // Simulated GPUs only: a JSON file of GPU faults and telemetry overrides, re-read on every
   // heartbeat (docs/agent.md#fault-injection). Empty: none.
   std::string sim_faults;
@@ -152,6 +161,7 @@ class Agent {
   // Real GPUs, isolation mps: makes sure each of the task's GPUs has its MPS control daemon, with
   // the task among its users. REQUIRES: mu_ held.
   Status EnsureMps(LocalTask& t);
+  Status SandboxTask(const Assignment& a, LaunchSpec* spec);
   // The task no longer uses its GPUs' MPS daemons (the last user stops one). REQUIRES: mu_ held.
   void ReleaseMps(LocalTask& t);
   // Lease bookkeeping after a register/heartbeat attempt that began at `start_ms` (BootTimeMs).
@@ -190,6 +200,7 @@ class Agent {
   std::unique_ptr<Runtime> process_runtime_;
   std::unique_ptr<Runtime> runc_runtime_;
   std::string runc_error_;
+  bool sandbox_ = false;  // the agent runs as root: tasks get their identities and namespaces
   std::unique_ptr<MpsDaemons> mps_;  // real GPUs only; simulated ones get the variables alone
 
   std::mutex mu_;  // guards tasks_ and counters

@@ -1,6 +1,8 @@
 // Whole agents against a fake server: lease fencing (a server that stops answering gets the tasks
 // fenced, a closed port does not) and the heartbeat's `gpus` (simulated load, --sim-faults, real
 // GPUs through the fake NVML).
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -146,6 +148,8 @@ class AgentLeaseTest : public ::testing::Test {
     char tmpl[] = "/tmp/gpupool-lease-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     root_ = tmpl;
+    // Sandboxed tasks (as nobody: the fake server sends no runAs) leave their marks here.
+    ::chmod(root_.c_str(), 0777);
   }
   void TearDown() override {
     if (agent_) agent_->Stop(true);

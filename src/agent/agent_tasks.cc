@@ -208,8 +208,8 @@ void Agent::StartTask(LocalTask& t) {
       const GpuInfo& info = inventory_.gpus[static_cast<size_t>(g.index)];
       if (info.minor_number >= 0) spec.devices.push_back(fmt::format("/dev/nvidia{}", info.minor_number));
     }
-    if (a.isolation == "mig" && (!a.rootfs.empty() || !a.bundle.empty())) {
-      // In a container, a MIG instance also needs the nvidia-caps nodes of its GPU and compute instance.
+    if (a.isolation == "mig") {
+      // A MIG instance also needs the nvidia-caps nodes of its GPU and compute instance.
       std::ifstream minors("/proc/driver/nvidia-caps/mig-minors");
       std::stringstream text;
       text << minors.rdbuf();
@@ -218,6 +218,7 @@ void Agent::StartTask(LocalTask& t) {
       spec.devices.insert(spec.devices.end(), caps->begin(), caps->end());
     }
   }
+  if (Status st = SandboxTask(a, &spec); !st.ok()) return fail(st);
   // Recorded before the start: whatever runs under this id afterwards is this placement's.
   if (!a.placement_run.empty()) {
     if (Status st = WritePlacementRun(options_.state_dir, id, a.placement_run); !st.ok()) return fail(st);
@@ -226,6 +227,44 @@ void Agent::StartTask(LocalTask& t) {
   if (options_.wake_on_child_exit) ChildExits::Get().ChildStarted();
   ++starts_;
   t.started = true;
+}
+
+// The sandbox of one task (docs/agent.md#the-task-sandbox): its identity, what it may not see, its
+// devices, its checkpoint directory and network. An agent that is not root cannot switch
+// identities: its tasks run as the agent does (said once at start).
+// REQUIRES: mu_ held.
+Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
+  spec->network = a.network;
+  const bool container = !a.bundle.empty() || !a.rootfs.empty();
+  if (!sandbox_) {
+    if (container && !a.checkpoint_dir.empty()) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
+    return Status::Ok();
+  }
+  spec->no_new_privs = true;
+  if (!a.run_as_root) {
+    spec->uid = a.uid;
+    spec->gid = a.gid;
+  }
+  spec->hide_paths = {options_.state_dir};
+  if (!options_.log_dir.empty()) spec->hide_paths.push_back(options_.log_dir);
+  spec->hide_paths.insert(spec->hide_paths.end(), options_.hide.begin(), options_.hide.end());
+  spec->private_dev = true;
+  if (a.isolation == "mps") {
+    for (const AssignedGpu& g : a.gpus) {
+      if (g.index >= 0 && static_cast<size_t>(g.index) < inventory_.gpus.size())
+        spec->keep_paths.push_back(options_.state_dir + "/mps/" + inventory_.gpus[static_cast<size_t>(g.index)].uuid);
+    }
+  }
+  if (!a.checkpoint_dir.empty()) {
+    // Created for the task, its uid's, where the admin allows (never at a path of the tenant's
+    // choosing elsewhere on the host); at the same path inside a container.
+    if (!a.run_as_root)
+      RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder(options_.checkpoint_roots, a.checkpoint_dir, a.uid, a.gid)
+                          .WithContext("the checkpoint directory"));
+    spec->keep_paths.push_back(a.checkpoint_dir);
+    if (container) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
+  }
+  return Status::Ok();
 }
 
 // REQUIRES: mu_ held.

@@ -85,6 +85,11 @@ class MpsTest : public ::testing::Test {
     std::string tmpl = fmt::format("{}/gpupool-mps-XXXXXX", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
+    // Sandboxed tasks (as nobody: the fake server sends no runAs) see nothing of the agent's state
+    // directory (root_): they leave their marks in out_.
+    out_ = root_ + "-out";
+    ASSERT_EQ(::mkdir(out_.c_str(), 0777), 0);
+    ::chmod(out_.c_str(), 0777);
   }
 
   void TearDown() override {
@@ -100,6 +105,7 @@ class MpsTest : public ::testing::Test {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     Reap();
     fs::remove_all(root_, ec);
+    fs::remove_all(out_, ec);
   }
 
   MpsOptions Options(std::string binary = FAKE_MPS_CONTROL) const {
@@ -128,6 +134,7 @@ class MpsTest : public ::testing::Test {
   }
 
   std::string root_;
+  std::string out_;
 };
 
 TEST_F(MpsTest, EnsureStartsOneDaemonPerGpuWithItsOwnEnvironment) {
@@ -427,7 +434,7 @@ TEST_F(AgentMpsTest, MpsTaskOnRealGpusRunsWithItsGpusDaemonWhichStopsAfterIt) {
       "echo \"$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY\" > {0}/task-env.tmp; "
       "mv {0}/task-env.tmp {0}/task-env; "  // appears whole: the test reads it as soon as it exists
       "n=0; while [ ! -e {0}/finish ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done",
-      root_);
+      out_);
   FakeServer server(MpsAssignment(script));
   Agent* agent = CreateAgent(AgentOpts(server, FAKE_MPS_CONTROL));
   ASSERT_NE(agent, nullptr);
@@ -435,7 +442,7 @@ TEST_F(AgentMpsTest, MpsTaskOnRealGpusRunsWithItsGpusDaemonWhichStopsAfterIt) {
   const std::string uuid = agent->inventory().gpus.at(1).uuid;
   ASSERT_TRUE(agent->Start(std::chrono::seconds(5)).ok());
 
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(root_ + "/task-env"); }, std::chrono::seconds(10)));
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(out_ + "/task-env"); }, std::chrono::seconds(10)));
   // One daemon, for GPU 1 only, in the very directories the task was pointed at.
   ASSERT_EQ(Lines(AgentPipe(uuid) + "/starts").size(), 1u);
   const pid_t daemon = static_cast<pid_t>(std::atol(Lines(AgentPipe(uuid) + "/starts")[0].c_str()));
@@ -444,11 +451,11 @@ TEST_F(AgentMpsTest, MpsTaskOnRealGpusRunsWithItsGpusDaemonWhichStopsAfterIt) {
             fmt::format("CUDA_VISIBLE_DEVICES={0}\nCUDA_MPS_PIPE_DIRECTORY={1}/mps/{0}/pipe\n"
                         "CUDA_MPS_LOG_DIRECTORY={1}/mps/{0}/log\n",
                         uuid, root_));
-  EXPECT_EQ(Slurp(root_ + "/task-env"), fmt::format("{0}/mps/{1}/pipe {0}/mps/{1}/log\n", root_, uuid));
+  EXPECT_EQ(Slurp(out_ + "/task-env"), fmt::format("{0}/mps/{1}/pipe {0}/mps/{1}/log\n", root_, uuid));
   EXPECT_FALSE(fs::exists(AgentPipe(agent->inventory().gpus.at(0).uuid)));
   EXPECT_NE(agent->MetricsText().find("gpupool_agent_mps_daemons{node=\"mps-node\"} 1\n"), std::string::npos);
 
-  std::ofstream(root_ + "/finish") << "\n";
+  std::ofstream(out_ + "/finish") << "\n";
   ASSERT_TRUE(WaitFor([&] { return server.Reported("succeeded"); }, std::chrono::seconds(10)))
       << server.FinalStatus().dump();
   EXPECT_TRUE(WaitFor([&] { return !Alive(daemon); }));
@@ -490,7 +497,7 @@ TEST_F(AgentMpsTest, MissingControlProgramFailsTheMpsTaskClearly) {
 }
 
 TEST_F(AgentMpsTest, SimulatedGpusGetTheVariablesButNoDaemon) {
-  FakeServer server(MpsAssignment("echo \"$CUDA_MPS_PIPE_DIRECTORY\" > " + root_ + "/task-env"));
+  FakeServer server(MpsAssignment("echo \"$CUDA_MPS_PIPE_DIRECTORY\" > " + out_ + "/task-env"));
   AgentOptions o = AgentOpts(server, FAKE_MPS_CONTROL);
   o.simulate = "4xA100-80GB";
   Agent* agent = CreateAgent(o);
@@ -500,7 +507,7 @@ TEST_F(AgentMpsTest, SimulatedGpusGetTheVariablesButNoDaemon) {
   ASSERT_TRUE(agent->Start(std::chrono::seconds(5)).ok());
   ASSERT_TRUE(WaitFor([&] { return server.Reported("succeeded"); }, std::chrono::seconds(10)))
       << server.FinalStatus().dump();
-  EXPECT_EQ(Slurp(root_ + "/task-env"), fmt::format("{}/mps/{}/pipe\n", root_, uuid));
+  EXPECT_EQ(Slurp(out_ + "/task-env"), fmt::format("{}/mps/{}/pipe\n", root_, uuid));
   EXPECT_FALSE(fs::exists(AgentPipe(uuid) + "/starts"));
   agent->Stop(true);
 }

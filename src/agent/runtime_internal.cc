@@ -26,6 +26,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "agent/log_pump.h"
@@ -216,6 +217,64 @@ Status MakeOwnedDir(const std::string& path, int64_t uid, int64_t gid) {
       ::fchmod(fd.get(), 0700) != 0)
     return Status::IoError(fmt::format("cannot give {} to {}:{}: {}", path, uid, gid, ErrnoText(errno)));
   return Status::Ok();
+}
+
+Status EnsureOwnedDirUnder(const std::vector<std::string>& roots, const std::string& path, int64_t uid, int64_t gid) {
+  if (path.empty() || path[0] != '/') return Status::InvalidArgument(fmt::format("'{}' is not an absolute path", path));
+  std::vector<std::string> parts;
+  for (size_t pos = 1; pos <= path.size();) {
+    size_t next = path.find('/', pos);
+    if (next == std::string::npos) next = path.size();
+    std::string part = path.substr(pos, next - pos);
+    if (part == "." || part == "..")
+      return Status::InvalidArgument(fmt::format("'{}' has a '{}' part", path, part));
+    if (!part.empty()) parts.push_back(std::move(part));
+    pos = next + 1;
+  }
+  std::string normal;
+  for (const auto& p : parts) normal += "/" + p;
+  for (std::string root : roots) {
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+    if (root.empty() || root[0] != '/' || normal.size() <= root.size() + 1 ||
+        normal.compare(0, root.size(), root) != 0 || (root != "/" && normal[root.size()] != '/'))
+      continue;
+    RETURN_IF_ERROR(MakeDirs(root));
+    FdCloser dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir.get() < 0) return Status::IoError(fmt::format("cannot open {}: {}", root, ErrnoText(errno)));
+    const std::string rest = normal.substr(root == "/" ? 1 : root.size() + 1);
+    size_t pos = 0;
+    while (pos <= rest.size()) {
+      size_t next = rest.find('/', pos);
+      if (next == std::string::npos) next = rest.size();
+      const std::string part = rest.substr(pos, next - pos);
+      const bool last = next == rest.size();
+      bool created = false;
+      if (::mkdirat(dir.get(), part.c_str(), last ? 0700 : 0755) == 0) {
+        created = true;
+      } else if (errno != EEXIST) {
+        return Status::IoError(fmt::format("cannot create {}: {}", normal, ErrnoText(errno)));
+      }
+      FdCloser sub(::openat(dir.get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (sub.get() < 0)
+        return Status::PermissionDenied(fmt::format("{}: '{}' is a link or not a directory ({})", normal, part, ErrnoText(errno)));
+      if (last) {
+        struct stat st;
+        if (::fstat(sub.get(), &st) != 0) return Status::IoError(fmt::format("stat {}: {}", normal, ErrnoText(errno)));
+        if (created) {
+          if (::fchown(sub.get(), static_cast<uid_t>(uid), static_cast<gid_t>(gid)) != 0 || ::fchmod(sub.get(), 0700) != 0)
+            return Status::IoError(fmt::format("cannot give {} to {}:{}: {}", normal, uid, gid, ErrnoText(errno)));
+        } else if (static_cast<int64_t>(st.st_uid) != uid) {
+          return Status::PermissionDenied(
+              fmt::format("{} exists and belongs to uid {}, not to this task's uid {}", normal, st.st_uid, uid));
+        }
+        return Status::Ok();
+      }
+      dir.reset(sub.release());
+      pos = next + 1;
+    }
+  }
+  return Status::PermissionDenied(fmt::format("{} is not below an allowed checkpoint root ({})", normal,
+                                              roots.empty() ? std::string("none is configured") : fmt::format("{}", fmt::join(roots, ", "))));
 }
 
 Status RemoveTree(const std::string& path) {

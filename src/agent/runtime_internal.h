@@ -42,6 +42,11 @@ class FdCloser {
   FdCloser& operator=(const FdCloser&) = delete;
   ~FdCloser() { reset(); }
   int get() const { return fd_; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
   void reset(int fd = -1) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
@@ -68,6 +73,12 @@ Status MakeDirs(const std::string& path);
 // A directory owned by uid:gid with mode 0700 (created, or an existing directory, never a link,
 // given to them).
 Status MakeOwnedDir(const std::string& path, int64_t uid, int64_t gid);
+// A task's directory below one of `roots` (its checkpoint directory): `path` is absolute, without
+// "." or ".." parts, strictly below a root. Every missing directory below the root is created
+// without following links (root's, 0755), the last one given to uid:gid with mode 0700; a last one
+// that exists must be uid's already (never handed over: another tenant's, or a parent of one).
+// A root that does not exist yet is created. PermissionDenied / InvalidArgument say what is wrong.
+Status EnsureOwnedDirUnder(const std::vector<std::string>& roots, const std::string& path, int64_t uid, int64_t gid);
 // Removes a directory tree; a missing path is Ok.
 Status RemoveTree(const std::string& path);
 bool PathExists(const std::string& path);

@@ -9,6 +9,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <string_view>
@@ -95,15 +96,38 @@ bool EnterSandbox(const SupervisorPlan& plan, const std::vector<DeviceNode>& dev
     // bind needs a source in the caller's own namespace).
     std::vector<std::pair<std::string, int>> keeps;
     for (const auto& k : plan.keep_paths) {
-      bool covered = false;
-      for (const auto& h : plan.hide_paths) covered = covered || Under(k, h);
-      if (!covered) continue;
       int fd = ::open(k.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT) {  // nothing there to keep (a simulated GPU's MPS pipes)
+        errno = 0;
+        continue;
+      }
       if (fd < 0) return Fail(kMsgNamespace, stage, err);
       keeps.emplace_back(k, fd);
     }
+    // A kept directory below an ancestor its uid may not pass (a state directory under /root,
+    // mode 0700) would be unreachable: the highest such ancestor is hidden too (the task could not
+    // see into it anyway), which lets the bind below bring the kept directory back.
+    std::vector<std::string> hide = plan.hide_paths;
+    for (const auto& [k, fd] : keeps) {
+      for (size_t i = 1; i < k.size(); ++i) {
+        if (k[i] != '/') continue;
+        const std::string anc = k.substr(0, i);
+        struct stat st;
+        if (::stat(anc.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IXOTH) == 0) {
+          bool covered = false;
+          for (const auto& h : hide) covered = covered || Under(anc, h);
+          if (!covered) hide.push_back(anc);
+          break;
+        }
+      }
+    }
+    // Outermost first; a path inside one hidden already needs nothing more.
+    std::sort(hide.begin(), hide.end(), [](const std::string& x, const std::string& y) { return x.size() < y.size(); });
     std::vector<std::string> hidden_dirs;
-    for (const auto& h : plan.hide_paths) {
+    for (const auto& h : hide) {
+      bool inside = false;
+      for (const auto& d : hidden_dirs) inside = inside || Under(h, d);
+      if (inside) continue;
       struct stat st;
       if (::lstat(h.c_str(), &st) != 0) continue;  // absent, or under a path hidden already
       if (S_ISDIR(st.st_mode)) {
@@ -116,6 +140,12 @@ bool EnterSandbox(const SupervisorPlan& plan, const std::vector<DeviceNode>& dev
     }
     char fd_path[64];
     for (const auto& [path, fd] : keeps) {
+      bool covered = false;
+      for (const auto& h : hide) covered = covered || Under(path, h);
+      if (!covered) {
+        ::close(fd);
+        continue;
+      }
       std::snprintf(fd_path, sizeof(fd_path), "/proc/self/fd/%d", fd);
       if (!MakeDirsIn(path) || ::mount(fd_path, path.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
         return Fail(kMsgNamespace, stage, err);

@@ -80,6 +80,21 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
   if (out.isolation.empty()) out.isolation = "exclusive";
   ASSIGN_OR_RETURN(out.bundle, Str(a, "bundle", where, false));
   ASSIGN_OR_RETURN(out.rootfs, Str(a, "rootfs", where, false));
+  ASSIGN_OR_RETURN(out.network, Str(a, "network", where, false));
+  if (out.network.empty()) out.network = "none";
+  if (out.network != "none" && out.network != "host") return Bad(where + ".network", "must be none or host");
+  // Who the task runs as. A server from before the sandbox sends nothing: nobody, never root.
+  if (auto r = a.find("runAs"); r != a.end() && !r->is_null()) {
+    if (!r->is_object()) return Bad(where + ".runAs", "must be an object");
+    if (auto root = r->find("root"); root != r->end() && root->is_boolean() && root->get<bool>()) {
+      out.run_as_root = true;
+    } else {
+      ASSIGN_OR_RETURN(out.uid, Int(*r, "uid", where + ".runAs", true));
+      ASSIGN_OR_RETURN(out.gid, Int(*r, "gid", where + ".runAs", true));
+      if (out.uid <= 0 || out.uid > 4294967294 || out.gid <= 0 || out.gid > 4294967294)
+        return Bad(where + ".runAs", "uid and gid must be in [1, 2^32-2] (root is {\"root\": true})");
+    }
+  }
   ASSIGN_OR_RETURN(int64_t restarts, Int(a, "restarts", where, false));
   out.restarts = static_cast<int>(restarts);
   ASSIGN_OR_RETURN(out.placement_run, Str(a, "runId", where, false));

@@ -41,6 +41,11 @@ struct Assignment {
   std::map<std::string, std::string> env;
   std::string bundle;
   std::string rootfs;
+  std::string network = "none";  // containers: none or host
+  // The task's identity (runAs): a uid and gid, or root in a queue the admin allows it for.
+  int64_t uid = 65534;
+  int64_t gid = 65534;
+  bool run_as_root = false;
   std::string checkpoint_dir;
   int checkpoint_interval_seconds = 0;
   int grace_period_seconds = 30;

@@ -681,9 +681,15 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
   }
   if (const Json* container = f.Get("container")) {
     ASSIGN_OR_RETURN(ObjectFields c,
-                     ObjectFields::Read(*container, f.Path("container"), {"bundle", "rootfs"}));
+                     ObjectFields::Read(*container, f.Path("container"), {"bundle", "rootfs", "network"}));
     if (c.Has("bundle") && c.Has("rootfs")) {
       return FieldError(c.path(), "takes bundle or rootfs, not both");
+    }
+    if (!c.Has("bundle") && !c.Has("rootfs")) return FieldError(c.path(), "needs a bundle or a rootfs");
+    if (const Json* network = c.Get("network")) {
+      ASSIGN_OR_RETURN(std::string n, ReadString(*network, c.Path("network"), 16));
+      if (n != "none" && n != "host") return FieldError(c.Path("network"), "must be none or host");
+      if (n == "host") g->exec.network = n;
     }
     if (const Json* bundle = c.Get("bundle")) {
       ASSIGN_OR_RETURN(g->exec.bundle, ReadAbsolutePath(*bundle, c.Path("bundle"), limits));
@@ -951,6 +957,7 @@ Json TaskJson(const TaskGroup& g) {
     Json container = Json::object();
     if (!g.exec.bundle.empty()) container["bundle"] = g.exec.bundle;
     if (!g.exec.rootfs.empty()) container["rootfs"] = g.exec.rootfs;
+    if (!g.exec.network.empty()) container["network"] = g.exec.network;
     task["container"] = std::move(container);
   }
   if (!g.exec.checkpoint.dir.empty() || g.exec.checkpoint.interval_seconds != 0) {

@@ -313,7 +313,7 @@ TEST(JobSpec, BadInputsNameTheirField) {
       {"unknown requirement", [](Json& j) { j["affinity"]["nodeAffinity"][0]["op"] = "In"; },
        "affinity.nodeAffinity[0].op", "unknown field"},
       {"unknown container", [](Json& j) { j["tasks"][0]["container"]["image"] = "x"; },
-       "tasks[0].container.image", "unknown field (known: bundle, rootfs)"},
+       "tasks[0].container.image", "unknown field (known: bundle, rootfs, network)"},
       {"unknown checkpoint", [](Json& j) { j["tasks"][0]["checkpoint"]["every"] = 1; },
        "tasks[0].checkpoint.every", "unknown field"},
       {"odd unknown name", [](Json& j) { j["tasks"][0]["a b"] = 1; }, "tasks[0]", "unknown field 'a b'"},

@@ -300,6 +300,8 @@ struct UpFlags {
   std::string log_dir;
   std::string log_max = "64Mi";
   int log_keep = 1;
+  std::vector<std::string> container_roots;
+  std::vector<std::string> checkpoint_roots;
 };
 
 int RunUp(UpFlags flags) {
@@ -338,6 +340,14 @@ int RunUp(UpFlags flags) {
     o.assignment_poll_seconds = flags.assignment_poll_seconds;
     o.watch_assignments = !flags.no_watch;
     o.sim_faults = flags.sim_faults;
+    // The sandbox: images and checkpoints under the data dir (and where the flags add), and
+    // nothing else of the data dir (the store, the admin token) or the config visible to a task.
+    o.container_roots = {server.config.data_dir + "/images"};
+    o.container_roots.insert(o.container_roots.end(), flags.container_roots.begin(), flags.container_roots.end());
+    o.checkpoint_roots = {server.config.data_dir + "/checkpoints"};
+    o.checkpoint_roots.insert(o.checkpoint_roots.end(), flags.checkpoint_roots.begin(), flags.checkpoint_roots.end());
+    o.hide = {server.config.data_dir};
+    if (!flags.server.config.empty()) o.hide.push_back(flags.server.config);
     if (Status st = MakeDirs(o.state_dir); !st.ok()) {
       server.Stop();
       return Fail(st);
@@ -428,6 +438,15 @@ std::function<int()> AddServerCommand(CLI::App& app) {
       ->check(CLI::Range(0.0, 3600.0));
   agent_cmd->add_flag("--no-watch", [agent](int64_t) { agent->options.watch_assignments = false; },
                       "Poll for assignments instead of waiting on the server's push (a long poll)");
+  agent_cmd->add_option("--container-root", agent->options.container_roots,
+                        "A directory container rootfs and bundles may lie under (repeatable; default "
+                        "/var/lib/gpupool/images)");
+  agent_cmd->add_option("--checkpoint-root", agent->options.checkpoint_roots,
+                        "A directory tasks' checkpoint directories may lie under (repeatable; default "
+                        "/var/lib/gpupool/checkpoints)");
+  agent_cmd->add_option("--hide", agent->options.hide,
+                        "A host path no task may see, besides the agent's state and logs (repeatable: the "
+                        "server's data dir and config when they share the host)");
 
   auto up = std::make_shared<UpFlags>();
   auto* up_cmd = app.add_subcommand("up", "Server and local agent(s) in one process: the pool on this machine");
@@ -452,6 +471,12 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                      "With --no-watch: seconds between the agents' assignment checks (default 0.25; 0: only with "
                      "heartbeats)")
       ->check(CLI::Range(0.0, 3600.0));
+  up_cmd->add_option("--container-root", up->container_roots,
+                     "Another directory container rootfs and bundles may lie under (repeatable; <data dir>/images "
+                     "always)");
+  up_cmd->add_option("--checkpoint-root", up->checkpoint_roots,
+                     "Another directory checkpoint directories may lie under (repeatable; <data dir>/checkpoints "
+                     "always)");
   up_cmd->add_flag("--no-watch", up->no_watch,
                    "Agents poll for assignments instead of waiting on the server's push (a long poll)");
 

@@ -184,7 +184,7 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
   if (Status st = CheckKeys(j, "",
                             {"listen", "dataDir", "tokens", "ordering", "tenants", "queues", "profile",
                              "preemption", "backfill", "heartbeat", "hotspot", "limits", "store", "httpThreads",
-                             "http", "tls"});
+                             "http", "tls", "sandbox"});
       !st.ok())
     return fail(st);
   try {
@@ -265,8 +265,25 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
       for (auto it = t.begin(); it != t.end(); ++it) {
         const std::string where = "tenants." + it.key();
         if (Status st = CheckSpecName(it.key(), where); !st.ok()) return fail(st);
-        if (Status st = CheckKeys(it.value(), where, {"weight", "maxPendingJobs", "maxPendingTasks"}); !st.ok())
+        if (Status st = CheckKeys(it.value(), where, {"weight", "maxPendingJobs", "maxPendingTasks", "uid", "gid"});
+            !st.ok())
           return fail(st);
+        if (it.value().contains("uid") || it.value().contains("gid")) {
+          if (!it.value().contains("uid"))
+            return fail(Status::InvalidArgument(where + ".gid: needs a uid beside it"));
+          // Never root, never the ids of system accounts and nobody (65534), never -1.
+          auto uid = GetInt(it.value()["uid"], where + ".uid", 1000, 4294967294);
+          if (!uid.ok()) return fail(uid.status());
+          ServerConfig::Identity id{*uid, *uid};
+          if (it.value().contains("gid")) {
+            auto gid = GetInt(it.value()["gid"], where + ".gid", 1000, 4294967294);
+            if (!gid.ok()) return fail(gid.status());
+            id.gid = *gid;
+          }
+          if (id.uid == 65534 || id.gid == 65534)
+            return fail(Status::InvalidArgument(where + ": 65534 is nobody's id, shared by every daemon that drops to it"));
+          c.sandbox.identities[it.key()] = id;
+        }
         for (const char* key : {"maxPendingJobs", "maxPendingTasks"}) {
           if (!it.value().contains(key)) continue;
           auto v = GetInt(it.value()[key], where + "." + key, 1, 1000000000);
@@ -279,6 +296,43 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
           if (!w.is_number() || w.get<double>() <= 0 || w.get<double>() > 1e6)
             return fail(Status::InvalidArgument(where + ".weight: must be a positive number"));
           c.ordering.tenant_weight_milli[it.key()] = static_cast<int64_t>(w.get<double>() * 1000 + 0.5);
+        }
+      }
+    }
+    if (j.contains("sandbox")) {
+      const auto& sb = j["sandbox"];
+      if (Status st = CheckKeys(sb, "sandbox", {"uidBase", "uidCount", "rootQueues", "hostNetworkQueues"}); !st.ok())
+        return fail(st);
+      if (sb.contains("uidBase")) {
+        auto v = GetInt(sb["uidBase"], "sandbox.uidBase", 1000, 4000000000);
+        if (!v.ok()) return fail(v.status());
+        c.sandbox.uid_base = *v;
+      }
+      if (sb.contains("uidCount")) {
+        auto v = GetInt(sb["uidCount"], "sandbox.uidCount", 1, 100000000);
+        if (!v.ok()) return fail(v.status());
+        c.sandbox.uid_count = *v;
+      }
+      std::map<int64_t, std::string> uid_owner;
+      for (const auto& [tenant, id] : c.sandbox.identities) {
+        auto [it, fresh] = uid_owner.emplace(id.uid, tenant);
+        if (!fresh)
+          return fail(Status::InvalidArgument(fmt::format("tenants.{}.uid: {} is tenant {}'s already", tenant, id.uid, it->second)));
+      }
+      if (c.sandbox.uid_base <= 65534 && c.sandbox.uid_base + c.sandbox.uid_count > 65534)
+        return fail(Status::InvalidArgument("sandbox.uidBase: the range may not hold 65534 (nobody)"));
+      if (c.sandbox.uid_base + c.sandbox.uid_count > 4294967295)
+        return fail(Status::InvalidArgument("sandbox.uidCount: the range goes past the largest uid"));
+      for (const char* key : {"rootQueues", "hostNetworkQueues"}) {
+        if (!sb.contains(key)) continue;
+        const std::string where = std::string("sandbox.") + key;
+        if (!sb[key].is_array()) return fail(Status::InvalidArgument(where + ": must be a list of queue names"));
+        auto& list = std::string_view(key) == "rootQueues" ? c.sandbox.root_queues : c.sandbox.host_network_queues;
+        for (size_t i = 0; i < sb[key].size(); ++i) {
+          auto v = GetString(sb[key][i], fmt::format("{}[{}]", where, i));
+          if (!v.ok()) return fail(v.status());
+          if (Status st = CheckSpecName(*v, fmt::format("{}[{}]", where, i)); !st.ok()) return fail(st);
+          list.push_back(*v);
         }
       }
     }

@@ -76,6 +76,25 @@ struct ServerConfig {
     int64_t max_pending_tasks = 0;  // 0: the default above
   };
   std::map<std::string, TenantLimits> tenant_limits;
+  // The task sandbox (docs/agent.md#the-task-sandbox): every task runs as its tenant's own uid and
+  // gid, never root. A tenant's identity is `identities[tenant]` when the config gives one
+  // (`tenants.<name>.uid/gid`), else the lowest free uid of [uid_base, uid_base + uid_count) the
+  // pool gives it the first time one of its tasks is placed (kept in the store, the same on every
+  // node, so a checkpoint written on one node is its on the next). gid = uid for those.
+  // Tasks of `root_queues` run as root; containers of `host_network_queues` may ask for the host's
+  // network. Both lists are the admin's, in the config only.
+  struct Identity {
+    int64_t uid = -1;
+    int64_t gid = -1;
+    bool operator==(const Identity&) const = default;
+  };
+  struct Sandbox {
+    int64_t uid_base = 200000;
+    int64_t uid_count = 100000;
+    std::map<std::string, Identity> identities;
+    std::vector<std::string> root_queues;
+    std::vector<std::string> host_network_queues;
+  } sandbox;
   // Tasks of one job (replicas over all its groups); a bigger spec is refused with 400.
   int max_tasks_per_job = 10000;
   // Nodes the pool knows (ready or lost); registering one more name is refused with 429, so the

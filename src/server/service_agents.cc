@@ -21,6 +21,7 @@
 #include "sched/typical_pods.h"
 #include "server/agent_endpoint.h"
 #include "server/resources_json.h"
+#include "server/identities.h"
 #include "server/service_internal.h"
 
 namespace gpupool {
@@ -273,6 +274,8 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
     a["env"] = g.exec.env;
     a["bundle"] = g.exec.bundle;
     a["rootfs"] = g.exec.rootfs;
+    a["network"] = g.exec.network.empty() ? "none" : g.exec.network;
+    a["runAs"] = RunAsJson(config_, state_, j->rec.tenant, j->rec.queue);
     a["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
                        {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
     a["restarts"] = ts.restarts;

@@ -20,6 +20,7 @@
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
+#include "server/identities.h"
 #include "server/service_internal.h"
 #include "server/views.h"
 
@@ -47,6 +48,14 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     job.tenant = who.tenant.empty() ? "default" : who.tenant;
   }
   if (job.queue.empty()) job.queue = "default";
+  // The host's network is the admin's to grant, per queue, to admins' jobs too.
+  for (size_t g = 0; g < job.groups.size(); ++g) {
+    if (job.groups[g].exec.network == "host" && !QueueListed(config_.sandbox.host_network_queues, job.queue))
+      return Status::PermissionDenied(fmt::format(
+          "tasks[{}].container.network: host is not allowed in queue '{}' (the admin lists the queues that may use it "
+          "in sandbox.hostNetworkQueues)",
+          g, job.queue));
+  }
   const Resources demand = JobDemand(job);
   const auto task_count = static_cast<int64_t>(job.task_count());
   {

@@ -86,6 +86,7 @@ json DigestOf(const PoolState& st, bool full) {
   out["jobCounts"] = st.job_phase_count;
   for (const auto& [tenant, c] : st.pending_counts.tenants()) out["pendingCounts"][tenant] = {c.jobs, c.tasks};
   out["removedMaxSeq"] = st.removed_max_seq;
+  out["tenantUids"] = st.tenant_uids;
   if (full) {
     out["reservedFor"] = st.reserved_for;
     out["reservedNodes"] = st.reserved_nodes;

@@ -19,6 +19,7 @@
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
+#include "server/identities.h"
 #include "server/service_internal.h"
 
 namespace gpupool {
@@ -112,6 +113,13 @@ Status PoolService::Recover() {
   RETURN_IF_ERROR(credentials_.Load(snap->meta));
   for (const auto& [key, value] : snap->meta) {
     if (key == kClusterIdKey) cluster_id_ = value;
+    if (key.rfind(kTenantUidKeyPrefix, 0) == 0) {
+      int64_t uid = -1;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), uid);
+      if (ec != std::errc() || end != value.data() + value.size() || uid < 0)
+        return Status::Internal(fmt::format("stored meta {} is not a uid: '{}'", key, value));
+      state_.tenant_uids[key.substr(sizeof(kTenantUidKeyPrefix) - 1)] = uid;
+    }
   }
   if (cluster_id_.empty()) {
     // A new store (or one from before cluster ids): the pool gets its identity now, once.

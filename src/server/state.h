@@ -160,6 +160,8 @@ class PoolState {
   std::string reserved_for;
   std::vector<uint8_t> reserved_nodes;  // by NodeIndex
   uint64_t removed_max_seq = 0;         // the highest seq retention removed (stored as meta)
+  // Tenants' uids from the sandbox range (identities.h), given at their first placement (meta).
+  std::map<std::string, int64_t> tenant_uids;
   // Bumped whenever capacity may have grown: a release, a node registered or uncordoned, a queue
   // changed, a reservation lifted. See PoolJob::failed_epoch.
   uint64_t capacity_epoch = 0;

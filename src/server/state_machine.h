@@ -72,6 +72,8 @@ class StateMachine {
 
   // The job and task lifecycle the handlers share (state_machine.cc). `now_`, `mono_` and `fx_`
   // are those of the operation being applied.
+  // The job's tenant gets its uid from the sandbox range now if it has none (identities.h).
+  void GiveTenantIdentity(const PoolJob& j);
   void WriteJob(PoolJob& j);
   void WriteTask(const PoolJob& j, int index);
   void WriteNode(NodeIndex n);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "server/identities.h"
 #include "server/resources_json.h"
 #include "server/service_internal.h"
 #include "server/state_machine.h"
@@ -172,6 +173,21 @@ Status StateMachine::On(const CycleStartOp&) {
   return Status::Ok();
 }
 
+void StateMachine::GiveTenantIdentity(const PoolJob& j) {
+  if (QueueListed(config_.sandbox.root_queues, j.rec.queue) || TenantIdentity(config_, st_, j.rec.tenant)) return;
+  auto uid = FreeTenantUid(config_, st_);
+  if (!uid) {
+    Event(j.rec.id, "SandboxRangeFull",
+          fmt::format("every uid of the sandbox range [{}, {}) belongs to a tenant: tenant '{}' runs as nobody (65534) "
+                      "until the admin widens sandbox.uidCount or gives it tenants.{}.uid",
+                      config_.sandbox.uid_base, config_.sandbox.uid_base + config_.sandbox.uid_count, j.rec.tenant,
+                      j.rec.tenant.empty() ? "<name>" : j.rec.tenant));
+    return;
+  }
+  st_.tenant_uids[j.rec.tenant] = *uid;
+  fx_->batch.Add(PutMeta{kTenantUidKeyPrefix + j.rec.tenant, std::to_string(*uid)});
+}
+
 Status StateMachine::On(const PlaceTasksOp& op) {
   PoolJob* jp = st_.FindJob(op.job_id);
   if (jp == nullptr) return Status::NotFound(fmt::format("job '{}' not found", op.job_id));
@@ -215,6 +231,7 @@ Status StateMachine::On(const PlaceTasksOp& op) {
     WriteTask(j, p.task);
   }
   fx_->metrics.task_placements += op.tasks.size();
+  GiveTenantIdentity(j);
   const bool all = j.task_counts[static_cast<size_t>(TaskPhase::kPending)] == 0;
   if (!starts) {
     if (all) st_.partial.erase(j.rec.seq);
