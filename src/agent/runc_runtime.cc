@@ -236,6 +236,11 @@ class RuncRuntime final : public SupervisedRuntime {
       return Status::InvalidArgument(fmt::format("task {}: neither a bundle nor a rootfs was given", spec.id));
     ASSIGN_OR_RETURN(std::string rootfs_abs, AllowedPath(spec.id, "rootfs", rootfs));
     RETURN_IF_ERROR(ValidateLaunchSpec(spec));
+    if (spec.uid >= 0) {
+      // runc mounts them as the container's root, which is the task's uid on the host.
+      RETURN_IF_ERROR(Reachable(spec.id, "rootfs", rootfs_abs, spec.uid));
+      for (const auto& b : spec.binds) RETURN_IF_ERROR(Reachable(spec.id, "mount", b.source, spec.uid));
+    }
     ASSIGN_OR_RETURN(std::string config, BuildOciConfig(spec, rootfs_abs, "/gpupool/" + CgroupScope(state_dir_)));
     RETURN_IF_ERROR(PrepareTaskDir(spec.id));
     const std::string generated = TaskDir(spec.id) + "/bundle";
@@ -299,6 +304,23 @@ class RuncRuntime final : public SupervisedRuntime {
   }
 
  private:
+  // Every directory above `path` lets `uid` pass (others' x bit, or its own).
+  static Status Reachable(const std::string& id, const char* what, const std::string& path, int64_t uid) {
+    for (size_t i = 1; i < path.size(); ++i) {
+      if (path[i] != '/') continue;
+      const std::string dir = path.substr(0, i);
+      struct stat st;
+      if (::stat(dir.c_str(), &st) != 0) continue;
+      const bool passes = (st.st_mode & S_IXOTH) != 0 || (static_cast<int64_t>(st.st_uid) == uid && (st.st_mode & S_IXUSR));
+      if (!passes)
+        return Status::FailedPrecondition(fmt::format(
+            "task {}: the {} {} is out of reach of the container's root (host uid {}): {} (mode {:o}) does not let "
+            "others pass; give it o+x or keep images and checkpoints elsewhere",
+            id, what, path, uid, dir, st.st_mode & 07777));
+    }
+    return Status::Ok();
+  }
+
   // `path` resolved (links followed) and inside one of the allowed container roots, and a
   // directory; otherwise an error naming the roots.
   Result<std::string> AllowedPath(const std::string& id, const char* what, const std::string& path) const {

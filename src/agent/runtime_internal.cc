@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -248,10 +249,25 @@ Status EnsureOwnedDirUnder(const std::vector<std::string>& roots, const std::str
       if (next == std::string::npos) next = rest.size();
       const std::string part = rest.substr(pos, next - pos);
       const bool last = next == rest.size();
-      bool created = false;
-      if (::mkdirat(dir.get(), part.c_str(), last ? 0700 : 0755) == 0) {
-        created = true;
-      } else if (errno != EEXIST) {
+      if (last) {
+        // Made under a temporary name, given to the task, then renamed into place: nobody (another
+        // agent starting a replica of the same job) ever sees it root's.
+        static std::atomic<uint64_t> serial{0};
+        const std::string tmp = fmt::format(".{}.gpupool-{}-{}", part, ::getpid(), serial.fetch_add(1));
+        if (::mkdirat(dir.get(), tmp.c_str(), 0700) == 0) {
+          FdCloser t(::openat(dir.get(), tmp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+          const bool given = t.get() >= 0 && ::fchown(t.get(), static_cast<uid_t>(uid), static_cast<gid_t>(gid)) == 0 &&
+                             ::fchmod(t.get(), 0700) == 0;
+          if (!given || ::renameat2(dir.get(), tmp.c_str(), dir.get(), part.c_str(), RENAME_NOREPLACE) != 0) {
+            const int e = errno;
+            ::unlinkat(dir.get(), tmp.c_str(), AT_REMOVEDIR);
+            if (!given || e != EEXIST)
+              return Status::IoError(fmt::format("cannot create {} for uid {}: {}", normal, uid, ErrnoText(e)));
+          }
+        } else if (errno != EEXIST) {
+          return Status::IoError(fmt::format("cannot create {}: {}", normal, ErrnoText(errno)));
+        }
+      } else if (::mkdirat(dir.get(), part.c_str(), 0755) != 0 && errno != EEXIST) {
         return Status::IoError(fmt::format("cannot create {}: {}", normal, ErrnoText(errno)));
       }
       FdCloser sub(::openat(dir.get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -260,10 +276,7 @@ Status EnsureOwnedDirUnder(const std::vector<std::string>& roots, const std::str
       if (last) {
         struct stat st;
         if (::fstat(sub.get(), &st) != 0) return Status::IoError(fmt::format("stat {}: {}", normal, ErrnoText(errno)));
-        if (created) {
-          if (::fchown(sub.get(), static_cast<uid_t>(uid), static_cast<gid_t>(gid)) != 0 || ::fchmod(sub.get(), 0700) != 0)
-            return Status::IoError(fmt::format("cannot give {} to {}:{}: {}", normal, uid, gid, ErrnoText(errno)));
-        } else if (static_cast<int64_t>(st.st_uid) != uid) {
+        if (static_cast<int64_t>(st.st_uid) != uid) {
           return Status::PermissionDenied(
               fmt::format("{} exists and belongs to uid {}, not to this task's uid {}", normal, st.st_uid, uid));
         }

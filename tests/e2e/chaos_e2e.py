@@ -145,7 +145,11 @@ class Pool:
     def write_config(self, hotspot):
         cfg = {"tokens": [{"token": self.admin, "role": "admin"}, {"token": self.agent_token, "role": "agent"}],
                "heartbeat": {"intervalSeconds": 1, "timeoutSeconds": self.timeout},
-               "preemption": {"enabled": True, "gracePeriodSeconds": 3}}
+               "preemption": {"enabled": True, "gracePeriodSeconds": 3},
+               # The tasks share files with this harness (their script, journals, locks and
+               # checkpoints under the work dir), so they run as root in the default queue: the
+               # admin's explicit choice. The sandbox has tests of its own (sandbox_test, up_e2e).
+               "sandbox": {"rootQueues": ["default"]}}
         if hotspot:
             cfg["hotspot"] = hotspot
         with open(self.config, "w") as f:

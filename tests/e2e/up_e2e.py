@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +34,7 @@ def fail(msg):
     sys.exit(1)
 
 
-def make_jobs(rootfs):
+def make_jobs(rootfs, ckpt_root):
     rng = random.Random(7)
     jobs = []
     shapes = [
@@ -53,7 +54,7 @@ def make_jobs(rootfs):
             "resources": dict({"cpu": "0.1", "memory": "64Mi"}, **gpu),
             "isolation": isolation,
             "command": ["/bin/sh", "-c", "env; echo E2E_PID1=$(cat /proc/1/comm); sleep " + sleep],
-            "checkpoint": {"dir": "/tmp/ckpt/e2e-%d" % i, "intervalSeconds": 60},
+            "checkpoint": {"dir": os.path.join(ckpt_root, "e2e-%d" % i), "intervalSeconds": 60},
         }
         if container:
             task["container"] = {"rootfs": rootfs}
@@ -91,7 +92,7 @@ def task_env(api, job_id, index):
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def run_examples(api, binary):
+def run_examples(api, binary, ckpt_root):
     for name in EXAMPLES:
         spec = yaml.safe_load(open(os.path.join(ROOT, "examples", "jobs", name + ".yaml")))
         if spec["name"] != name:
@@ -100,6 +101,8 @@ def run_examples(api, binary):
         for task in spec["tasks"]:
             task["command"] = ["/bin/sh", "-c", "env; sleep 0.3"]
             task.pop("container", None)
+            if "checkpoint" in task:  # under this run's checkpoint root, as the examples are under the default one
+                task["checkpoint"]["dir"] = os.path.join(ckpt_root, os.path.basename(task["checkpoint"]["dir"]))
             task["resources"]["cpu"] = "0.1"
             task["resources"]["memory"] = "64Mi"
         code, body = api.call("POST", "/api/v1/jobs", spec)
@@ -199,9 +202,15 @@ def main():
     for tool in ("promtool", "prometheus"):
         if shutil.which(tool) is None:
             fail(tool + " is not installed (scripts/setup.sh installs the Debian package prometheus)")
+    # Images and checkpoints where the sandboxed tasks' uids can reach them (a container's root is
+    # its task's uid on the host, and runc mounts as that uid): a directory of this run's own,
+    # open to others' traversal, whatever the mode of the checkout it runs from.
+    shared = tempfile.mkdtemp(prefix="gpupool-up-e2e-")
+    os.chmod(shared, 0o755)
+    ckpt_root = os.path.join(shared, "ckpt")
     rootfs = None
     if shutil.which("runc") and os.path.exists("/bin/busybox") and os.geteuid() == 0:
-        rootfs = os.path.join(work, "rootfs")
+        rootfs = os.path.join(shared, "images", "busybox")
         subprocess.run(["bash", os.path.join(ROOT, "scripts/make-rootfs.sh"), rootfs], check=True)
     else:
         print("up_e2e: runc, /bin/busybox or root missing: container jobs skipped", flush=True)
@@ -213,7 +222,8 @@ def main():
     log = open(os.path.join(work, "up.log"), "w")
     up = subprocess.Popen([binary, "up", "--data-dir", data, "--listen", "127.0.0.1:%d" % api_port,
                            "--simulate", "4xA100-80GB", "--nodes", "2", "--heartbeat-interval", "0.2",
-                           "--metrics-listen", "127.0.0.1:%d" % metrics_port],
+                           "--metrics-listen", "127.0.0.1:%d" % metrics_port,
+                           "--container-root", os.path.join(shared, "images"), "--checkpoint-root", ckpt_root],
                           stdout=log, stderr=subprocess.STDOUT)
     prom = None
     try:
@@ -240,7 +250,7 @@ def main():
         node_names = [n["name"] for n in nodes["items"]]
         print("up_e2e: up at %s with nodes %s" % (url, ", ".join(node_names)), flush=True)
 
-        jobs = make_jobs(rootfs)
+        jobs = make_jobs(rootfs, ckpt_root)
         ids = {}
         for spec in jobs:
             code, body = api.call("POST", "/api/v1/jobs", spec)
@@ -335,7 +345,7 @@ def main():
             if e.code != 401:
                 fail("an agent answered %d to a log request without a token" % e.code)
 
-        run_examples(api, binary)
+        run_examples(api, binary, ckpt_root)
         check_run(binary, url, data)
 
         # Every /metrics endpoint passes promtool.
@@ -386,6 +396,7 @@ def main():
             up.wait(timeout=30)
         except subprocess.TimeoutExpired:
             up.kill()
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 if __name__ == "__main__":
