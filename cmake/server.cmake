@@ -37,6 +37,7 @@ if(GPUPOOL_BUILD_TESTS)
   gpupool_test(server_test
     src/server/config_test.cc
     src/server/service_test.cc
+    src/server/sandbox_identity_test.cc
     src/server/service_property_test.cc
     src/server/state_test.cc
     src/server/hotspots_test.cc

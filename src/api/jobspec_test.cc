@@ -38,8 +38,8 @@ tasks:
     isolation: mps
     command: [python3, serve.py]
     env: {MODEL: resnet50}
-    container: {rootfs: /srv/rootfs/resnet50}
-    checkpoint: {dir: /ckpt/resnet50, intervalSeconds: 600}
+    container: {rootfs: /var/lib/gpupool/images/resnet50}
+    checkpoint: {dir: /var/lib/gpupool/checkpoints/resnet50, intervalSeconds: 600}
 )";
 
 constexpr const char* kResnetJson = R"({
@@ -52,8 +52,8 @@ constexpr const char* kResnetJson = R"({
              "resources": {"cpu": "2", "memory": "8Gi", "gpu": 0.25, "gpuMemory": "10Gi",
                            "gpuModels": ["A100-80GB", "H100-80GB"]},
              "isolation": "mps", "command": ["python3", "serve.py"], "env": {"MODEL": "resnet50"},
-             "container": {"rootfs": "/srv/rootfs/resnet50"},
-             "checkpoint": {"dir": "/ckpt/resnet50", "intervalSeconds": 600}}]
+             "container": {"rootfs": "/var/lib/gpupool/images/resnet50"},
+             "checkpoint": {"dir": "/var/lib/gpupool/checkpoints/resnet50", "intervalSeconds": 600}}]
 })";
 
 Job ExpectedResnet() {
@@ -81,8 +81,8 @@ Job ExpectedResnet() {
   g.exec.isolation = IsolationMode::kMps;
   g.exec.command = {"python3", "serve.py"};
   g.exec.env = {{"MODEL", "resnet50"}};
-  g.exec.rootfs = "/srv/rootfs/resnet50";
-  g.exec.checkpoint = {"/ckpt/resnet50", 600};
+  g.exec.rootfs = "/var/lib/gpupool/images/resnet50";
+  g.exec.checkpoint = {"/var/lib/gpupool/checkpoints/resnet50", 600};
   job.groups.push_back(g);
   return job;
 }

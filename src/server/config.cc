@@ -299,6 +299,12 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         }
       }
     }
+    std::map<int64_t, std::string> uid_owner;
+    for (const auto& [tenant, id] : c.sandbox.identities) {
+      auto [it, fresh] = uid_owner.emplace(id.uid, tenant);
+      if (!fresh)
+        return fail(Status::InvalidArgument(fmt::format("tenants.{}.uid: {} is tenant {}'s already", tenant, id.uid, it->second)));
+    }
     if (j.contains("sandbox")) {
       const auto& sb = j["sandbox"];
       if (Status st = CheckKeys(sb, "sandbox", {"uidBase", "uidCount", "rootQueues", "hostNetworkQueues"}); !st.ok())
@@ -312,12 +318,6 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
         auto v = GetInt(sb["uidCount"], "sandbox.uidCount", 1, 100000000);
         if (!v.ok()) return fail(v.status());
         c.sandbox.uid_count = *v;
-      }
-      std::map<int64_t, std::string> uid_owner;
-      for (const auto& [tenant, id] : c.sandbox.identities) {
-        auto [it, fresh] = uid_owner.emplace(id.uid, tenant);
-        if (!fresh)
-          return fail(Status::InvalidArgument(fmt::format("tenants.{}.uid: {} is tenant {}'s already", tenant, id.uid, it->second)));
       }
       if (c.sandbox.uid_base <= 65534 && c.sandbox.uid_base + c.sandbox.uid_count > 65534)
         return fail(Status::InvalidArgument("sandbox.uidBase: the range may not hold 65534 (nobody)"));

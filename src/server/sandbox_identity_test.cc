@@ -1,0 +1,160 @@
+// Who tasks run as (server side of the task sandbox): configured identities, uids given from the
+// range at a tenant's first placement and kept across restarts, root only in root queues, the
+// host's network only in the queues the admin allows it for, and the config's refusals.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "server/config.h"
+#include "server/service.h"
+#include "server/service_test_util.h"
+
+namespace gpupool {
+namespace {
+
+using nlohmann::json;
+
+const Principal kAdmin{"", Role::kAdmin};
+const Principal kVision{"vision", Role::kTenant};
+const Principal kNlp{"nlp", Role::kTenant};
+const Principal kAudio{"audio", Role::kTenant};
+
+class SandboxIdentityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gpupool-sbid-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    config_.data_dir = dir_;
+    config_.profile = "bestfit";
+    config_.sync_full = false;
+    config_.sandbox.uid_base = 300000;
+    config_.sandbox.uid_count = 2;
+    config_.sandbox.identities["vision"] = {20001, 20002};
+    config_.sandbox.root_queues = {"ops"};
+    config_.sandbox.host_network_queues = {"hpc"};
+    Open();
+    json body = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"},
+                 {"gpus", json::array({{{"index", 0}, {"model", "A100-80GB"}}})}};
+    ASSERT_TRUE(service_->RegisterNode(body).ok());
+    for (const char* q : {"ops", "hpc"}) ASSERT_TRUE(service_->CreateQueue({{"name", q}}).ok());
+  }
+  void TearDown() override {
+    service_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void Open() {
+    service_.reset();
+    auto s = testing_util::OpenServiceIn(dir_, config_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    service_ = std::move(s).value();
+  }
+  Result<json> Submit(const Principal& who, const std::string& extra = "", const std::string& container = "") {
+    return service_->SubmitJob(who,
+                               "name: t\n" + extra + "tasks: [{name: w, resources: {cpu: 1}, command: [sleep, '1']" +
+                                   container + "}]\n",
+                               SpecFormat::kYaml);
+  }
+  // The runAs of the assignment of `job` on n1.
+  json RunAs(const std::string& job) {
+    auto a = service_->Assignments("n1");
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+    if (!a.ok()) return {};
+    for (const auto& item : (*a)["assignments"])
+      if (item["jobId"] == job) return item["runAs"];
+    return {};
+  }
+
+  std::string dir_;
+  ServerConfig config_;
+  std::unique_ptr<PoolService> service_;
+};
+
+TEST_F(SandboxIdentityTest, ConfiguredDynamicRootAndNobodyIdentitiesAndTheyOutliveARestart) {
+  auto v = Submit(kVision);
+  auto n = Submit(kNlp);
+  auto o = Submit(kAdmin, "queue: ops\n");
+  ASSERT_TRUE(v.ok() && n.ok() && o.ok());
+  service_->RunCycle();
+  EXPECT_EQ(RunAs((*v)["id"]), json({{"uid", 20001}, {"gid", 20002}}));
+  EXPECT_EQ(RunAs((*n)["id"]), json({{"uid", 300000}, {"gid", 300000}}));
+  EXPECT_EQ(RunAs((*o)["id"]), json({{"root", true}}));
+  // The second dynamic tenant gets the next uid; the range (2) is then full.
+  auto a = Submit(kAudio);
+  ASSERT_TRUE(a.ok());
+  service_->RunCycle();
+  EXPECT_EQ(RunAs((*a)["id"]), json({{"uid", 300001}, {"gid", 300001}}));
+  // Kept in the store: the same after a restart, and a new tenant cannot take them.
+  Open();
+  EXPECT_EQ(RunAs((*n)["id"]), json({{"uid", 300000}, {"gid", 300000}}));
+  EXPECT_EQ(RunAs((*a)["id"]), json({{"uid", 300001}, {"gid", 300001}}));
+  auto late = Submit(kAdmin, "tenant: speech\n");
+  ASSERT_TRUE(late.ok());
+  service_->RunCycle();
+  EXPECT_EQ(RunAs((*late)["id"]), json({{"uid", 65534}, {"gid", 65534}}));
+  auto job = service_->GetJob(kAdmin, (*late)["id"]);
+  ASSERT_TRUE(job.ok());
+  auto events = service_->JobEvents(kAdmin, (*late)["id"], 0, 100);
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  EXPECT_NE(events->dump().find("SandboxRangeFull"), std::string::npos) << events->dump();
+  EXPECT_TRUE(service_->CheckInvariants().ok());
+}
+
+TEST_F(SandboxIdentityTest, TheHostsNetworkOnlyInTheQueuesTheAdminAllowsItFor) {
+  const std::string host = ", container: {rootfs: /var/lib/gpupool/images/x, network: host}";
+  auto refused = Submit(kVision, "", host);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find("sandbox.hostNetworkQueues"), std::string::npos) << refused.status().ToString();
+  EXPECT_FALSE(Submit(kAdmin, "", host).ok()) << "admins too";
+  auto ok = Submit(kVision, "queue: hpc\n", host);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  auto none = Submit(kVision, "", ", container: {rootfs: /var/lib/gpupool/images/x, network: none}");
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  service_->RunCycle();
+  auto a = service_->Assignments("n1");
+  ASSERT_TRUE(a.ok());
+  for (const auto& item : (*a)["assignments"])
+    EXPECT_EQ(item["network"], item["jobId"] == (*ok)["id"] ? "host" : "none") << item.dump();
+  EXPECT_FALSE(Submit(kVision, "queue: hpc\n", ", container: {rootfs: /x, network: bridge}").ok());
+  EXPECT_FALSE(Submit(kVision, "", ", container: {network: none}").ok()) << "a container needs a rootfs or bundle";
+}
+
+TEST(SandboxConfig, IdentitiesAndTheRangeAreChecked) {
+  char tmpl[] = "/tmp/gpupool-sbcfg-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto load = [&](const std::string& text) {
+    std::ofstream(dir + "/c.yaml") << text;
+    return LoadServerConfig(dir + "/c.yaml");
+  };
+  auto good = load("tenants: {vision: {uid: 20001}, nlp: {uid: 20002, gid: 3000}}\n"
+                   "sandbox: {uidBase: 100000, uidCount: 50, rootQueues: [ops], hostNetworkQueues: [hpc]}\n");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->sandbox.identities.at("vision"), (ServerConfig::Identity{20001, 20001}));
+  EXPECT_EQ(good->sandbox.identities.at("nlp"), (ServerConfig::Identity{20002, 3000}));
+  EXPECT_EQ(good->sandbox.uid_base, 100000);
+  EXPECT_EQ(good->sandbox.root_queues, std::vector<std::string>{"ops"});
+  const std::pair<const char*, const char*> bad[] = {
+      {"tenants: {vision: {uid: 0}}\n", "tenants.vision.uid"},
+      {"tenants: {vision: {uid: 999}}\n", "tenants.vision.uid"},
+      {"tenants: {vision: {uid: 65534}}\n", "nobody"},
+      {"tenants: {vision: {gid: 2000}}\n", "needs a uid"},
+      {"tenants: {vision: {uid: 20001}, nlp: {uid: 20001}}\n", "is tenant"},
+      {"sandbox: {uidBase: 60000, uidCount: 10000}\n", "65534"},
+      {"sandbox: {uidBase: 4000000001}\n", "sandbox.uidBase"},
+      {"sandbox: {rootQueues: ops}\n", "sandbox.rootQueues"},
+      {"sandbox: {rootQueues: ['Bad Name']}\n", "sandbox.rootQueues[0]"},
+      {"sandbox: {uidbase: 1}\n", "uidbase"},
+  };
+  for (const auto& [text, needle] : bad) {
+    auto c = load(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(needle), std::string::npos) << text << " -> " << c.status().ToString();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpupool
