@@ -39,6 +39,9 @@ echo "== chaos end to end: 4 agents, ~45 checkpointing jobs, seeded agent/server
 echo "== adversarial end to end: a server and agents attacked class by class (issue 19)"
 python3 tests/e2e/adversarial_e2e.py build/gpupool build/e2e-adversarial
 
+echo "== the task sandbox end to end: a hostile tenant's probes against another's task, the server and the agent (issue 21)"
+python3 tests/e2e/sandbox_e2e.py build/gpupool build/e2e-sandbox
+
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py
 
