@@ -61,9 +61,15 @@ def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs):
     shutil.rmtree(data, ignore_errors=True)
     api_port = free_port()
     log = open(data + ".log", "w")
-    up = subprocess.Popen([binary, "up", "--data-dir", data, "--listen", "127.0.0.1:%d" % api_port,
-                           "--simulate", "8xH100-80GB-SXM", "--nodes", "2", "--metrics-listen", "127.0.0.1:0",
-                           "--assignment-poll", str(poll)], stdout=log, stderr=subprocess.STDOUT)
+    cmd = [binary, "up", "--data-dir", data, "--listen", "127.0.0.1:%d" % api_port,
+           "--simulate", "8xH100-80GB-SXM", "--nodes", "2", "--metrics-listen", "127.0.0.1:0",
+           "--assignment-poll", str(poll)]
+    # Since the task sandbox, containers start only from under an allowed root (a build from before
+    # it has no such flag and takes any path).
+    if rootfs and "--container-root" in subprocess.run([binary, "up", "--help"], capture_output=True,
+                                                         text=True).stdout:
+        cmd += ["--container-root", os.path.dirname(rootfs)]
+    up = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = "http://127.0.0.1:%d" % api_port
     try:
         deadline = time.time() + 30
