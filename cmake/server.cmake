@@ -11,6 +11,7 @@ add_library(gpupool_server
   src/server/state_machine.cc
   src/server/state_machine_jobs.cc
   src/server/identities.cc
+  src/server/rendezvous.cc
   src/server/state_machine_nodes.cc
   src/server/node_mask.cc
   src/server/reservations.cc

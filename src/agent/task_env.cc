@@ -1,6 +1,7 @@
 #include "agent/task_env.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
@@ -94,6 +95,42 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
       if (out.uid <= 0 || out.uid > 4294967294 || out.gid <= 0 || out.gid > 4294967294)
         return Bad(where + ".runAs", "uid and gid must be in [1, 2^32-2] (root is {\"root\": true})");
     }
+  }
+  if (auto r = a.find("rendezvous"); r != a.end() && !r->is_null()) {
+    const std::string rw = where + ".rendezvous";
+    if (!r->is_object()) return Bad(rw, "must be an object");
+    Assignment::Rendezvous z;
+    ASSIGN_OR_RETURN(z.master_addr, Str(*r, "masterAddr", rw, true));
+    // An address lands in other programs' command lines and files: a host name or an IP literal.
+    if (z.master_addr.empty() || z.master_addr.size() > 253 ||
+        z.master_addr.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") !=
+            std::string::npos)
+      return Bad(rw + ".masterAddr", "must be a host name or an IP address");
+    int64_t v = 0;
+    ASSIGN_OR_RETURN(v, Int(*r, "masterPort", rw, true));
+    if (v < 1 || v > 65535) return Bad(rw + ".masterPort", "must be 1..65535");
+    z.master_port = static_cast<int>(v);
+    const std::pair<const char*, int*> ints[] = {{"worldSize", &z.world_size}, {"rank", &z.rank},
+                                                 {"localRank", &z.local_rank}, {"localWorldSize", &z.local_world_size},
+                                                 {"nodeRank", &z.node_rank}, {"nodes", &z.nodes}};
+    for (const auto& [key, out_int] : ints) {
+      ASSIGN_OR_RETURN(v, Int(*r, key, rw, true));
+      if (v < 0 || v > 1000000) return Bad(rw + "." + key, "must be 0..1000000");
+      *out_int = static_cast<int>(v);
+    }
+    if (z.world_size < 1 || z.rank >= z.world_size || z.local_rank >= std::max(1, z.local_world_size) ||
+        z.node_rank >= std::max(1, z.nodes))
+      return Bad(rw, "ranks must lie below their sizes");
+    if (auto h = r->find("hosts"); h != r->end() && !h->is_null()) {
+      if (!h->is_array() || h->size() > 100000) return Bad(rw + ".hosts", "must be a list of \"addr:tasks\"");
+      for (const auto& e : *h) {
+        if (!e.is_string() || e.get<std::string>().size() > 300 ||
+            e.get<std::string>().find_first_of(",\n\r \t") != std::string::npos)
+          return Bad(rw + ".hosts", "must be a list of \"addr:tasks\"");
+        z.hosts.push_back(e.get<std::string>());
+      }
+    }
+    out.rendezvous = std::move(z);
   }
   ASSIGN_OR_RETURN(int64_t restarts, Int(a, "restarts", where, false));
   out.restarts = static_cast<int>(restarts);
@@ -339,6 +376,24 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
   env["GPUPOOL_CPU_MILLI"] = std::to_string(a.cpu_milli);
   env["GPUPOOL_MEMORY_BYTES"] = std::to_string(a.memory_bytes);
   if (inv.simulated) env["GPUPOOL_SIMULATED"] = "1";
+  if (a.rendezvous) {
+    const Assignment::Rendezvous& z = *a.rendezvous;
+    env["MASTER_ADDR"] = z.master_addr;
+    env["MASTER_PORT"] = std::to_string(z.master_port);
+    env["WORLD_SIZE"] = std::to_string(z.world_size);
+    env["RANK"] = std::to_string(z.rank);
+    env["LOCAL_RANK"] = std::to_string(z.local_rank);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(z.local_world_size);
+    env["NODE_RANK"] = std::to_string(z.node_rank);
+    env["GROUP_RANK"] = std::to_string(z.node_rank);
+    const bool v6 = z.master_addr.find(':') != std::string::npos && z.master_addr[0] != '[';
+    env["JAX_COORDINATOR_ADDRESS"] =
+        fmt::format("{}:{}", v6 ? "[" + z.master_addr + "]" : z.master_addr, z.master_port);
+    env["JAX_NUM_PROCESSES"] = std::to_string(z.world_size);
+    env["JAX_PROCESS_ID"] = std::to_string(z.rank);
+    env["GPUPOOL_NNODES"] = std::to_string(z.nodes);
+    env["GPUPOOL_HOSTS"] = fmt::format("{}", fmt::join(z.hosts, ","));
+  }
   if (!a.checkpoint_dir.empty()) {
     env["GPUPOOL_CHECKPOINT_DIR"] = a.checkpoint_dir;
     env["GPUPOOL_CHECKPOINT_INTERVAL_SECONDS"] = std::to_string(a.checkpoint_interval_seconds);

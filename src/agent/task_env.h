@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,14 @@ struct Assignment {
   int64_t cpu_milli = 0;
   int64_t memory_bytes = 0;
   std::vector<AssignedGpu> gpus;
+  // A job of several tasks: where rank 0 listens and who is who (the server's `rendezvous`).
+  struct Rendezvous {
+    std::string master_addr;
+    int master_port = 0;
+    int world_size = 0, rank = 0, local_rank = 0, local_world_size = 0, node_rank = 0, nodes = 0;
+    std::vector<std::string> hosts;  // "addr:tasks" by node rank
+  };
+  std::optional<Rendezvous> rendezvous;
 
   std::string task_id() const;  // "<jobId>.<index>": path-safe, unique on the node
   // One run of the task: task_id(), then "<jobId>.<index>.r<restarts>" once it has restarted, so a
@@ -72,6 +81,12 @@ struct TaskEnvOptions {
   bool mps_daemons = false;   // real GPUs: MPS control daemons run; simulated: only the variables
 };
 
+// With a rendezvous, the variables distributed frameworks read: MASTER_ADDR, MASTER_PORT,
+// WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK (torch.distributed's env://
+// and what torchrun sets), JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, and
+// GPUPOOL_NNODES and GPUPOOL_HOSTS ("addr:tasks,..." by node rank: an MPI hostfile's lines). The
+// job's own env may set them differently (its choice).
+//
 // The complete environment: PATH and HOME defaults, then ours, then the job's own `env` (which may
 // not override GPUPOOL_*, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES or CUDA_MPS_*: those are
 // what enforce the allocation; an attempt is an error naming the variable).

@@ -360,3 +360,56 @@ TEST(AssignmentRunId, ARestartIsANewRunOnTheNode) {
 
 }  // namespace
 }  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+TEST(TaskEnvTest, ARendezvousGivesTorchJaxAndMpiTheirVariables) {
+  json a = RunAssignment("exclusive", json::array({{{"index", 0}, {"uuid", "GPU-test-0"}, {"share", 1000}}}));
+  a["rendezvous"] = {{"masterAddr", "node-a"}, {"masterPort", 20042}, {"worldSize", 4}, {"rank", 1},
+                     {"localRank", 1}, {"localWorldSize", 2}, {"nodeRank", 0}, {"nodes", 2},
+                     {"hosts", {"node-a:2", "node-b:2"}}};
+  auto env = Env(ParseSingle(a), FourGpus());
+  const std::map<std::string, std::string> want = {
+      {"MASTER_ADDR", "node-a"}, {"MASTER_PORT", "20042"}, {"WORLD_SIZE", "4"}, {"RANK", "1"},
+      {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"NODE_RANK", "0"}, {"GROUP_RANK", "0"},
+      {"JAX_COORDINATOR_ADDRESS", "node-a:20042"}, {"JAX_NUM_PROCESSES", "4"}, {"JAX_PROCESS_ID", "1"},
+      {"GPUPOOL_NNODES", "2"}, {"GPUPOOL_HOSTS", "node-a:2,node-b:2"}};
+  for (const auto& [k, v] : want) EXPECT_EQ(env[k], v) << k;
+  a["rendezvous"]["masterAddr"] = "fd00::1";
+  EXPECT_EQ(Env(ParseSingle(a), FourGpus())["JAX_COORDINATOR_ADDRESS"], "[fd00::1]:20042");
+  // A task of one: none of them.
+  a.erase("rendezvous");
+  env = Env(ParseSingle(a), FourGpus());
+  EXPECT_EQ(env.count("MASTER_ADDR"), 0u);
+  EXPECT_EQ(env.count("WORLD_SIZE"), 0u);
+}
+
+TEST(TaskEnvTest, AHostileRendezvousIsRefusedNamingTheField) {
+  const json base = RunAssignment("exclusive", json::array());
+  const std::pair<json, const char*> bad[] = {
+      {{{"masterAddr", "a b"}, {"masterPort", 1}, {"worldSize", 2}, {"rank", 0}, {"localRank", 0},
+        {"localWorldSize", 1}, {"nodeRank", 0}, {"nodes", 2}}, "masterAddr"},
+      {{{"masterAddr", "$(reboot)"}, {"masterPort", 1}, {"worldSize", 2}, {"rank", 0}, {"localRank", 0},
+        {"localWorldSize", 1}, {"nodeRank", 0}, {"nodes", 2}}, "masterAddr"},
+      {{{"masterAddr", "a"}, {"masterPort", 70000}, {"worldSize", 2}, {"rank", 0}, {"localRank", 0},
+        {"localWorldSize", 1}, {"nodeRank", 0}, {"nodes", 2}}, "masterPort"},
+      {{{"masterAddr", "a"}, {"masterPort", 1}, {"worldSize", 2}, {"rank", 2}, {"localRank", 0},
+        {"localWorldSize", 1}, {"nodeRank", 0}, {"nodes", 2}}, "below their sizes"},
+      {{{"masterAddr", "a"}, {"masterPort", 1}, {"worldSize", 2}, {"rank", 0}, {"localRank", 0},
+        {"localWorldSize", 1}, {"nodeRank", 0}, {"nodes", 2}, {"hosts", {"a:1,b:1"}}}, "hosts"},
+      {{{"masterAddr", "a"}}, "masterPort"},
+      {"node-a", "must be an object"},
+  };
+  for (const auto& [r, needle] : bad) {
+    json a = base;
+    a["rendezvous"] = r;
+    auto parsed = ParseAssignments(json{{"assignments", json::array({a})}});
+    ASSERT_FALSE(parsed.ok()) << r.dump();
+    EXPECT_NE(parsed.status().message().find(needle), std::string::npos) << parsed.status().ToString();
+    EXPECT_NE(parsed.status().message().find("rendezvous"), std::string::npos) << parsed.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace gpupool

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 #include <fstream>
 #include <string>
 
@@ -153,6 +155,73 @@ TEST(SandboxConfig, IdentitiesAndTheRangeAreChecked) {
     ASSERT_FALSE(c.ok()) << text;
     EXPECT_NE(c.status().message().find(needle), std::string::npos) << text << " -> " << c.status().ToString();
   }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+TEST(Rendezvous, ATwoTaskGangOnTwoNodesGetsOneConsistentRendezvous) {
+  char tmpl[] = "/tmp/gpupool-rdv-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ServerConfig config;
+  config.data_dir = dir;
+  config.profile = "bestfit";
+  config.sync_full = false;
+  auto service = testing_util::OpenServiceIn(dir, config);
+  ASSERT_TRUE(service.ok()) << service.status().ToString();
+  PoolService& s = **service;
+  for (const char* name : {"n1", "n2"}) {
+    json body = {{"name", name}, {"cpu", "64"}, {"memory", "512Gi"},
+                 {"gpus", json::array({{{"index", 0}, {"model", "A100-80GB"}}})}};
+    if (std::string(name) == "n2") body["labels"] = {{"gpupool.io/address", "10.0.0.2"}};
+    ASSERT_TRUE(s.RegisterNode(body).ok());
+  }
+  auto job = s.SubmitJob(Principal{"", Role::kAdmin},
+                         "name: ddp\ntasks: [{name: w, replicas: 2, resources: {cpu: 1, gpu: 1}, command: [torchrun]}]\n",
+                         SpecFormat::kYaml);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  auto one = s.SubmitJob(Principal{"", Role::kAdmin}, "name: one\ntasks: [{name: w, resources: {cpu: 1}}]\n",
+                         SpecFormat::kYaml);
+  ASSERT_TRUE(one.ok());
+  s.RunCycle();
+  std::map<int, json> by_rank;
+  std::set<std::string> nodes;
+  for (const char* node : {"n1", "n2"}) {
+    auto a = s.Assignments(node);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    for (const auto& item : (*a)["assignments"]) {
+      if (item["jobId"] == (*one)["id"]) {
+        EXPECT_FALSE(item.contains("rendezvous")) << "a job of one task has none";
+        continue;
+      }
+      by_rank[item["index"].get<int>()] = item["rendezvous"];
+      nodes.insert(node);
+    }
+  }
+  ASSERT_EQ(by_rank.size(), 2u);
+  EXPECT_EQ(nodes.size(), 2u) << "one GPU per node: the gang spans both";
+  const json& r0 = by_rank[0];
+  const json& r1 = by_rank[1];
+  for (const char* same : {"masterAddr", "masterPort", "worldSize", "nodes", "hosts"}) EXPECT_EQ(r0[same], r1[same]) << same;
+  EXPECT_EQ(r0["worldSize"], 2);
+  EXPECT_EQ(r0["nodes"], 2);
+  EXPECT_EQ(r0["rank"], 0);
+  EXPECT_EQ(r1["rank"], 1);
+  EXPECT_EQ(r0["nodeRank"], 0);
+  EXPECT_EQ(r1["nodeRank"], 1);
+  EXPECT_EQ(r0["localRank"], 0);
+  EXPECT_EQ(r1["localRank"], 0);
+  EXPECT_EQ(r0["masterPort"], 20000 + 1);  // the job's seq is 1
+  // Rank 0's node is the master; a node's address label wins over its name.
+  const std::string n0 = r0["hosts"][0].get<std::string>();
+  EXPECT_EQ(r0["masterAddr"].get<std::string>() + ":1", n0);
+  EXPECT_TRUE((n0 == "n1:1" && r0["hosts"][1] == "10.0.0.2:1") || (n0 == "10.0.0.2:1" && r0["hosts"][1] == "n1:1"))
+      << r0.dump();
+  service->reset();
   std::filesystem::remove_all(dir);
 }
 

@@ -22,6 +22,7 @@
 #include "server/agent_endpoint.h"
 #include "server/resources_json.h"
 #include "server/identities.h"
+#include "server/rendezvous.h"
 #include "server/service_internal.h"
 
 namespace gpupool {
@@ -276,6 +277,7 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
     a["rootfs"] = g.exec.rootfs;
     a["network"] = g.exec.network.empty() ? "none" : g.exec.network;
     a["runAs"] = RunAsJson(config_, state_, j->rec.tenant, j->rec.queue);
+    if (json r = RendezvousJson(state_, *j, index); !r.is_null()) a["rendezvous"] = std::move(r);
     a["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
                        {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
     a["restarts"] = ts.restarts;

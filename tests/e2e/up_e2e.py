@@ -295,11 +295,14 @@ def main():
         print("up_e2e: all %d jobs succeeded; %d node samples, no GPU over 1000 milli" % (len(ids), samples), flush=True)
 
         # Each task's environment against its allocation.
-        checked = containers = 0
+        checked = containers = gangs = 0
         for job_id, spec in ids.items():
             task = spec["tasks"][0]
+            rendezvous = []
             for index in range(task["replicas"]):
                 env = task_env(api, job_id, index)
+                rendezvous.append({k: env.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+                                                           "NODE_RANK", "GPUPOOL_HOSTS")})
                 node = env.get("GPUPOOL_NODE")
                 if node not in node_names or env.get("GPUPOOL_JOB_ID") != job_id or env.get("GPUPOOL_TASK_INDEX") != str(index):
                     fail("%s.%d: identity variables wrong: %s" % (job_id, index, {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}))
@@ -335,7 +338,18 @@ def main():
                     fail("%s.%d: checkpoint dir %s" % (job_id, index, env.get("GPUPOOL_CHECKPOINT_DIR")))
                 checked += 1
                 containers += 1 if "container" in task else 0
-        print("up_e2e: environment matches the allocation for %d tasks (%d in runc containers)" % (checked, containers), flush=True)
+            # A gang: one master, one world, a rank each (a task of one gets none of it).
+            if task["replicas"] > 1:
+                shared_keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "GPUPOOL_HOSTS")
+                if any(r[k] != rendezvous[0][k] for r in rendezvous for k in shared_keys) or \
+                        [r["RANK"] for r in rendezvous] != [str(i) for i in range(task["replicas"])] or \
+                        rendezvous[0]["WORLD_SIZE"] != str(task["replicas"]) or not rendezvous[0]["MASTER_PORT"]:
+                    fail("%s: inconsistent rendezvous %s" % (job_id, rendezvous))
+                gangs += 1
+            elif rendezvous[0]["MASTER_ADDR"] is not None:
+                fail("%s: a job of one task has a rendezvous %s" % (job_id, rendezvous[0]))
+        print("up_e2e: environment matches the allocation for %d tasks (%d in runc containers); %d gangs share one "
+              "rendezvous" % (checked, containers, gangs), flush=True)
 
         # The agents serve logs only to callers with a token.
         try:
