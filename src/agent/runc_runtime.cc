@@ -200,10 +200,8 @@ class RuncRuntime final : public SupervisedRuntime {
  public:
   RuncRuntime(std::string state_dir, const RuntimeOptions& options, std::string runc)
       : SupervisedRuntime(std::move(state_dir), options), runc_(std::move(runc)), runc_root_(state_dir_ + "/runc-root") {
-    for (const auto& root : options.container_roots) {
-      char buf[PATH_MAX];
-      if (!root.empty() && root[0] == '/' && ::realpath(root.c_str(), buf) != nullptr) roots_.push_back(buf);
-    }
+    for (const auto& root : options.container_roots)
+      if (!root.empty() && root[0] == '/') roots_.push_back(root);
     AdoptExisting();
     for (auto it = tasks_.begin(); it != tasks_.end();) {
       if (!it->second.runc)
@@ -330,7 +328,13 @@ class RuncRuntime final : public SupervisedRuntime {
         !S_ISDIR(st.st_mode))
       return Status::InvalidArgument(fmt::format("task {}: {} {} is not a directory", id, what, path));
     const std::string resolved = buf;
-    for (const auto& root : roots_) {
+    // The roots are resolved now, not at start: one the admin creates (or re-links) later counts.
+    std::vector<std::string> roots;
+    for (const auto& configured : roots_) {
+      char rbuf[PATH_MAX];
+      if (::realpath(configured.c_str(), rbuf) != nullptr) roots.push_back(rbuf);
+    }
+    for (const auto& root : roots) {
       if (resolved.size() > root.size() && resolved.compare(0, root.size(), root) == 0 &&
           (resolved[root.size()] == '/' || root == "/"))
         return resolved;
@@ -392,7 +396,7 @@ class RuncRuntime final : public SupervisedRuntime {
 
   std::string runc_;
   std::string runc_root_;
-  std::vector<std::string> roots_;  // resolved
+  std::vector<std::string> roots_;  // as configured (absolute)
 };
 
 }  // namespace

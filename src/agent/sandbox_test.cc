@@ -419,6 +419,28 @@ TEST_F(RuncSandboxTest, ARootfsOrBundleOutsideTheAllowedRootsIsRefused) {
   EXPECT_EQ(rt_->Start(spec).code(), StatusCode::kPermissionDenied);
 }
 
+TEST_F(RuncSandboxTest, ARootCreatedAfterTheRuntimeStartedCounts) {
+  RuntimeOptions opts;
+  opts.state_dir = dir_ + "/state2";
+  opts.container_roots = {dir_ + "/later"};
+  auto rt = MakeRuncRuntime(opts);
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  LaunchSpec spec = Spec("later", "true");
+  spec.rootfs = rootfs_;
+  EXPECT_EQ((*rt)->Start(spec).code(), StatusCode::kPermissionDenied);
+  // The admin makes the root now, a link to the images: the next start is allowed.
+  ASSERT_EQ(::symlink(roots_.c_str(), (dir_ + "/later").c_str()), 0);
+  spec.rootfs = dir_ + "/later/busybox";
+  Status st = (*rt)->Start(spec);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  for (int i = 0; i < 500; ++i) {
+    auto r = (*rt)->Poll(spec.id);
+    if (!r.ok() || r->state != RunState::kRunning) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  (void)(*rt)->Remove(spec.id);
+}
+
 TEST_F(RuncSandboxTest, ABundlesConfigIsRewrittenNotTrusted) {
   // A bundle asking for root, every capability, the host's namespaces and the host's / mounted in.
   const std::string bundle = roots_ + "/bundle";
