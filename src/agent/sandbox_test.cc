@@ -225,6 +225,15 @@ TEST_F(SandboxTest, TheSupervisorsCommandLineDoesNotCarryTheTasksEnvironment) {
   EXPECT_EQ(cmdline.find("DB_PASSWORD"), std::string::npos) << cmdline;
 }
 
+TEST_F(SandboxTest, ARootQueuesTaskWithTheStateHiddenStillRunsInItsTaskDirectory) {
+  LaunchSpec spec = Spec("root-task", -1, "id -u; pwd; echo ok > mark && cat mark");
+  spec.gid = -1;
+  spec.hide_paths = {dir_ + "/state"};
+  std::string out = Run(spec);
+  EXPECT_EQ(out.substr(0, 2), "0\n") << out;
+  EXPECT_NE(out.find(dir_ + "/state/" + spec.id + "\nok\n"), std::string::npos) << out;
+}
+
 TEST_F(SandboxTest, AWorkingDirectoryTheTaskMayNotEnterIsRefusedAtStart) {
   ASSERT_TRUE(agent_internal::MakeDirs(dir_ + "/root-only").ok());
   ASSERT_EQ(::chmod((dir_ + "/root-only").c_str(), 0700), 0);
