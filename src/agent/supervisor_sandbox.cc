@@ -107,13 +107,20 @@ bool EnterSandbox(const SupervisorPlan& plan, const std::vector<DeviceNode>& dev
     // A kept directory below an ancestor its uid may not pass (a state directory under /root,
     // mode 0700) would be unreachable: the highest such ancestor is hidden too (the task could not
     // see into it anyway), which lets the bind below bring the kept directory back.
+    // Only for a task that drops root: root passes every directory, and hiding an ancestor would
+    // hide everything else below it (a root queue's task lost its own files so).
     std::vector<std::string> hide = plan.hide_paths;
     for (const auto& [k, fd] : keeps) {
+      if (plan.uid <= 0) break;
       for (size_t i = 1; i < k.size(); ++i) {
         if (k[i] != '/') continue;
         const std::string anc = k.substr(0, i);
         struct stat st;
-        if (::stat(anc.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IXOTH) == 0) {
+        if (::stat(anc.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        const bool passes = (st.st_mode & S_IXOTH) != 0 ||
+                            (static_cast<int64_t>(st.st_uid) == plan.uid && (st.st_mode & S_IXUSR) != 0) ||
+                            (static_cast<int64_t>(st.st_gid) == plan.gid && (st.st_mode & S_IXGRP) != 0);
+        if (!passes) {
           bool covered = false;
           for (const auto& h : hide) covered = covered || Under(anc, h);
           if (!covered) hide.push_back(anc);
