@@ -6,11 +6,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -146,7 +148,9 @@ class Agent {
   static int NewestRunOnDisk(Runtime& rt, const std::string& task);
   void Loop();
   void Tick();
-  void Reconcile(const std::vector<Assignment>& assignments);
+  // Applies one list of the server's (`version`: its "version", "" when it has none). A list older
+  // than one already applied (the heartbeat's answer overtaken by the watch's) is dropped: false.
+  bool Reconcile(const std::vector<Assignment>& assignments, const std::string& version = "");
   void ApplyAssignments(const std::string& body);  // parse, reconcile, poll
   void StartTask(LocalTask& t);
   // Takes over the run of `t` if a runtime already knows it (an earlier agent started it); false
@@ -205,6 +209,16 @@ class Agent {
 
   std::mutex mu_;  // guards tasks_ and counters
   std::map<std::string, LocalTask> tasks_;
+  // The newest assignment list applied: the server run's token and its counter (watches.h).
+  std::string assignments_run_;
+  uint64_t assignments_seq_ = 0;
+  uint64_t stale_lists_ = 0;  // lists dropped as older than one applied
+  // Runs this agent ran, reported and forgot (run id and placement): never started again, whatever
+  // a late list says. The newest kMaxForgotten.
+  static constexpr size_t kMaxForgotten = 4096;
+  std::deque<std::string> forgotten_order_;
+  std::unordered_set<std::string> forgotten_;
+  static std::string RunKey(const Assignment& a) { return a.run_id() + "|" + a.placement_run; }
   uint64_t starts_ = 0;
   uint64_t start_failures_ = 0;
   uint64_t heartbeats_ = 0;

@@ -325,7 +325,7 @@ std::string Agent::MetricsText() {
     if (s.ok()) samples = std::move(s).value();
   }
   std::vector<GpuHolder> holders;
-  uint64_t running = 0, starts = 0, failures = 0, heartbeats = 0, heartbeat_failures = 0;
+  uint64_t running = 0, starts = 0, failures = 0, heartbeats = 0, heartbeat_failures = 0, stale_lists = 0;
   const size_t mps_daemons = mps_ ? mps_->Gpus().size() : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -339,6 +339,7 @@ std::string Agent::MetricsText() {
     failures = start_failures_;
     heartbeats = heartbeats_;
     heartbeat_failures = heartbeat_failures_;
+    stale_lists = stale_lists_;
   }
   std::string out = RenderGpuMetrics(options_.node, inventory_, samples, holders);
   const std::string label = fmt::format("node=\"{}\"", options_.node);
@@ -355,6 +356,9 @@ std::string Agent::MetricsText() {
   out += "# HELP gpupool_agent_heartbeat_failures_total Heartbeats that got no good answer.\n"
          "# TYPE gpupool_agent_heartbeat_failures_total counter\n";
   out += fmt::format("gpupool_agent_heartbeat_failures_total{{{}}} {}\n", label, heartbeat_failures);
+  out += "# HELP gpupool_agent_stale_assignment_lists_total Assignment lists dropped as older than one already "
+         "applied.\n# TYPE gpupool_agent_stale_assignment_lists_total counter\n";
+  out += fmt::format("gpupool_agent_stale_assignment_lists_total{{{}}} {}\n", label, stale_lists);
   out += "# HELP gpupool_agent_cluster_mismatch 1 while the agent refuses its server: another cluster than "
          "the node's.\n# TYPE gpupool_agent_cluster_mismatch gauge\n";
   out += fmt::format("gpupool_agent_cluster_mismatch{{{}}} {}\n", label, cluster_refusal().empty() ? 0 : 1);

@@ -74,12 +74,15 @@ class LeaseServer {
         res.set_content(R"({"error":{"code":"Unavailable","message":"down"}})", "application/json");
         return;
       }
-      res.set_content(json{{"assignments", assignments_}, {"heartbeatTimeoutSeconds", timeout_s_}}.dump(),
-                      "application/json");
+      json out{{"assignments", assignments_}, {"heartbeatTimeoutSeconds", timeout_s_}};
+      if (!version_.empty()) out["version"] = version_;
+      res.set_content(out.dump(), "application/json");
     });
     srv_.Get(R"(/api/v1/agent/nodes/([^/]+)/assignments)", [this](const httplib::Request&, httplib::Response& res) {
       std::lock_guard<std::mutex> lock(mu_);
-      res.set_content(json{{"assignments", assignments_}}.dump(), "application/json");
+      json out{{"assignments", assignments_}};
+      if (!version_.empty()) out["version"] = version_;
+      res.set_content(out.dump(), "application/json");
     });
     srv_.Post(R"(/api/v1/agent/nodes/([^/]+)/tasks/([^/]+)/(\d+)/status)",
               [this](const httplib::Request& req, httplib::Response& res) {
@@ -107,9 +110,10 @@ class LeaseServer {
     std::lock_guard<std::mutex> lock(mu_);
     failing_ = f;
   }
-  void SetAssignments(json a) {
+  void SetAssignments(json a, std::string version = "") {
     std::lock_guard<std::mutex> lock(mu_);
     assignments_ = std::move(a);
+    version_ = std::move(version);
   }
   json Status(const std::string& job, const std::string& state) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -135,6 +139,7 @@ class LeaseServer {
   int port_ = 0;
   std::mutex mu_;
   json assignments_;
+  std::string version_;  // the lists' "version"; empty: none (a server of before watches)
   double timeout_s_;
   bool failing_ = false;
   std::vector<json> heartbeats_;
@@ -315,6 +320,61 @@ TEST_F(AgentLeaseTest, ARunThatEndedWhileNoAgentWatchedIsReportedNotRerun) {
   EXPECT_EQ(server.Status("j-000000000005", "failed").value("exitCode", -1), 7);
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(Slurp(starts), "x\n") << "started once";
+}
+
+// The heartbeat's answer and the watch's come on two threads, and the later may be the older list:
+// one that still names a run the agent has since seen end, reported and forgotten. Started again,
+// that run would be a second copy of the task beside its next run (the chaos test's `double`).
+TEST_F(AgentLeaseTest, AnOlderListNeverStartsARunAgain) {
+  const std::string starts = root_ + "/starts";
+  const json task = Task("j-000000000006", fmt::format("echo x >> {}", starts));
+  LeaseServer server(json::array({task}), 30);
+  server.SetAssignments(json::array({task}), "0123456789abcdef-7");
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000006", "succeeded").is_null(); }, 10s));
+  server.SetAssignments(json::array(), "0123456789abcdef-8");  // the server saw it end
+  std::this_thread::sleep_for(500ms);                          // the agent forgets it
+  server.SetAssignments(json::array({task}), "0123456789abcdef-7");  // a late answer
+  std::this_thread::sleep_for(800ms);
+  EXPECT_EQ(Slurp(starts), "x\n") << "an older list started the run again";
+  EXPECT_NE(agent_->MetricsText().find("gpupool_agent_stale_assignment_lists_total{node=\"lease-node\"} "),
+            std::string::npos);
+  EXPECT_EQ(agent_->MetricsText().find("gpupool_agent_stale_assignment_lists_total{node=\"lease-node\"} 0\n"),
+            std::string::npos)
+      << "the older lists were counted";
+}
+
+// An older list that also stops what the newer one placed would end a run the server wants.
+TEST_F(AgentLeaseTest, AnOlderListDoesNotStopWhatANewerOnePlaced) {
+  const std::string starts = root_ + "/starts";
+  const json task = Task("j-000000000007", fmt::format("echo x >> {}; exec sleep 30", starts));
+  LeaseServer server(json::array(), 30);
+  server.SetAssignments(json::array({task}), "0123456789abcdef-5");
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000007", "running").is_null(); }, 10s));
+  server.SetAssignments(json::array(), "0123456789abcdef-4");  // from before the placement
+  std::this_thread::sleep_for(800ms);
+  EXPECT_TRUE(server.Status("j-000000000007", "stopped").is_null()) << "stopped by an older list";
+  EXPECT_EQ(Slurp(starts), "x\n");
+}
+
+// A restarted server's counter starts again, so lists of two server runs cannot be ordered: a run
+// the agent ran, reported and forgot is still never started again by a list naming it.
+TEST_F(AgentLeaseTest, ARunEndedAndForgottenIsNotStartedByAnotherServerRunsList) {
+  const std::string starts = root_ + "/starts";
+  const json task = Task("j-000000000008", fmt::format("echo x >> {}", starts));
+  LeaseServer server(json::array(), 30);
+  server.SetAssignments(json::array({task}), "aaaaaaaaaaaaaaaa-3");
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000008", "succeeded").is_null(); }, 10s));
+  server.SetAssignments(json::array(), "aaaaaaaaaaaaaaaa-4");
+  std::this_thread::sleep_for(500ms);
+  server.SetAssignments(json::array({task}), "bbbbbbbbbbbbbbbb-1");
+  std::this_thread::sleep_for(800ms);
+  EXPECT_EQ(Slurp(starts), "x\n") << "a forgotten run started again";
 }
 
 TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {

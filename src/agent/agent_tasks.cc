@@ -49,15 +49,34 @@ void Agent::ApplyAssignments(const std::string& body) {
 }
 
 bool Agent::ApplyAssignmentsOnly(const std::string& body) {
-  auto assignments = ParseAssignments(json::parse(body));
+  const json list = json::parse(body);
+  auto assignments = ParseAssignments(list);
   if (!assignments.ok()) {
     std::cerr << fmt::format("gpupool agent {}: the server's assignments: {}\n", options_.node,
                              assignments.status().ToString());
     return false;
   }
-  Reconcile(*assignments);
+  std::string version;
+  if (list.is_object() && list.contains("version") && list["version"].is_string())
+    version = list["version"].get<std::string>();
+  return Reconcile(*assignments, version);
+}
+
+namespace {
+
+// A list's version, "<run token>-<counter>" (server/watches.h): false when it is not one.
+bool ParseListVersion(const std::string& version, std::string* run, uint64_t* seq) {
+  const size_t dash = version.rfind('-');
+  if (dash == std::string::npos || dash == 0 || dash + 1 >= version.size() || version.size() > 128) return false;
+  const char* first = version.data() + dash + 1;
+  const char* last = version.data() + version.size();
+  auto [end, ec] = std::from_chars(first, last, *seq);
+  if (ec != std::errc() || end != last) return false;
+  *run = version.substr(0, dash);
   return true;
 }
+
+}  // namespace
 
 Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {
   if (a.bundle.empty() && a.rootfs.empty()) return process_runtime_.get();
@@ -67,13 +86,30 @@ Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {
   return runc_runtime_.get();
 }
 
-void Agent::Reconcile(const std::vector<Assignment>& assignments) {
+bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::string& version) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Lists come from two threads (the watch, and the heartbeat's answer); the later of two may be
+  // the older. Applying it would start a run the server has already seen end (a second copy of the
+  // task beside its next run) or stop one it has just placed. Within one server run the counter
+  // orders them; a list of another run (a restarted server) is taken as it comes.
+  std::string run;
+  uint64_t seq = 0;
+  if (ParseListVersion(version, &run, &seq)) {
+    if (run == assignments_run_ && seq < assignments_seq_) {
+      ++stale_lists_;
+      return false;
+    }
+    assignments_run_ = run;
+    assignments_seq_ = seq;
+  }
   for (auto& [id, t] : tasks_) t.in_assignments = false;
   for (const Assignment& a : assignments) {
     const std::string id = a.run_id();
     auto it = tasks_.find(id);
     if (it == tasks_.end()) {
+      // Ran here, reported and forgotten: a list that still names it is late (a restarted
+      // server's first list, or one of an older run); there is nothing to start or stop.
+      if (forgotten_.count(RunKey(a)) != 0) continue;
       LocalTask t;
       t.assignment = a;
       if (a.desired == "stop") {
@@ -135,9 +171,18 @@ void Agent::Reconcile(const std::vector<Assignment>& assignments) {
     }
     ++it;
   }
+  return true;
 }
 
 void Agent::Forget(const std::string& id, LocalTask& t) {
+  const std::string key = RunKey(t.assignment);
+  if (forgotten_.insert(key).second) {
+    forgotten_order_.push_back(key);
+    if (forgotten_order_.size() > kMaxForgotten) {
+      forgotten_.erase(forgotten_order_.front());
+      forgotten_order_.pop_front();
+    }
+  }
   ReleaseMps(t);
   if (t.runtime != nullptr && t.runtime->Remove(id).ok()) RemovePlacementRun(options_.state_dir, id);
 }

@@ -320,6 +320,33 @@ def make_jobs(rng, count, work, mark, python, retry_ok):
     return jobs
 
 
+def stale_lists(pool):
+    """Each running agent's gpupool_agent_stale_assignment_lists_total, from its metrics port."""
+    out = {}
+    for node in pool.nodes:
+        port = None
+        try:
+            for line in open(os.path.join(pool.work, "agent-%s.log" % node), errors="replace"):
+                if "metrics on port " in line:
+                    port = line.rsplit(" ", 1)[1].strip()
+            body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=5).read().decode()
+            out[node] = next((int(float(l.split()[-1])) for l in body.splitlines()
+                              if l.startswith("gpupool_agent_stale_assignment_lists_total")), "?")
+        except (OSError, ValueError, TypeError):
+            out[node] = "?"
+    return out
+
+
+def event_seconds(text):
+    """An event's time (RFC 3339, UTC) in seconds since the epoch; 0 when unreadable."""
+    import calendar
+    try:
+        base, _, frac = text.rstrip("Z").partition(".")
+        return calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S")) + (float("0." + frac) if frac else 0.0)
+    except ValueError:
+        return 0.0
+
+
 def read_journals(shared):
     """task key -> list of incarnations {inc, pid, first, last, start_step, max_step, events, node, gpus, shares}."""
     out = {}
@@ -337,7 +364,8 @@ def read_journals(shared):
                 r = incs[inc] = {"inc": inc, "pid": int(inc.split(":")[0]), "first": t, "last": t,
                                  "start_step": step, "max_step": step, "events": [], "steps": set(),
                                  "node": kv.get("node", ""), "gpus": kv.get("gpus", ""),
-                                 "shares": kv.get("shares", ""), "job": kv.get("job", "")}
+                                 "shares": kv.get("shares", ""), "job": kv.get("job", ""),
+                                 "restarts": kv.get("restarts", "")}
             r["last"] = max(r["last"], t)
             r["max_step"] = max(r["max_step"], step)
             r["events"].append(event)
@@ -785,6 +813,8 @@ def main():
                                                             for t, n, o, s in sampler.transitions if o) or "none"))
         for o in obs:
             print("chaos_e2e: failover: " + o)
+        print("chaos_e2e: assignment lists the agents dropped as older than one applied (since their last start): %s"
+              % stale_lists(pool))
         bad = [(c, m) for c, m in violations if c not in xfail]
         shown = {}
         for c, m in violations:
@@ -800,16 +830,34 @@ def main():
             if c in xfail or c not in ("outcome", "terminal", "steps", "double", "resume", "adoption", "fencing") \
                     or told >= 3:
                 continue
-            jid = next((w for w in m.replace("(", " ").split() if w.startswith("j-")), None)
+            words = m.replace("(", " ").replace("job=", " ").split()
+            jid = next((w for w in words if w.startswith("j-")), None)
             if jid is None:
                 jid = next((j.get("id") for j in jobs if m.startswith("task %s." % j["spec"]["name"])), None)
             if jid is None:
                 continue
             told += 1
+            at = None  # a double: its time, to show what ran around it
+            if c == "double" and m.startswith("DOUBLE marker "):
+                key = m.split()[2].rsplit(".", 1)[0]
+                try:
+                    at = float(m.split()[5])
+                except (IndexError, ValueError):
+                    at = None
+                print("chaos_e2e: runs of %s (time from the start):" % key)
+                for r in journals.get(key, []):
+                    if at is None or (r["first"] < at + 10 and r["last"] > at - 10):
+                        print("chaos_e2e:   pid %d %s restarts=%s %.3f-%.3f %s" % (
+                            r["pid"], r["node"], r["restarts"], r["first"] - t0, r["last"] - t0,
+                            ",".join(e for e in r["events"] if e != "step")))
             try:
                 _, ev = pool.api.call("GET", "/api/v1/jobs/%s/events?limit=1000" % jid)
                 print("chaos_e2e: events of %s:" % jid)
-                for e in ev["items"][-12:]:
+                items = ev["items"][-12:]
+                if at is not None:
+                    near = [e for e in ev["items"] if abs(event_seconds(e["time"]) - at) < 5]
+                    items = near[-40:] or items
+                for e in items:
                     print("chaos_e2e:   %s %s %s" % (e["time"], e["type"], e["message"]))
             except (OSError, ValueError, KeyError, TypeError):
                 pass
