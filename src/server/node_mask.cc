@@ -1,5 +1,6 @@
 #include "server/node_mask.h"
 
+#include <algorithm>
 #include <set>
 
 #include "server/service_internal.h"
@@ -8,12 +9,27 @@ namespace gpupool {
 
 using namespace service_internal;
 
+std::vector<uint8_t> NodesHeldFrom(const PoolState& st, const PoolJob& j) {
+  std::vector<uint8_t> held;
+  // Placed there, the best-effort jobs a preemptor could evict in turn would only be preempted again.
+  if (j.job.qos != QosClass::kBestEffort) return held;
+  for (uint64_t seq : st.nominators) {
+    auto it = st.by_seq.find(seq);
+    if (it == st.by_seq.end() || it->second == &j) continue;
+    const PoolJob& p = *it->second;
+    if (j.rec.priority >= p.rec.priority && p.nominated_from_queues.count(j.rec.queue) == 0) continue;
+    held.resize(std::max(held.size(), p.nominated_nodes.size()), 0);
+    for (size_t i = 0; i < p.nominated_nodes.size(); ++i) held[i] |= p.nominated_nodes[i];
+  }
+  return held;
+}
+
 bool ComputeNodeMask(const PoolState& st, const PoolJob& j, NodeMask& mask) {
   const size_t n = st.ledger.node_count();
   bool any = false;
   mask.reasons = {"reserved for a waiting gang", "node labels do not match the job's node affinity",
                   "no task of a together-with job on the node", "runs a task of an apart-from job",
-                  "node is lost"};
+                  "node is lost", "held for a higher-priority job that preempted for room there"};
   mask.reason.assign(n, 0);
   for (size_t i = 0; i < n && i < st.nodes.size(); ++i) {
     if (st.nodes[i].state != "ready") {
@@ -27,6 +43,13 @@ bool ComputeNodeMask(const PoolState& st, const PoolJob& j, NodeMask& mask) {
         mask.reason[i] = 1;
         any = true;
       }
+    }
+  }
+  const std::vector<uint8_t> held = NodesHeldFrom(st, j);
+  for (size_t i = 0; i < n && i < held.size(); ++i) {
+    if (held[i] && mask.reason[i] == 0) {
+      mask.reason[i] = 6;
+      any = true;
     }
   }
   const Affinity& aff = j.job.affinity;

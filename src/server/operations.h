@@ -102,6 +102,9 @@ struct PreemptOp : OpTime {
   };
   std::vector<Victim> victims;
   int grace_period_seconds = 0;  // for the event text
+  // The nodes the preemptor's placement was planned on (by NodeIndex): held from the best-effort
+  // jobs it could evict in turn while its victims stop. Empty: none held.
+  std::vector<uint8_t> nodes;
 };
 
 // A job that waited long enough gets nodes held for it; smaller jobs stop backfilling them.

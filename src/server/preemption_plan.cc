@@ -55,6 +55,7 @@ std::optional<PreemptOp> PlanPreemption(PoolState& st, Scheduler& scheduler, con
   std::vector<Released> released;
   size_t needed = 0;
   bool fits = false;
+  std::vector<uint8_t> planned_nodes;
   NodeMask mask;
   for (size_t c = 0; c < candidates.size() && !fits; ++c) {
     PoolJob* v = running_jobs[candidates[c].index];
@@ -71,6 +72,10 @@ std::optional<PreemptOp> PlanPreemption(PoolState& st, Scheduler& scheduler, con
     scheduler.SetNodeMask(nullptr);
     if (trial.placed) {
       for (AllocationId a : trial.allocations) (void)st.ledger.Release(a);
+      planned_nodes.assign(st.ledger.node_count(), 0);
+      for (const Placement& p : trial.placements) {
+        if (p.node < planned_nodes.size()) planned_nodes[p.node] = 1;
+      }
       fits = true;
     }
   }
@@ -84,6 +89,7 @@ std::optional<PreemptOp> PlanPreemption(PoolState& st, Scheduler& scheduler, con
   PreemptOp op;
   op.job_id = j.rec.id;
   op.grace_period_seconds = grace_period_seconds;
+  op.nodes = std::move(planned_nodes);
   for (size_t c = 0; c < needed; ++c) {
     PoolJob* v = running_jobs[candidates[c].index];
     const std::string why =

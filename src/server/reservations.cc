@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "server/node_mask.h"
+
 namespace gpupool {
 
 std::optional<ReserveOp> PlanReservation(const PoolState& st, const PoolJob& j, int64_t now_ms,
@@ -13,10 +15,13 @@ std::optional<ReserveOp> PlanReservation(const PoolState& st, const PoolJob& j, 
   for (const auto& g : j.job.groups) {
     if (largest == nullptr || g.request.total_gpu_share() > largest->total_gpu_share()) largest = &g.request;
   }
+  // Never nodes a preemptor holds from this job: it would block the very job that outranks it.
+  const std::vector<uint8_t> held = NodesHeldFrom(st, j);
   std::vector<NodeIndex> candidates;
   for (NodeIndex n = 0; n < st.ledger.node_count(); ++n) {
     const NodeSpec& s = st.ledger.spec(n);
     if (!st.ledger.state(n).schedulable() || st.nodes[n].state != "ready") continue;
+    if (n < held.size() && held[n]) continue;
     if (static_cast<int>(s.gpus.size()) < largest->gpu_count || s.cpu < largest->cpu ||
         s.memory < largest->memory)
       continue;

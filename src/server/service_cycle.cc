@@ -155,7 +155,7 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   bool waits = false;
   for (uint64_t seq : state_.pending) {
     const JobState& j = *state_.by_seq[seq];
-    waits |= !j.waiting_for.empty() || j.rec.not_before_ms > now;
+    waits |= !j.waiting_for.empty() || !j.nominated_nodes.empty() || j.rec.not_before_ms > now;
   }
   if (waits) (void)ApplyLocked(CycleStartOp{{now, MonoNow()}}, batch);
 

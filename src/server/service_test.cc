@@ -3,6 +3,7 @@
 #include "server/service.h"
 #include "server/watches.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -328,6 +329,98 @@ tasks: [{name: w, replicas: 2, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]
   service_->RunCycle();
   EXPECT_EQ(Get(urgent)["tasks"][0]["state"], "assigned");
   EXPECT_EQ(State(top), "pending");
+}
+
+// A preemptor's victims stop one by one. What the first frees must wait for the preemptor: given to
+// another best-effort job it outranks (here the first victim, queued again), it would only be
+// preempted again when the last victim stops, and again, for as long as the churn lasts (the
+// chaos test saw one job preempt 37 times before it ran).
+TEST_F(ServiceTest, WhatAPreemptorsVictimsFreeWaitsForIt) {
+  AddNode("n1", 2);
+  const char* be = R"(
+name: {}
+qos: best-effort
+priority: 0
+tasks: [{{name: w, resources: {{cpu: 1, memory: 1Gi, gpu: 1}}, checkpoint: {{dir: /ckpt/{}}}}}]
+)";
+  const std::string a = Submit(kAdmin, fmt::format(fmt::runtime(be), "a", "a"));
+  const std::string b = Submit(kAdmin, fmt::format(fmt::runtime(be), "b", "b"));
+  service_->RunCycle();
+  ASSERT_EQ(State(a), "running");
+  ASSERT_EQ(State(b), "running");
+  const std::string urgent = Submit(kAdmin, R"(
+name: urgent
+qos: guaranteed
+priority: 100
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 2}}]
+)");
+  service_->RunCycle();
+  ASSERT_EQ(Get(a)["tasks"][0]["state"], "stopping");
+  ASSERT_EQ(Get(b)["tasks"][0]["state"], "stopping");
+  Report(a, 0, "stopped");  // the first victim has checkpointed; the second takes its time
+  ASSERT_EQ(State(a), "pending");
+  service_->RunCycle();
+  EXPECT_EQ(State(a), "pending") << "the first victim took back the GPU its preemptor waits for";
+  auto explained = service_->JobEvents(kAdmin, a, 0, 100);
+  ASSERT_TRUE(explained.ok()) << explained.status().ToString();
+  const json why = (*explained)["pending"];
+  EXPECT_EQ(why["nodes"]["n1"], "held for a higher-priority job that preempted for room there") << why.dump();
+  Report(b, 0, "stopped");
+  service_->RunCycle();
+  EXPECT_EQ(State(urgent), "running") << service_->JobEvents(kAdmin, urgent, 0, 100)->dump();
+  EXPECT_EQ(Get(a)["tasks"][0]["restarts"], 1) << "preempted once, not again";
+  auto events = service_->JobEvents(kAdmin, urgent, 0, 100);
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  int preempting = 0;
+  for (const auto& e : (*events)["items"]) preempting += e["type"] == "Preempting" ? 1 : 0;
+  EXPECT_EQ(preempting, 1);
+  ExpectConsistent();
+
+  // Once the preemptor runs, the nodes are free for anyone again.
+  Report(urgent, 0, "succeeded");
+  service_->RunCycle();
+  EXPECT_EQ(State(a), "running");
+  EXPECT_EQ(State(b), "running");
+  ExpectConsistent();
+}
+
+// A preemptor that cannot use what it freed (here its victims' room was taken meanwhile by a job it
+// may not evict) holds the nodes no longer than its next try: best-effort work may use them again.
+TEST_F(ServiceTest, APreemptorThatCannotPlaceHoldsNothing) {
+  config_.reserve_after_seconds = 3600;  // no backfill reservation: it would hold the node too
+  Open();
+  AddNode("n1", 2);
+  const std::string a = Submit(kAdmin, R"(
+name: a
+qos: best-effort
+priority: 0
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]
+)");
+  service_->RunCycle();
+  ASSERT_EQ(State(a), "running");
+  const std::string urgent = Submit(kAdmin, R"(
+name: urgent
+qos: guaranteed
+priority: 100
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 2}}]
+)");
+  // The free GPU goes to a guaranteed job the preemptor may not evict, right after it preempted.
+  service_->RunCycle();
+  ASSERT_EQ(Get(a)["tasks"][0]["state"], "stopping");
+  const std::string steady = Submit(kAdmin, R"(
+name: steady
+qos: guaranteed
+priority: 0
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]
+)");
+  service_->RunCycle();
+  ASSERT_EQ(State(steady), "running");
+  Report(a, 0, "stopped");
+  service_->RunCycle();  // the preemptor's try: it does not fit and has nobody left to evict
+  EXPECT_EQ(State(urgent), "pending");
+  service_->RunCycle();
+  EXPECT_EQ(State(a), "running") << service_->JobEvents(kAdmin, a, 0, 100)->dump();
+  ExpectConsistent();
 }
 
 TEST_F(ServiceTest, CancelStopsRunningTasksAndReleasesOnReport) {

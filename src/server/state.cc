@@ -56,6 +56,7 @@ std::map<uint64_t, PoolJob*>::iterator PoolState::RemoveJob(std::map<uint64_t, P
     pending_counts.Remove(j.rec.tenant, j.rec.queue, static_cast<int64_t>(j.tasks.size()));
   pending.erase(seq);
   partial.erase(seq);
+  nominators.erase(seq);
   stopping_jobs.erase(j.rec.id);
   --job_phase_count[static_cast<size_t>(j.phase)];
   if (auto q = queue_phase_count.find(j.rec.queue); q != queue_phase_count.end()) {
@@ -83,12 +84,21 @@ void PoolState::SetJobPhase(PoolJob& j, JobPhase phase) {
   --in_queue[static_cast<size_t>(j.phase)];
   ++in_queue[static_cast<size_t>(phase)];
   j.phase = phase;
+  if (phase != JobPhase::kPending) ClearNomination(j);
   if (phase != JobPhase::kPending && reserved_for == j.rec.id) {
     // The job the nodes were held for has left the queue: smaller jobs may backfill them again.
     reserved_for.clear();
     reserved_nodes.clear();
     ++capacity_epoch;
   }
+}
+
+void PoolState::ClearNomination(PoolJob& j) {
+  if (j.nominated_nodes.empty() && j.nominated_from_queues.empty()) return;
+  j.nominated_nodes.clear();
+  j.nominated_from_queues.clear();
+  nominators.erase(j.rec.seq);
+  ++capacity_epoch;  // masked nodes are open again
 }
 
 void PoolState::SetTaskPhase(PoolJob& j, PoolTask& ts, TaskPhase phase) {

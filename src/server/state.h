@@ -80,6 +80,12 @@ struct PoolJob {
   Diagnosis diagnosis;
   std::string pending_task;           // the task the diagnosis is about
   std::set<std::string> waiting_for;  // victims this job preempted, not yet stopped
+  // Set by its preemption: the nodes its placement was planned on, and its victims' queues. The
+  // best-effort jobs it could evict in turn (lower priority, or in those queues) are kept off these
+  // nodes until it places or gives up, so that what its victims free is not taken by the next
+  // victim (which it would only preempt again). Soft state, like waiting_for.
+  std::vector<uint8_t> nominated_nodes;  // by NodeIndex; empty: none
+  std::set<std::string> nominated_from_queues;
   // The capacity epoch at which the job last failed to fit; while the epoch is unchanged nothing
   // was freed, so trying again cannot succeed (placements only take capacity away).
   uint64_t failed_epoch = ~uint64_t{0};
@@ -132,6 +138,8 @@ class PoolState {
   // Takes the job out of every index and count; returns the next job in sequence order.
   std::map<uint64_t, PoolJob*>::iterator RemoveJob(std::map<uint64_t, PoolJob*>::iterator it);
   void SetJobPhase(PoolJob& j, JobPhase phase);
+  // Gives up the nodes `j`'s preemption held (what it masked may be used again).
+  void ClearNomination(PoolJob& j);
   void SetTaskPhase(PoolJob& j, PoolTask& ts, TaskPhase phase);
   PoolJob* FindJob(const std::string& id);
   const PoolJob* FindJob(const std::string& id) const;
@@ -159,6 +167,7 @@ class PoolState {
   // Nodes held for one waiting gang (ReserveOp); released when that job leaves the pending state.
   std::string reserved_for;
   std::vector<uint8_t> reserved_nodes;  // by NodeIndex
+  std::set<uint64_t> nominators;        // seqs of pending jobs holding nodes by their preemption
   uint64_t removed_max_seq = 0;         // the highest seq retention removed (stored as meta)
   // Tenants' uids from the sandbox range (identities.h), given at their first placement (meta).
   std::map<std::string, int64_t> tenant_uids;

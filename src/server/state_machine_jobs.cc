@@ -158,6 +158,10 @@ Status StateMachine::On(const ReportTaskOp& op) {
 Status StateMachine::On(const CycleStartOp&) {
   for (uint64_t seq : st_.pending) {
     PoolJob& j = *st_.by_seq[seq];
+    // A preemptor whose victims had stopped before this cycle had its chance at the nodes it held
+    // (the last cycle): placed, it is no longer pending; not, it holds them no longer (a new
+    // preemption holds them again).
+    if (j.waiting_for.empty()) st_.ClearNomination(j);
     // Preemptors stop waiting once their victims have stopped.
     for (auto it = j.waiting_for.begin(); it != j.waiting_for.end();) {
       const PoolJob* v = st_.FindJob(*it);
@@ -291,6 +295,14 @@ Status StateMachine::On(const PreemptOp& op) {
     j->waiting_for.insert(v.rec.id);
     names.push_back(v.rec.id);
     ++fx_->metrics.preemptions;
+  }
+  if (!op.nodes.empty() && op.nodes.size() != st_.ledger.node_count())
+    return Status::InvalidArgument("the node set is not the pool's");
+  st_.ClearNomination(*j);
+  if (!op.nodes.empty()) {
+    j->nominated_nodes = op.nodes;
+    for (const PoolJob* v : victims) j->nominated_from_queues.insert(v->rec.queue);
+    st_.nominators.insert(j->rec.seq);
   }
   Event(j->rec.id, "Preempting", fmt::format("stopping {} to make room: {}", names.size(), fmt::join(names, ", ")));
   j->pending_message = fmt::format("waiting for {} preempted job(s) to stop", names.size());
