@@ -320,6 +320,24 @@ def make_jobs(rng, count, work, mark, python, retry_ok):
     return jobs
 
 
+def churn(pool, jobs_by_id):
+    """Preemptions and task starts, from every job's events (a preemptor that keeps preempting, or
+    victims placed again only to be preempted again, show here)."""
+    preempted, preempting, started, worst = 0, 0, 0, 0
+    for jid in jobs_by_id:
+        try:
+            _, ev = pool.api.call("GET", "/api/v1/jobs/%s/events?limit=1000" % jid)
+        except (OSError, ValueError):
+            return "unknown (events of %s unreadable)" % jid
+        types = [e.get("type") for e in ev.get("items", [])]
+        preempted += types.count("Preempted")
+        preempting += types.count("Preempting")
+        started += types.count("TaskStarted")
+        worst = max(worst, types.count("Preempting"))
+    return "%d victims preempted by %d preemptions (at most %d by one job); %d task starts" % (
+        preempted, preempting, worst, started)
+
+
 def stale_lists(pool):
     """Each running agent's gpupool_agent_stale_assignment_lists_total, from its metrics port."""
     out = {}
@@ -599,7 +617,7 @@ def main():
                 delay = rng_chaos.uniform(0.2, 1.0)
                 time.sleep(delay)
                 pool.start_server()
-                actions.append({"kind": "server", "t": t})
+                actions.append({"kind": "server", "t": t, "back": now()})
                 say("SIGKILL server, restarted after %.1f s (+ %.1f s to answer)" % (delay, now() - t - delay))
             elif kind == "xid":
                 if xid_until or not up_nodes:
@@ -765,7 +783,15 @@ def main():
                 obs.append("quick agent restart %s: %d/%d live tasks kept running" % (a["node"], kept, len(a["live"])))
             elif a["kind"] == "agent-slow":
                 lost = [t for t in lost_seen[a["node"]] if a["t"] <= t <= a["back"] + 2]
-                if not lost:
+                # A restarted server gives every node a fresh timeout: what counts is the time the
+                # agent was down after the last server start within its downtime.
+                since = max([a["t"]] + [s["back"] for s in actions
+                                        if s["kind"] == "server" and a["t"] <= s.get("back", 0) <= a["back"]])
+                fresh_timeout = a["back"] - since < args.timeout + 1
+                if not lost and fresh_timeout:
+                    obs.append("node %s: not lost: down %.1f s, but only %.1f s after the server's restart" % (
+                        a["node"], a["back"] - a["t"], a["back"] - since))
+                if not lost and not fresh_timeout:
                     violate("node-lost", "agent %s was down %.1f s (timeout %d s) but its node was never seen lost" % (
                         a["node"], a["back"] - a["t"], args.timeout))
                     obs.append("node %s: never seen lost" % a["node"])
@@ -785,7 +811,9 @@ def main():
                         moved.append((nxt["first"] - a["t"], nxt["node"], nxt["start_step"]))
                 obs.append("node %s lost %.1f s after its agent died; %d tasks fenced (last log +%s s), restarted after %s s on %s" % (
                     a["node"], lost[0] - a["t"], len(ends), "%.1f" % max(ends) if ends else "-",
-                    "/".join("%.1f" % m[0] for m in sorted(moved)) or "-", ",".join(sorted(set(m[1] for m in moved))) or "-"))
+                    "/".join("%.1f" % m[0] for m in sorted(moved)) or "-", ",".join(sorted(set(m[1] for m in moved))) or "-")
+                           if lost else "node %s: %d tasks fenced by their lease (last log +%s s)" % (
+                               a["node"], len(ends), "%.1f" % max(ends) if ends else "-"))
             elif a["kind"] == "xid":
                 moved = []
                 for key, inc in a["live"].items():
@@ -813,6 +841,7 @@ def main():
                                                             for t, n, o, s in sampler.transitions if o) or "none"))
         for o in obs:
             print("chaos_e2e: failover: " + o)
+        print("chaos_e2e: preemption churn: %s" % churn(pool, jobs_by_id))
         print("chaos_e2e: assignment lists the agents dropped as older than one applied (since their last start): %s"
               % stale_lists(pool))
         bad = [(c, m) for c, m in violations if c not in xfail]
