@@ -377,6 +377,20 @@ TEST_F(AgentLeaseTest, ARunEndedAndForgottenIsNotStartedByAnotherServerRunsList)
   EXPECT_EQ(Slurp(starts), "x\n") << "a forgotten run started again";
 }
 
+// The spec's workingDir reaches the task: it starts there.
+TEST_F(AgentLeaseTest, TheTaskStartsInItsWorkingDirectory) {
+  const std::string dir = root_ + "/run-1";
+  ASSERT_TRUE(agent_internal::MakeDirs(dir).ok());
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  json task = Task("j-000000000009", "pwd > where");
+  task["workingDir"] = dir;
+  LeaseServer server(json::array({task}), 30);
+  ASSERT_NE(Create(Opts(server.url())), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000009", "succeeded").is_null(); }, 10s));
+  EXPECT_EQ(Slurp(dir + "/where"), dir + "\n");
+}
+
 TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {
   auto server = std::make_unique<LeaseServer>(json::array({Task("j-000000000003", "sleep 30")}), 3);
   Agent* agent = Create(Opts(server->url()));

@@ -246,6 +246,7 @@ void Agent::StartTask(LocalTask& t) {
   spec.memory_bytes = a.memory_bytes;
   spec.bundle = a.bundle;
   spec.rootfs = a.rootfs;
+  spec.workdir = a.working_dir;
   spec.lease_path = lease_path_;
   if (!inventory_.simulated) {
     spec.devices = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"};

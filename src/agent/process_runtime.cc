@@ -72,8 +72,9 @@ class ProcessRuntime final : public SupervisedRuntime {
     req.hide_paths.insert(req.hide_paths.end(), spec.hide_paths.begin(), spec.hide_paths.end());
     req.keep_paths.insert(req.keep_paths.end(), spec.keep_paths.begin(), spec.keep_paths.end());
     // Whatever hides the state directory must leave the task its working directory (a root
-    // queue's task runs in its task directory, under the state directory).
-    if (!req.hide_paths.empty()) req.keep_paths.push_back(req.workdir);
+    // queue's task runs in its task directory, under the state directory). Never one the job
+    // chose: kept, a hidden path (another task's directory, the agent's state) would show again.
+    if (!req.hide_paths.empty() && spec.workdir.empty()) req.keep_paths.push_back(req.workdir);
     req.private_dev = spec.private_dev;
     req.devices = spec.devices;
     SetLogFiles(spec.id, &req);

@@ -249,6 +249,35 @@ TEST_F(SandboxTest, AWorkingDirectoryTheTaskMayNotEnterIsRefusedAtStart) {
   EXPECT_NE(st.message().find("Permission denied"), std::string::npos) << st.ToString();
 }
 
+// workingDir is the job's choice: it never brings back what the sandbox hides (a root queue's task
+// whose working directory is the hidden directory sees it empty), and it works where the task may go.
+TEST_F(SandboxTest, AWorkingDirectoryOfTheJobsChoiceNeverUncoversAHiddenPath) {
+  const std::string secret_dir = dir_ + "/state-of-another";
+  ASSERT_TRUE(agent_internal::MakeDirs(secret_dir + "/task-b/work").ok());
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(secret_dir + "/task-b/work/secret", "other-tenant-secret\n").ok());
+  LaunchSpec spec = Spec("wd-hidden", -1, "pwd; cat secret 2>/dev/null || echo NOSECRET");
+  spec.gid = -1;
+  spec.hide_paths = {secret_dir};
+  spec.workdir = secret_dir + "/task-b/work";
+  Status st = rt_->Start(spec);
+  if (st.ok()) {  // started (the directory shows empty) or refused: never the other task's files
+    Wait(spec.id);
+    const std::string out = ReadText(rt_->StdoutPath(spec.id));
+    EXPECT_EQ(out.find("other-tenant-secret"), std::string::npos) << out;
+  } else {
+    EXPECT_NE(st.message().find("cannot change to the working directory"), std::string::npos) << st.ToString();
+  }
+  std::string out;
+
+  const std::string data = dir_ + "/data";
+  ASSERT_TRUE(agent_internal::MakeOwnedDir(data, kUidA, kUidA).ok());
+  LaunchSpec mine = Spec("wd-mine", kUidA, "pwd; echo x > out && echo WROTE");
+  mine.workdir = data;
+  mine.hide_paths = {secret_dir};
+  out = Run(mine);
+  EXPECT_NE(out.find(data + "\nWROTE\n"), std::string::npos) << out;
+}
+
 TEST(RuncSandboxConfig, AUidGivesAUserNamespaceNoCapabilitiesAndTheHostsSysReadOnlyWithHostNetwork) {
   LaunchSpec spec;
   spec.id = "cfg";

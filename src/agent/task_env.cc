@@ -84,6 +84,10 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
   ASSIGN_OR_RETURN(out.network, Str(a, "network", where, false));
   if (out.network.empty()) out.network = "none";
   if (out.network != "none" && out.network != "host") return Bad(where + ".network", "must be none or host");
+  ASSIGN_OR_RETURN(out.working_dir, Str(a, "workingDir", where, false));
+  if (!out.working_dir.empty() && (out.working_dir.front() != '/' || out.working_dir.size() > 4096 ||
+                                   out.working_dir.find('\0') != std::string::npos))
+    return Bad(where + ".workingDir", "must be an absolute path of at most 4096 bytes");
   // Who the task runs as. A server from before the sandbox sends nothing: nobody, never root.
   if (auto r = a.find("runAs"); r != a.end() && !r->is_null()) {
     if (!r->is_object()) return Bad(where + ".runAs", "must be an object");

@@ -43,6 +43,7 @@ struct Assignment {
   std::string bundle;
   std::string rootfs;
   std::string network = "none";  // containers: none or host
+  std::string working_dir;       // "": the runtime's default
   // The task's identity (runAs): a uid and gid, or root in a queue the admin allows it for.
   int64_t uid = 65534;
   int64_t gid = 65534;

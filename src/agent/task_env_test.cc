@@ -322,11 +322,17 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
   bad_id["jobId"] = "../../etc";
   json bad_desired = RunAssignment("mps", json::array());
   bad_desired["desired"] = "maybe";
+  json relative_dir = RunAssignment("mps", json::array());
+  relative_dir["workingDir"] = "data";
+  json long_dir = RunAssignment("mps", json::array());
+  long_dir["workingDir"] = "/" + std::string(5000, 'a');
   const std::vector<Case> cases = {
       {json::array(), "assignments: the answer must be an object"},
       {{{"assignments", {bad_share}}}, "assignments[0].gpus[0].share: must be 0..1000"},
       {{{"assignments", {bad_id}}}, "assignments[0].jobId: must be 1-64 of"},
       {{{"assignments", {bad_desired}}}, "assignments[0].desired: must be run or stop"},
+      {{{"assignments", {relative_dir}}}, "assignments[0].workingDir: must be an absolute path"},
+      {{{"assignments", {long_dir}}}, "assignments[0].workingDir: must be an absolute path of at most 4096"},
       {{{"assignments", {{{"index", 0}, {"desired", "run"}}}}}, "assignments[0].jobId: missing"},
   };
   for (const Case& c : cases) {

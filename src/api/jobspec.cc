@@ -621,7 +621,7 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
                 TaskGroup* g) {
   ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(v, path,
                                                       {"name", "replicas", "resources", "isolation",
-                                                       "command", "env", "container", "checkpoint"}));
+                                                       "command", "env", "workingDir", "container", "checkpoint"}));
   const Json* name = f.Get("name");
   if (name == nullptr) return FieldError(f.Path("name"), "is required");
   ASSIGN_OR_RETURN(g->name, ReadName(*name, f.Path("name"), limits.max_name_bytes));
@@ -678,6 +678,9 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
       ASSIGN_OR_RETURN(std::string s, ReadString(value, vpath, limits.max_string_bytes));
       g->exec.env.emplace(key, std::move(s));
     }
+  }
+  if (const Json* dir = f.Get("workingDir")) {
+    ASSIGN_OR_RETURN(g->exec.working_dir, ReadAbsolutePath(*dir, f.Path("workingDir"), limits));
   }
   if (const Json* container = f.Get("container")) {
     ASSIGN_OR_RETURN(ObjectFields c,
@@ -953,6 +956,7 @@ Json TaskJson(const TaskGroup& g) {
                {"command", Json::array()},
                {"env", LabelsJson(g.exec.env)}};
   for (const auto& arg : g.exec.command) task["command"].push_back(arg);
+  if (!g.exec.working_dir.empty()) task["workingDir"] = g.exec.working_dir;
   if (!g.exec.bundle.empty() || !g.exec.rootfs.empty()) {
     Json container = Json::object();
     if (!g.exec.bundle.empty()) container["bundle"] = g.exec.bundle;

@@ -303,7 +303,7 @@ TEST(JobSpec, BadInputsNameTheirField) {
       // Unknown fields at each level.
       {"unknown top", [](Json& j) { j["nmae"] = "x"; }, "nmae", "unknown field (known: name, tenant"},
       {"unknown task", [](Json& j) { j["tasks"][0]["resoures"] = Json::object(); }, "tasks[0].resoures",
-       "unknown field (known: name, replicas, resources, isolation, command, env, container, checkpoint)"},
+       "unknown field (known: name, replicas, resources, isolation, command, env, workingDir, container, checkpoint)"},
       {"unknown resource", [](Json& j) { j["tasks"][0]["resources"]["gpus"] = 1; }, "tasks[0].resources.gpus",
        "unknown field"},
       {"unknown gang", [](Json& j) { j["gang"]["min"] = 1; }, "gang.min",
@@ -314,6 +314,10 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "affinity.nodeAffinity[0].op", "unknown field"},
       {"unknown container", [](Json& j) { j["tasks"][0]["container"]["image"] = "x"; },
        "tasks[0].container.image", "unknown field (known: bundle, rootfs, network)"},
+      {"relative workingDir", [](Json& j) { j["tasks"][0]["workingDir"] = "data"; }, "tasks[0].workingDir",
+       "must be an absolute path, got 'data'"},
+      {"workingDir number", [](Json& j) { j["tasks"][0]["workingDir"] = 7; }, "tasks[0].workingDir",
+       "expected a string"},
       {"unknown checkpoint", [](Json& j) { j["tasks"][0]["checkpoint"]["every"] = 1; },
        "tasks[0].checkpoint.every", "unknown field"},
       {"odd unknown name", [](Json& j) { j["tasks"][0]["a b"] = 1; }, "tasks[0]", "unknown field 'a b'"},
@@ -750,6 +754,7 @@ TEST(JobSpec, RoundTripOverSpecs) {
        " {key: gpu, operator: Exists}]}\ntasks: [{name: t, env: {'a.b-c': \"line\\nbreak \\u00e9\"}}]",
        SpecFormat::kYaml},
       {"name: c\ntasks: [{name: t, checkpoint: {dir: /c}}]", SpecFormat::kYaml},
+      {"name: w\ntasks: [{name: t, workingDir: /data/run-1, command: [./train]}]", SpecFormat::kYaml},
       {"name: n\ntasks: [{name: t, resources: {gpu: 4, gpuInterconnect: nvlink}}]", SpecFormat::kYaml},
       {"name: p\npriority: -1000000\ntenant: t1\nqueue: q.1\ntasks: [{name: t}]", SpecFormat::kYaml},
   };

@@ -102,6 +102,9 @@ struct TaskExec {
   // Containers: "" (a network namespace of its own, loopback only) or "host" (the host's network;
   // only in a queue the admin allows it for).
   std::string network;
+  // Where the command starts (an absolute path; inside the container for a container task). Empty:
+  // the task's own private directory (process), the bundle's cwd or / (container).
+  std::string working_dir;
   CheckpointPolicy checkpoint;
   bool operator==(const TaskExec&) const = default;
 };

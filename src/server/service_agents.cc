@@ -276,6 +276,7 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
     a["bundle"] = g.exec.bundle;
     a["rootfs"] = g.exec.rootfs;
     a["network"] = g.exec.network.empty() ? "none" : g.exec.network;
+    if (!g.exec.working_dir.empty()) a["workingDir"] = g.exec.working_dir;
     a["runAs"] = RunAsJson(config_, state_, j->rec.tenant, j->rec.queue);
     if (json r = RendezvousJson(state_, *j, index); !r.is_null()) a["rendezvous"] = std::move(r);
     a["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
