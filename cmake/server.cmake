@@ -16,6 +16,7 @@ add_library(gpupool_server
   src/server/node_mask.cc
   src/server/reservations.cc
   src/server/preemption_plan.cc
+  src/server/job_gates.cc
   src/server/hotspots.cc
   src/server/views.cc
   src/server/retention.cc

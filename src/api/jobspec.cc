@@ -474,6 +474,48 @@ bool IsMigProfileName(std::string_view s) {
   return !digits.empty() && digits.size() <= 4 && AllDigits(digits);
 }
 
+constexpr int64_t kMaxTimeLimitSeconds = 365LL * 86400;
+constexpr size_t kMaxDependencies = 64;
+
+// "j-" and 1-20 digits: the server's job ids.
+bool IsJobId(std::string_view s) {
+  if (s.size() < 3 || s.size() > 22 || s.substr(0, 2) != "j-") return false;
+  return std::all_of(s.begin() + 2, s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// A duration: whole seconds, or a string of <number><unit> parts, units d, h, m, s ("1h30m",
+// "90m", "45s", "2d"); between min and max seconds.
+Result<int64_t> ReadDuration(const Json& v, const std::string& path, int64_t min, int64_t max) {
+  const std::string range = fmt::format("between {} s and {} s", min, max);
+  if (v.is_number_integer()) {
+    ASSIGN_OR_RETURN(int64_t n, ReadInt(v, path, min, max));
+    return n;
+  }
+  if (!v.is_string())
+    return FieldError(path, fmt::format("expected seconds or a duration such as \"1h30m\", got {}", DescribeValue(v)));
+  const std::string& s = v.get_ref<const std::string&>();
+  if (s.empty() || s.size() > 32) return FieldError(path, fmt::format("expected a duration such as \"1h30m\", got {}", Quote(s)));
+  int64_t total = 0;
+  size_t i = 0;
+  std::string units_seen;
+  while (i < s.size()) {
+    size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    if (i == start || i - start > 9 || i == s.size())
+      return FieldError(path, fmt::format("expected a duration such as \"1h30m\", got {}", Quote(s)));
+    const int64_t n = std::stoll(s.substr(start, i - start));
+    const char unit = s[i++];
+    const int64_t scale = unit == 'd' ? 86400 : unit == 'h' ? 3600 : unit == 'm' ? 60 : unit == 's' ? 1 : 0;
+    if (scale == 0 || units_seen.find(unit) != std::string::npos)
+      return FieldError(path, fmt::format("expected a duration such as \"1h30m\" (units d, h, m, s, each once), got {}", Quote(s)));
+    units_seen.push_back(unit);
+    total += n * scale;
+    if (total > max) return FieldError(path, fmt::format("must be {}, got {}", range, Quote(s)));
+  }
+  if (total < min) return FieldError(path, fmt::format("must be {}, got {}", range, Quote(s)));
+  return total;
+}
+
 Result<std::string> ReadAbsolutePath(const Json& v, const std::string& path, const JobSpecLimits& limits) {
   ASSIGN_OR_RETURN(std::string s, ReadString(v, path, limits.max_string_bytes));
   if (s.empty() || s.front() != '/')
@@ -822,7 +864,8 @@ Status FromValidateJob(const Status& st, const Job& job) {
 Result<Job> ReadJob(const Json& root, const JobSpecLimits& limits) {
   ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(root, "",
                                                       {"name", "tenant", "queue", "priority", "qos", "labels",
-                                                       "gang", "affinity", "tasks", "retry"}));
+                                                       "gang", "affinity", "tasks", "retry", "timeLimit",
+                                                       "dependsOn"}));
   Job job;
   const Json* name = f.Get("name");
   if (name == nullptr) return FieldError("name", "is required");
@@ -921,6 +964,37 @@ Result<Job> ReadJob(const Json& root, const JobSpecLimits& limits) {
     }
   }
 
+  if (const Json* limit = f.Get("timeLimit")) {
+    ASSIGN_OR_RETURN(job.time_limit_seconds, ReadDuration(*limit, "timeLimit", 1, kMaxTimeLimitSeconds));
+  }
+  if (const Json* deps = f.Get("dependsOn")) {
+    ASSIGN_OR_RETURN(const Json::array_t* items, ReadArray(*deps, "dependsOn", kMaxDependencies));
+    for (size_t i = 0; i < items->size(); ++i) {
+      const std::string dpath = IndexPath("dependsOn", i);
+      ASSIGN_OR_RETURN(ObjectFields d, ObjectFields::Read((*items)[i], dpath, {"job", "condition"}));
+      Dependency dep;
+      const Json* id = d.Get("job");
+      if (id == nullptr) return FieldError(d.Path("job"), "is required");
+      ASSIGN_OR_RETURN(dep.job, ReadString(*id, d.Path("job"), 64));
+      if (!IsJobId(dep.job)) return FieldError(d.Path("job"), fmt::format("must be a job id (j-000000000042), got {}", Quote(dep.job)));
+      if (const Json* c = d.Get("condition")) {
+        ASSIGN_OR_RETURN(std::string cond, ReadString(*c, d.Path("condition"), limits.max_name_bytes));
+        if (cond == "succeeded") {
+          dep.condition = Dependency::Condition::kSucceeded;
+        } else if (cond == "ended") {
+          dep.condition = Dependency::Condition::kEnded;
+        } else {
+          return FieldError(d.Path("condition"), fmt::format("must be succeeded or ended, got {}", Quote(cond)));
+        }
+      }
+      for (size_t k = 0; k < job.depends_on.size(); ++k) {
+        if (job.depends_on[k].job == dep.job)
+          return FieldError(d.Path("job"), fmt::format("{} is also dependsOn[{}]", Quote(dep.job), k));
+      }
+      job.depends_on.push_back(std::move(dep));
+    }
+  }
+
   const Status valid = ValidateJob(job);
   if (!valid.ok()) return FromValidateJob(valid, job);
   return job;
@@ -1014,6 +1088,14 @@ Json JobSpecToJson(const Job& job) {
                 {"maxBackoffSeconds", job.retry.max_backoff_seconds},
                 {"onFailure", job.retry.on_failure}};
 
+  if (job.time_limit_seconds > 0) j["timeLimit"] = job.time_limit_seconds;
+  if (!job.depends_on.empty()) {
+    Json deps = Json::array();
+    for (const Dependency& d : job.depends_on)
+      deps.push_back({{"job", d.job}, {"condition", DependencyConditionName(d.condition)}});
+    j["dependsOn"] = std::move(deps);
+  }
+
   Json tasks = Json::array();
   for (const TaskGroup& g : job.groups) tasks.push_back(TaskJson(g));
   j["tasks"] = std::move(tasks);
@@ -1023,7 +1105,8 @@ Json JobSpecToJson(const Job& job) {
 bool SameJobSpec(const Job& a, const Job& b) {
   if (a.name != b.name || a.tenant != b.tenant || a.queue != b.queue || a.priority != b.priority ||
       a.qos != b.qos || a.gang_size() != b.gang_size() || a.labels != b.labels ||
-      !(a.affinity == b.affinity) || !(a.retry == b.retry) || a.groups.size() != b.groups.size()) {
+      !(a.affinity == b.affinity) || !(a.retry == b.retry) || a.groups.size() != b.groups.size() ||
+      a.time_limit_seconds != b.time_limit_seconds || a.depends_on != b.depends_on) {
     return false;
   }
   for (size_t i = 0; i < a.groups.size(); ++i) {

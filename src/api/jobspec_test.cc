@@ -294,6 +294,17 @@ struct BadCase {
   std::string needle;
 };
 
+TEST(JobSpec, TimeLimitsInSecondsOrDurations) {
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {"3600", 3600}, {"'90m'", 5400}, {"1h30m", 5400}, {"2d", 172800}, {"45s", 45}, {"1d2h3m4s", 93784},
+      {"365d", 31536000}};
+  for (const auto& [text, want] : cases) {
+    auto job = ParseJobSpec("name: t\ntimeLimit: " + text + "\ntasks: [{name: w}]", SpecFormat::kYaml);
+    ASSERT_TRUE(job.ok()) << text << ": " << job.status().ToString();
+    EXPECT_EQ(job->time_limit_seconds, want) << text;
+  }
+}
+
 TEST(JobSpec, BaseSpecIsValid) {
   EXPECT_TRUE(ParseJobSpec(BaseSpec().dump(), SpecFormat::kJson).ok());
 }
@@ -314,6 +325,29 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "affinity.nodeAffinity[0].op", "unknown field"},
       {"unknown container", [](Json& j) { j["tasks"][0]["container"]["image"] = "x"; },
        "tasks[0].container.image", "unknown field (known: bundle, rootfs, network)"},
+      {"timeLimit zero", [](Json& j) { j["timeLimit"] = 0; }, "timeLimit", "must be between 1 and 31536000"},
+      {"timeLimit unit", [](Json& j) { j["timeLimit"] = "3w"; }, "timeLimit", "units d, h, m, s, each once"},
+      {"timeLimit twice", [](Json& j) { j["timeLimit"] = "1h1h"; }, "timeLimit", "each once"},
+      {"timeLimit no number", [](Json& j) { j["timeLimit"] = "h"; }, "timeLimit", "expected a duration"},
+      {"timeLimit trailing", [](Json& j) { j["timeLimit"] = "90"; }, "timeLimit", "expected a duration"},
+      {"timeLimit long", [](Json& j) { j["timeLimit"] = "366d"; }, "timeLimit", "must be between 1 s and 31536000 s"},
+      {"timeLimit huge", [](Json& j) { j["timeLimit"] = "99999999999999h"; }, "timeLimit", "expected a duration"},
+      {"timeLimit bool", [](Json& j) { j["timeLimit"] = true; }, "timeLimit", "expected seconds or a duration"},
+      {"dependsOn object", [](Json& j) { j["dependsOn"] = Json::object(); }, "dependsOn", "expected an array"},
+      {"dependsOn not an id", [](Json& j) { j["dependsOn"] = Json::parse(R"([{"job": "../x"}])"); },
+       "dependsOn[0].job", "must be a job id"},
+      {"dependsOn no job", [](Json& j) { j["dependsOn"] = Json::parse(R"([{"condition": "ended"}])"); },
+       "dependsOn[0].job", "is required"},
+      {"dependsOn condition", [](Json& j) { j["dependsOn"] = Json::parse(R"([{"job": "j-1", "condition": "ok"}])"); },
+       "dependsOn[0].condition", "must be succeeded or ended"},
+      {"dependsOn twice", [](Json& j) { j["dependsOn"] = Json::parse(R"([{"job": "j-1"}, {"job": "j-1"}])"); },
+       "dependsOn[1].job", "is also dependsOn[0]"},
+      {"dependsOn unknown", [](Json& j) { j["dependsOn"] = Json::parse(R"([{"job": "j-1", "after": 1}])"); },
+       "dependsOn[0].after", "unknown field"},
+      {"dependsOn too many", [](Json& j) {
+         j["dependsOn"] = Json::array();
+         for (int i = 0; i < 65; ++i) j["dependsOn"].push_back({{"job", "j-" + std::to_string(i)}});
+       }, "dependsOn", "over the limit"},
       {"relative workingDir", [](Json& j) { j["tasks"][0]["workingDir"] = "data"; }, "tasks[0].workingDir",
        "must be an absolute path, got 'data'"},
       {"workingDir number", [](Json& j) { j["tasks"][0]["workingDir"] = 7; }, "tasks[0].workingDir",
@@ -755,6 +789,9 @@ TEST(JobSpec, RoundTripOverSpecs) {
        SpecFormat::kYaml},
       {"name: c\ntasks: [{name: t, checkpoint: {dir: /c}}]", SpecFormat::kYaml},
       {"name: w\ntasks: [{name: t, workingDir: /data/run-1, command: [./train]}]", SpecFormat::kYaml},
+      {"name: l\ntimeLimit: 2d\ntasks: [{name: t}]", SpecFormat::kYaml},
+      {"name: d\ndependsOn: [{job: j-000000000007}, {job: j-8, condition: ended}]\ntasks: [{name: t}]",
+       SpecFormat::kYaml},
       {"name: n\ntasks: [{name: t, resources: {gpu: 4, gpuInterconnect: nvlink}}]", SpecFormat::kYaml},
       {"name: p\npriority: -1000000\ntenant: t1\nqueue: q.1\ntasks: [{name: t}]", SpecFormat::kYaml},
   };

@@ -347,6 +347,14 @@ void PrintJob(const Json& job, std::ostream& out) {
                                                  : Text(faults));
   }
   if (Member(job, "notBefore") != nullptr) fields.emplace_back("Restarts at", Text(job, "notBefore"));
+  // The batch basics of the spec (docs/jobspec.md): walltime and the jobs it waits for.
+  if (const Json* spec = Member(job, "spec"); spec != nullptr) {
+    if (const Json* limit = Member(*spec, "timeLimit"); limit != nullptr && limit->is_number_integer())
+      fields.emplace_back("Time limit", fmt::format("{} s", limit->get<int64_t>()));
+    std::vector<std::string> deps;
+    for (const Json& d : Array(*spec, "dependsOn")) deps.push_back(fmt::format("{} ({})", Text(d, "job"), Text(d, "condition")));
+    if (!deps.empty()) fields.emplace_back("Depends on", Join(deps, ", "));
+  }
   fields.emplace_back("Created", Text(job, "createdAt"));
   fields.emplace_back("Updated", Text(job, "updatedAt"));
   PrintFields(out, fields);

@@ -808,6 +808,19 @@ TEST_F(ClientCommandTest, GetJobShowsFaultRestartsAndTheBackoff) {
   EXPECT_NE(out_.str().find("Restarts at:   2026-12-02T12:00:04.000Z\n"), std::string::npos) << out_.str();
 }
 
+TEST_F(ClientCommandTest, GetJobShowsItsTimeLimitAndDependencies) {
+  Json job = Json::parse(kJob2);
+  job["reason"] = "waiting for j-000000000001 to succeed (dependsOn)";
+  job["spec"] = {{"timeLimit", 5400},
+                 {"dependsOn", {{{"job", "j-000000000001"}, {"condition", "succeeded"}},
+                                {{"job", "j-000000000003"}, {"condition", "ended"}}}}};
+  server_.On("GET", "/api/v1/jobs/j-000000000002", 200, job.dump());
+  ASSERT_EQ(GetJob(Options(), "j-000000000002", out_, err_), 0) << err_.str();
+  EXPECT_NE(out_.str().find("Time limit:   5400 s\n"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("Depends on:   j-000000000001 (succeeded), j-000000000003 (ended)\n"), std::string::npos)
+      << out_.str();
+}
+
 TEST_F(ClientCommandTest, CancelPostsAndReports) {
   server_.On("POST", "/api/v1/jobs/j-000000000001/cancel",
              [](const httplib::Request&, httplib::Response& res) {

@@ -137,6 +137,10 @@ int64_t RetryPolicy::BackoffSeconds(int n) const {
   return std::min<int64_t>(wait, max_backoff_seconds);
 }
 
+std::string_view DependencyConditionName(Dependency::Condition c) {
+  return c == Dependency::Condition::kEnded ? "ended" : "succeeded";
+}
+
 Status ValidateJob(const Job& job) {
   const std::string who = job.name.empty() ? std::string("job") : fmt::format("job '{}'", job.name);
   if (job.groups.empty()) return Status::InvalidArgument(who + ": has no tasks");

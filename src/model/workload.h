@@ -132,6 +132,16 @@ struct RetryPolicy {
   int64_t BackoffSeconds(int n) const;
 };
 
+// A job that must end before this one starts (dependsOn): `succeeded` waits for it to succeed and
+// fails this job when it ends otherwise; `ended` waits for it to end, however it ends.
+struct Dependency {
+  enum class Condition { kSucceeded, kEnded };
+  std::string job;
+  Condition condition = Condition::kSucceeded;
+  bool operator==(const Dependency&) const = default;
+};
+std::string_view DependencyConditionName(Dependency::Condition c);  // "succeeded", "ended"
+
 // A job is a gang of task groups: either at least `min_available` tasks are placed together, or
 // none is. min_available == 0 means all tasks.
 struct Job {
@@ -146,6 +156,10 @@ struct Job {
   std::map<std::string, std::string> labels;
   Affinity affinity;
   RetryPolicy retry;
+  // Walltime of each run, seconds (0: none): past it the job fails with reason `time limit`, its
+  // tasks stopped with the grace period. A restart (a fault, a preemption) starts a new run.
+  int64_t time_limit_seconds = 0;
+  std::vector<Dependency> depends_on;
 
   int task_count() const;
   int gang_size() const { return min_available > 0 ? min_available : task_count(); }

@@ -107,6 +107,13 @@ struct PreemptOp : OpTime {
   std::vector<uint8_t> nodes;
 };
 
+// A job that can no longer run as asked fails with `reason`: its time limit passed, or a job it
+// depends on ended otherwise than it needed (or is gone). Its live tasks get their stop.
+struct FailJobOp : OpTime {
+  std::string job_id;
+  std::string reason;
+};
+
 // A job that waited long enough gets nodes held for it; smaller jobs stop backfilling them.
 struct ReserveOp : OpTime {
   std::string job_id;
@@ -172,7 +179,7 @@ struct PutQueueOp : OpTime {
 using Operation =
     std::variant<SubmitJobOp, CancelJobOp, ReportTaskOp, CycleStartOp, PlaceTasksOp, JobWaitsOp, PreemptOp,
                  ReserveOp, StopsOverdueOp, RemoveJobsOp, RegisterNodeOp, HeartbeatOp, NodeLostOp, CordonNodeOp,
-                 DrainNodeOp, PutQueueOp>;
+                 DrainNodeOp, PutQueueOp, FailJobOp>;
 
 // "SubmitJob", "PlaceTasks", ...: for logs and test messages.
 const char* OperationName(const Operation& op);

@@ -244,6 +244,8 @@ class PoolService {
   void MaybeReserve(JobState& j, WriteBatch& batch);
   // The loop's controllers: each reads the state and applies what it decides as operations.
   void ExpireStops(WriteBatch& batch);
+  void EndJobsPastTimeLimits(int64_t now_ms, WriteBatch& batch);
+  void GateDependencies(WriteBatch& batch);
   void RemoveExpiredJobs(WriteBatch& batch);
   void CheckNodes(WriteBatch& batch);
   void LearnTypicalPods();

@@ -65,6 +65,14 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     // Queue access rules bind tenants; admins may submit anywhere.
     if (who.role != Role::kAdmin) RETURN_IF_ERROR(CheckQueueAccess(*order_, job));
     if (Status st = order_->Admit(job.queue, demand); !st.ok()) return st;
+    // A job depends only on jobs its submitter may see (another tenant's reads as absent).
+    for (size_t i = 0; i < job.depends_on.size(); ++i) {
+      const PoolJob* dep = state_.FindJob(job.depends_on[i].job);
+      if (dep == nullptr || (who.role != Role::kAdmin && dep->rec.tenant != job.tenant))
+        return Status::InvalidArgument(
+            fmt::format("dependsOn[{}].job: no job '{}'{}", i, job.depends_on[i].job,
+                        who.role == Role::kAdmin ? "" : fmt::format(" of tenant '{}'", job.tenant)));
+    }
     // The room is reserved here, under the lock, before the durable write (which runs without it):
     // concurrent submissions cannot all pass the check and then overshoot together.
     RETURN_IF_ERROR(state_.pending_counts.CheckRoom(config_, order_->FindQueue(job.queue), job.tenant, job.queue,

@@ -19,6 +19,7 @@
 #include "api/node_codec.h"
 #include "config/profile_yaml.h"
 #include "sched/preemption.h"
+#include "server/job_gates.h"
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
 #include "server/resources_json.h"
@@ -159,11 +160,15 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   }
   if (waits) (void)ApplyLocked(CycleStartOp{{now, MonoNow()}}, batch);
 
+  EndJobsPastTimeLimits(now, batch);
+  GateDependencies(batch);
+
   std::vector<PendingEntry> entries;
   std::vector<JobState*> states;
   for (uint64_t seq : state_.pending) {
     JobState* j = state_.by_seq[seq];
     if (!j->waiting_for.empty() || j->rec.not_before_ms > now) continue;  // preempting, or in its backoff
+    if (!j->job.depends_on.empty() && !j->dependencies_met) continue;       // waits for other jobs
     entries.push_back({seq, j->rec.tenant, j->rec.queue, j->rec.priority, j->demand});
     states.push_back(j);
   }
@@ -289,6 +294,42 @@ int PoolService::CycleLocked(WriteBatch& batch) {
   }
   metrics_.cycle_duration.Observe(MonoNow() - t0);
   return placed;
+}
+
+// Running jobs past their time limit fail; their tasks get the grace period.
+void PoolService::EndJobsPastTimeLimits(int64_t now_ms, WriteBatch& batch) {
+  for (TimeLimitDue& due : PastTimeLimits(state_, now_ms)) {
+    FailJobOp op;
+    op.job_id = std::move(due.job_id);
+    op.reason = std::move(due.reason);
+    (void)ApplyLocked(std::move(op), batch);
+  }
+}
+
+// Pending jobs with dependencies: met ones may be placed; waiting ones say what for; a job whose
+// dependency ended otherwise than it needed can never start, and fails.
+void PoolService::GateDependencies(WriteBatch& batch) {
+  std::vector<FailJobOp> broken;
+  for (uint64_t seq : state_.pending) {
+    JobState& j = *state_.by_seq[seq];
+    if (j.job.depends_on.empty() || j.dependencies_met) continue;
+    if (j.rec.started_ms > 0) {  // it ran before (requeued since): its dependencies were met then
+      j.dependencies_met = true;
+      continue;
+    }
+    DependencyVerdict v = CheckDependencies(state_, j);
+    if (v.kind == DependencyVerdict::Kind::kMet) {
+      j.dependencies_met = true;  // dependencies that ended stay ended
+    } else if (v.kind == DependencyVerdict::Kind::kBroken) {
+      broken.push_back({{}, j.rec.id, std::move(v.message)});
+    } else if (v.message != j.pending_message) {
+      JobWaitsOp wait;
+      wait.job_id = j.rec.id;
+      wait.message = std::move(v.message);
+      (void)ApplyLocked(std::move(wait), batch);
+    }
+  }
+  for (FailJobOp& op : broken) (void)ApplyLocked(std::move(op), batch);
 }
 
 bool PoolService::TryPreempt(JobState& j, const PendingEntry& entry, RunningView& view, WriteBatch& batch) {

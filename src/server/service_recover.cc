@@ -100,7 +100,7 @@ Status PoolService::Recover() {
       }
     }
     state->pending_since_ms = r.updated_ms;
-    state->started_ms = r.updated_ms;
+    state->started_ms = r.started_ms > 0 ? r.started_ms : r.updated_ms;
     state->submit_mono = MonoNow();
     for (const auto& g : state->job.groups) {
       for (int rep = 0; rep < g.replicas && recent_tasks_.size() < kRecentTasks; ++rep) {

@@ -423,6 +423,120 @@ tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]
   ExpectConsistent();
 }
 
+// dependsOn: a job starts only once the jobs it names ended as it asked; one that can never start
+// (its dependency failed, and it needed success) fails, naming it; `ended` takes any end.
+TEST_F(ServiceTest, DependenciesHoldAJobUntilTheyEndAsAsked) {
+  AddNode("n1", 2);
+  const char* one = R"(
+name: {}
+tasks: [{{name: w, resources: {{cpu: 1, memory: 1Gi, gpu: 1}}}}]
+)";
+  const std::string prep = Submit(kVision, fmt::format(fmt::runtime(one), "prep"));
+  const std::string train = Submit(kVision, fmt::format(R"(
+name: train
+dependsOn: [{{job: {}}}]
+tasks: [{{name: w, resources: {{cpu: 1, memory: 1Gi, gpu: 1}}}}]
+)", prep));
+  const std::string cleanup = Submit(kVision, fmt::format(R"(
+name: cleanup
+dependsOn: [{{job: {}, condition: ended}}]
+tasks: [{{name: w, resources: {{cpu: 1, memory: 1Gi}}}}]
+)", train));
+  service_->RunCycle();
+  EXPECT_EQ(State(prep), "running");
+  EXPECT_EQ(State(train), "pending");
+  EXPECT_EQ(Get(train)["reason"], fmt::format("waiting for {} to succeed (dependsOn)", prep));
+  EXPECT_EQ(State(cleanup), "pending");
+  Report(prep, 0, "succeeded");
+  service_->RunCycle();
+  EXPECT_EQ(State(train), "running");
+  EXPECT_EQ(State(cleanup), "pending");
+  Report(train, 0, "failed", 3);
+  service_->RunCycle();
+  EXPECT_EQ(State(train), "failed");
+  EXPECT_EQ(State(cleanup), "running") << "ended is any end";
+
+  // Needing the success of a job that failed: it can never start.
+  const std::string eval = Submit(kVision, fmt::format(R"(
+name: eval
+dependsOn: [{{job: {}, condition: succeeded}}]
+tasks: [{{name: w}}]
+)", train));
+  service_->RunCycle();
+  EXPECT_EQ(State(eval), "failed");
+  EXPECT_EQ(Get(eval)["reason"], fmt::format("dependency {} ended failed; this job needed it to succeed", train));
+  ExpectConsistent();
+
+  // The same after a restart: recovered from the store, the dependency is judged again.
+  const std::string later = Submit(kVision, fmt::format(R"(
+name: later
+dependsOn: [{{job: {}}}]
+tasks: [{{name: w}}]
+)", cleanup));
+  service_->RunCycle();
+  EXPECT_EQ(State(later), "pending");
+  Open();
+  service_->RunCycle();
+  EXPECT_EQ(State(later), "pending");
+  const json c = Get(cleanup);
+  Report(cleanup, 0, "succeeded");
+  service_->RunCycle();
+  EXPECT_EQ(State(later), "running");
+}
+
+// A hostile tenant's dependsOn: another tenant's job reads as absent (no probing which ids exist),
+// and so does one that does not exist.
+TEST_F(ServiceTest, ADependencyOnAnotherTenantsJobIsRefusedAsAbsent) {
+  AddNode("n1", 1);
+  const std::string theirs = Submit(kVision, R"(
+name: theirs
+tasks: [{name: w}]
+)");
+  for (const std::string& id : {theirs, std::string("j-000000009999")}) {
+    auto r = service_->SubmitJob(kNlp, fmt::format("name: probe\ndependsOn: [{{job: {}}}]\ntasks: [{{name: w}}]\n", id),
+                                 SpecFormat::kYaml);
+    ASSERT_FALSE(r.ok()) << id;
+    EXPECT_EQ(r.status().message(), fmt::format("dependsOn[0].job: no job '{}' of tenant 'nlp'", id));
+  }
+  // An admin may chain any tenant's jobs.
+  auto admin = service_->SubmitJob(kAdmin, fmt::format("name: a\ntenant: nlp\ndependsOn: [{{job: {}}}]\ntasks: [{{name: w}}]\n", theirs),
+                                   SpecFormat::kYaml);
+  EXPECT_TRUE(admin.ok()) << admin.status().ToString();
+}
+
+// timeLimit: a run past it fails the job with reason `time limit`, its tasks stopped with the
+// grace period; the start time survives a server restart.
+TEST_F(ServiceTest, ARunPastItsTimeLimitFailsTheJob) {
+  int64_t wall = 1'800'000'000'000;
+  config_.wall_clock_ms = [&wall] { return wall; };
+  Open();
+  AddNode("n1", 1);
+  const std::string id = Submit(kVision, R"(
+name: bounded
+timeLimit: 1h30m
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 1}}]
+)");
+  service_->RunCycle();
+  ASSERT_EQ(State(id), "running");
+  EXPECT_EQ(Get(id)["spec"]["timeLimit"], 5400);
+  wall += 5399'000;
+  service_->RunCycle();
+  EXPECT_EQ(State(id), "running");
+  Open();  // a restart must not give the run a fresh limit
+  wall += 1'000;
+  service_->RunCycle();
+  EXPECT_EQ(State(id), "failed");
+  EXPECT_EQ(Get(id)["reason"], "time limit: its run lasted 5400 s, past its timeLimit of 90m");
+  EXPECT_EQ(Get(id)["tasks"][0]["state"], "stopping");
+  auto a = service_->Assignments("n1");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)["assignments"][0]["desired"], "stop");
+  EXPECT_EQ((*a)["assignments"][0]["gracePeriodSeconds"], 30);
+  Report(id, 0, "stopped");
+  EXPECT_EQ(State(id), "failed");
+  ExpectConsistent();
+}
+
 TEST_F(ServiceTest, CancelStopsRunningTasksAndReleasesOnReport) {
   AddNode("n1", 1);
   const std::string id = Submit(kVision, kQuarter);

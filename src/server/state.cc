@@ -45,6 +45,7 @@ PoolJob& PoolState::AddJob(std::unique_ptr<PoolJob> job) {
     pending.insert(seq);
     pending_counts.Add(j.rec.tenant, j.rec.queue, static_cast<int64_t>(j.tasks.size()));
   }
+  if (j.phase == JobPhase::kRunning && j.job.time_limit_seconds > 0) time_limited.insert(seq);
   jobs[j.rec.id] = std::move(job);
   return j;
 }
@@ -57,6 +58,7 @@ std::map<uint64_t, PoolJob*>::iterator PoolState::RemoveJob(std::map<uint64_t, P
   pending.erase(seq);
   partial.erase(seq);
   nominators.erase(seq);
+  time_limited.erase(seq);
   stopping_jobs.erase(j.rec.id);
   --job_phase_count[static_cast<size_t>(j.phase)];
   if (auto q = queue_phase_count.find(j.rec.queue); q != queue_phase_count.end()) {
@@ -85,6 +87,11 @@ void PoolState::SetJobPhase(PoolJob& j, JobPhase phase) {
   ++in_queue[static_cast<size_t>(phase)];
   j.phase = phase;
   if (phase != JobPhase::kPending) ClearNomination(j);
+  if (phase == JobPhase::kRunning && j.job.time_limit_seconds > 0) {
+    time_limited.insert(j.rec.seq);
+  } else {
+    time_limited.erase(j.rec.seq);
+  }
   if (phase != JobPhase::kPending && reserved_for == j.rec.id) {
     // The job the nodes were held for has left the queue: smaller jobs may backfill them again.
     reserved_for.clear();

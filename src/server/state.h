@@ -80,6 +80,7 @@ struct PoolJob {
   Diagnosis diagnosis;
   std::string pending_task;           // the task the diagnosis is about
   std::set<std::string> waiting_for;  // victims this job preempted, not yet stopped
+  bool dependencies_met = false;      // every job of its dependsOn ended as asked (cached: they stay ended)
   // Set by its preemption: the nodes its placement was planned on, and its victims' queues. The
   // best-effort jobs it could evict in turn (lower priority, or in those queues) are kept off these
   // nodes until it places or gives up, so that what its victims free is not taken by the next
@@ -168,6 +169,7 @@ class PoolState {
   std::string reserved_for;
   std::vector<uint8_t> reserved_nodes;  // by NodeIndex
   std::set<uint64_t> nominators;        // seqs of pending jobs holding nodes by their preemption
+  std::set<uint64_t> time_limited;      // seqs of running jobs with a timeLimit (SetJobPhase keeps it)
   uint64_t removed_max_seq = 0;         // the highest seq retention removed (stored as meta)
   // Tenants' uids from the sandbox range (identities.h), given at their first placement (meta).
   std::map<std::string, int64_t> tenant_uids;

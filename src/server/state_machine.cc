@@ -20,7 +20,8 @@ const char* OperationName(const Operation& op) {
   static constexpr const char* kNames[] = {"SubmitJob",  "CancelJob",    "ReportTask", "CycleStart",
                                            "PlaceTasks", "JobWaits",     "Preempt",    "Reserve",
                                            "StopsOverdue", "RemoveJobs", "RegisterNode", "Heartbeat",
-                                           "NodeLost",   "CordonNode",   "DrainNode",  "PutQueue"};
+                                           "NodeLost",   "CordonNode",   "DrainNode",  "PutQueue",
+                                           "FailJob"};
   static_assert(std::size(kNames) == std::variant_size_v<Operation>);
   return kNames[op.index()];
 }

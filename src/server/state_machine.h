@@ -62,6 +62,7 @@ class StateMachine {
   Status On(const PreemptOp& op);
   Status On(const ReserveOp& op);
   Status On(const StopsOverdueOp& op);
+  Status On(const FailJobOp& op);
   Status On(const RemoveJobsOp& op);
   Status On(const RegisterNodeOp& op);
   Status On(const HeartbeatOp& op);

@@ -246,6 +246,7 @@ Status StateMachine::On(const PlaceTasksOp& op) {
   j.rec.reason = "";
   j.pending_message.clear();
   j.started_ms = now_;
+  j.rec.started_ms = now_;
   st_.pending.erase(j.rec.seq);
   Event(j.rec.id, "Scheduled",
         fmt::format("placed {} of {} task(s) on {}", op.tasks.size(), j.tasks.size(), fmt::join(node_names, ", ")));
@@ -325,6 +326,16 @@ Status StateMachine::On(const ReserveOp& op) {
   Event(j->rec.id, "Reserved",
         fmt::format("waited {} s: holding {} for this job; smaller jobs stop backfilling them",
                     (now_ - j->pending_since_ms) / 1000, fmt::join(names, ", ")));
+  return Status::Ok();
+}
+
+Status StateMachine::On(const FailJobOp& op) {
+  PoolJob* j = st_.FindJob(op.job_id);
+  if (j == nullptr) return Status::NotFound(fmt::format("job '{}' not found", op.job_id));
+  if (IsTerminal(j->phase))
+    return Status::FailedPrecondition(fmt::format("job '{}' is already {}", op.job_id, JobPhaseName(j->phase)));
+  if (op.reason.empty()) return Status::InvalidArgument("a job fails with a reason");
+  FailJob(*j, op.reason);
   return Status::Ok();
 }
 

@@ -112,6 +112,10 @@ ALTER TABLE tasks ADD COLUMN message TEXT NOT NULL DEFAULT '';
 ALTER TABLE tasks ADD COLUMN stop_reason TEXT NOT NULL DEFAULT '';
 ALTER TABLE tasks ADD COLUMN stop_outcome TEXT NOT NULL DEFAULT '';
 )sql"},
+    {6, "jobs: when the current run started (time limits count from it across server restarts)",
+     R"sql(
+ALTER TABLE jobs ADD COLUMN started_ms INTEGER NOT NULL DEFAULT 0;
+)sql"},
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -134,12 +138,12 @@ constexpr const char* kCreateMigrationsTable =
 // with a cascading key, silently delete) the tasks of a job.
 constexpr const char* kPutJob =
     "INSERT INTO jobs (id, seq, tenant, queue, name, priority, state, reason, spec_json, created_ms, "
-    "updated_ms, faults, not_before_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) "
+    "updated_ms, faults, not_before_ms, started_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) "
     "ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, tenant = excluded.tenant, "
     "queue = excluded.queue, name = excluded.name, priority = excluded.priority, "
     "state = excluded.state, reason = excluded.reason, spec_json = excluded.spec_json, "
     "created_ms = excluded.created_ms, updated_ms = excluded.updated_ms, faults = excluded.faults, "
-    "not_before_ms = excluded.not_before_ms";
+    "not_before_ms = excluded.not_before_ms, started_ms = excluded.started_ms";
 constexpr const char* kPutTask =
     "INSERT INTO tasks (job_id, idx, state, node, placement_json, exit_code, restarts, updated_ms, run_id, "
     "message, stop_reason, stop_outcome) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
@@ -169,7 +173,7 @@ constexpr const char* kPutMeta =
 
 constexpr const char* kLoadJobs =
     "SELECT id, seq, tenant, queue, name, priority, state, reason, spec_json, created_ms, updated_ms, "
-    "faults, not_before_ms FROM jobs ORDER BY seq";
+    "faults, not_before_ms, started_ms FROM jobs ORDER BY seq";
 constexpr const char* kLoadTasks =
     "SELECT t.job_id, t.idx, t.state, t.node, t.placement_json, t.exit_code, t.restarts, t.updated_ms, t.run_id, "
     "t.message, t.stop_reason, t.stop_outcome FROM tasks AS t JOIN jobs AS j ON j.id = t.job_id ORDER BY j.seq, t.idx";
@@ -570,7 +574,8 @@ Status SqliteStore::ApplyOp(const WriteOp& op) {
                 .Int(j.created_ms)
                 .Int(j.updated_ms)
                 .Int(j.faults)
-                .Int(j.not_before_ms);
+                .Int(j.not_before_ms)
+                .Int(j.started_ms);
             return run(s, b, [&] { return fmt::format("put job {}", j.id); });
           },
           [&](const PutTask& o) -> Status {
@@ -690,6 +695,7 @@ Result<StoreSnapshot> SqliteStore::Load() {
     j.updated_ms = ColumnInt64(s, 10);
     j.faults = ColumnInt(s, 11);
     j.not_before_ms = ColumnInt64(s, 12);
+    j.started_ms = ColumnInt64(s, 13);
     snap.jobs.push_back(std::move(j));
   });
   if (st.ok()) {

@@ -35,6 +35,7 @@ struct JobRecord {
   int64_t updated_ms = 0;
   int faults = 0;             // restarts after faults (node lost, GPU fault, failed task), for retry
   int64_t not_before_ms = 0;  // a requeued job waits for its retry backoff until then (0: no wait)
+  int64_t started_ms = 0;     // when its current run started (its time limit counts from it); 0: never
   bool operator==(const JobRecord&) const = default;
 };
 
