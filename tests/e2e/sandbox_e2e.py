@@ -57,6 +57,49 @@ def submit(api, spec):
     return body["id"]
 
 
+def batch_basics(admin, vision, nlp, victim, victim_dir, shared):
+    """workingDir, dependsOn and timeLimit through the real server and agent, and what a hostile
+    tenant would try with them."""
+    work = os.path.join(shared, "nlp-work")
+    os.makedirs(work)
+    os.chmod(work, 0o777)
+    j = submit(nlp, {"name": "wd", "tasks": [{"name": "t", "resources": {"cpu": "100m"}, "workingDir": work,
+                                              "command": ["/bin/sh", "-c", "pwd"]}]})
+    wait_state(admin, j, ("succeeded", "failed"))
+    check("workingDir: the task starts there", logs(admin, j).strip() == work, logs(admin, j))
+    # The victim's task directory as a working directory: never uncovered by the sandbox.
+    j = submit(nlp, {"name": "wd-steal", "tasks": [{"name": "t", "resources": {"cpu": "100m"},
+                                                    "workingDir": victim_dir,
+                                                    "command": ["/bin/sh", "-c", "cat secret || echo NOSECRET"]}]})
+    job = wait_state(admin, j, ("succeeded", "failed"))
+    out = logs(admin, j)
+    check("workingDir inside another task's directory shows none of its files",
+          "file-secret-v" not in out and ("NOSECRET" in out or "working directory" in json.dumps(job)),
+          out + json.dumps(job)[:600])
+    # dependsOn: another tenant's job reads as absent; one's own is waited for.
+    code, body = nlp.call("POST", "/api/v1/jobs", {"name": "probe", "dependsOn": [{"job": victim}],
+                                                   "tasks": [{"name": "t", "command": ["true"]}]})
+    check("dependsOn another tenant's job is refused as absent (400)",
+          code == 400 and "no job '%s' of tenant 'nlp'" % victim in json.dumps(body), "%d %s" % (code, body))
+    first = submit(nlp, {"name": "first", "tasks": [{"name": "t", "resources": {"cpu": "100m"},
+                                                     "command": ["/bin/sh", "-c", "sleep 2"]}]})
+    second = submit(nlp, {"name": "second", "dependsOn": [{"job": first}],
+                          "tasks": [{"name": "t", "resources": {"cpu": "100m"}, "command": ["true"]}]})
+    time.sleep(0.5)
+    _, s = admin.call("GET", "/api/v1/jobs/" + second)
+    check("dependsOn: the job waits, saying for what", s["state"] == "pending" and
+          "waiting for %s to succeed" % first in s.get("reason", ""), json.dumps(s)[:600])
+    wait_state(admin, first, ("succeeded",))
+    s = wait_state(admin, second, ("succeeded", "failed"))
+    check("dependsOn: it runs once the dependency succeeded", s["state"] == "succeeded", json.dumps(s)[:600])
+    # timeLimit: a run past it fails the job, reason `time limit`.
+    j = submit(nlp, {"name": "walltime", "timeLimit": 2,
+                     "tasks": [{"name": "t", "resources": {"cpu": "100m"}, "command": ["sleep", "120"]}]})
+    job = wait_state(admin, j, ("succeeded", "failed"), timeout=30)
+    check("timeLimit: the job fails with reason time limit", job["state"] == "failed" and
+          job.get("reason", "").startswith("time limit"), json.dumps(job)[:600])
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -204,6 +247,7 @@ def main():
                 job = wait_state(admin, j, ("succeeded", "failed"))
                 check("a rootfs of %s is refused at start" % path, job["state"] == "failed" and
                       "not under an allowed container root" in json.dumps(job), json.dumps(job)[:600])
+        batch_basics(admin, vision, nlp, victim, victim_dir, shared)
         admin.call("POST", "/api/v1/jobs/%s/cancel" % victim)
     finally:
         up.send_signal(signal.SIGTERM)
