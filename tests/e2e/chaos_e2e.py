@@ -405,6 +405,8 @@ class Sampler(threading.Thread):
         self.violations = []
         self.states = {}       # node -> last state seen
         self.transitions = []  # (time, node, old, new)
+        self.gpu_health = {}   # (node, GPU index) -> healthy as last seen
+        self.gpu_unhealthy = []  # (time, node, GPU index): first sample showing it unhealthy
         self.lock = threading.Lock()
 
     def run(self):
@@ -425,6 +427,10 @@ class Sampler(threading.Thread):
                         self.transitions.append((t, name, self.states.get(name), st))
                         self.states[name] = st
                     for g in node.get("gpus", []):
+                        healthy = g.get("healthy", True)
+                        if self.gpu_health.get((name, g.get("index")), True) and not healthy:
+                            self.gpu_unhealthy.append((t, name, g.get("index")))
+                        self.gpu_health[(name, g.get("index"))] = healthy
                         total = sum(x["share"] for x in g.get("tasks", []))
                         mem = sum(self.mem_of(x["job"], x["index"], x["share"]) for x in g.get("tasks", []))
                         cap = parse_mem(g.get("memory")) or GPU_MEMORY
@@ -816,12 +822,18 @@ def main():
                                a["node"], len(ends), "%.1f" % max(ends) if ends else "-"))
             elif a["kind"] == "xid":
                 moved = []
+                # From when the server is known to have had the fault (the first sample that showed
+                # the GPU unhealthy): a start before it may be a move of another cause (a preemption,
+                # a killed gang member) that the server made before the agent's next heartbeat.
+                known = next((t for t, n, i in sampler.gpu_unhealthy if n == a["node"] and i == a["gpu"] and t >= a["t"]),
+                             a["t"] + 1.5)
                 for key, inc in a["live"].items():
                     nxt = next((x for x in journals.get(key, []) if x["first"] > a["t"] and "double" not in x["events"]), None)
                     if nxt:
                         moved.append((nxt["first"] - a["t"], nxt["node"], nxt["gpus"]))
-                        if a["uuid"] in nxt["gpus"].split(",") and nxt["first"] < a["t"] + 3:
-                            violate("gpu-fault", "task %s restarted on faulted GPU %s %.1f s after the XID" % (key, a["uuid"], nxt["first"] - a["t"]))
+                        if a["uuid"] in nxt["gpus"].split(",") and known <= nxt["first"] < a["t"] + 3:
+                            violate("gpu-fault", "task %s restarted on faulted GPU %s %.1f s after the XID (the server showed it unhealthy "
+                                                "at +%.1f s)" % (key, a["uuid"], nxt["first"] - a["t"], known - a["t"]))
                 obs.append("XID on %s: %d/%d tasks restarted elsewhere after %s s" % (
                     a["uuid"], len(moved), len(a["live"]), "/".join("%.1f" % m[0] for m in sorted(moved)) or "-"))
         if strays and states.get("succeeded", 0) + states.get("failed", 0) + states.get("cancelled", 0) == len(jobs_by_id):
