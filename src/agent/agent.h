@@ -80,6 +80,10 @@ struct AgentOptions {
   std::vector<std::string> container_roots = {"/var/lib/gpupool/images"};
   std::vector<std::string> checkpoint_roots = {"/var/lib/gpupool/checkpoints"};
   std::vector<std::string> hide;
+  // The most processes and threads one task may have at once (its cgroup's pids.max, where the
+  // host has the pids controller); 0: no limit. One task's fork bomb then cannot take the host's
+  // pid space from the other tenants' tasks and from the agent.
+  int64_t task_pids_max = 8192;
   // Simulated GPUs only: a JSON file of GPU faults and telemetry overrides, re-read on every
   // heartbeat (docs/agent.md#fault-injection). Empty: none.
   std::string sim_faults;

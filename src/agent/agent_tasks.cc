@@ -248,6 +248,7 @@ void Agent::StartTask(LocalTask& t) {
   spec.rootfs = a.rootfs;
   spec.workdir = a.working_dir;
   spec.lease_path = lease_path_;
+  spec.pids_max = options_.task_pids_max;
   if (!inventory_.simulated) {
     spec.devices = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"};
     for (const AssignedGpu& g : a.gpus) {

@@ -80,8 +80,9 @@ class ProcessRuntime final : public SupervisedRuntime {
     SetLogFiles(spec.id, &req);
     req.exit_path = ExitPath(spec.id);
     req.lease_path = spec.lease_path;
-    if (cgroups_.kind != CgroupLayout::Kind::kNone && (spec.cpu_milli > 0 || spec.memory_bytes > 0)) {
-      ASSIGN_OR_RETURN(req.cgroup_dirs, CreateTaskCgroups(cgroups_, spec.id, spec.cpu_milli, spec.memory_bytes));
+    if (cgroups_.kind != CgroupLayout::Kind::kNone && (spec.cpu_milli > 0 || spec.memory_bytes > 0 || spec.pids_max > 0)) {
+      ASSIGN_OR_RETURN(req.cgroup_dirs,
+                       CreateTaskCgroups(cgroups_, spec.id, spec.cpu_milli, spec.memory_bytes, spec.pids_max));
     }
 
     // The record is written before the task may exec (see SpawnRequest::before_exec).

@@ -148,6 +148,7 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
     resources["cpu"] = {{"quota", std::max<int64_t>(1000, spec.cpu_milli * kPeriod / 1000)}, {"period", kPeriod}};
   }
   if (spec.memory_bytes > 0) resources["memory"] = {{"limit", spec.memory_bytes}};
+  if (spec.pids_max > 0) resources["pids"] = {{"limit", spec.pids_max}};
 
   // network "none": a namespace of its own, loopback only (nothing of the host's ports, the
   // server's and the agent's included); "host": the host's (needs a queue the admin allows it

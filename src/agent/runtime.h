@@ -22,6 +22,9 @@ struct LaunchSpec {
   std::string workdir;                      // empty: the task's own directory under the state dir
   int64_t cpu_milli = 0;                    // 0: no CPU limit
   int64_t memory_bytes = 0;                 // 0: no memory limit
+  // The most processes and threads the task may have at once (cgroup pids.max; 0: no limit). A
+  // fork bomb stays inside its own group instead of taking the host's pid space.
+  int64_t pids_max = 0;
   // runc only: an existing OCI bundle directory, or a root filesystem to build a bundle around.
   std::string bundle;
   std::string rootfs;

@@ -94,16 +94,19 @@ bool TryV2(const std::string& mount, const std::string& scope, CgroupLayout* lay
     *why += fmt::format("{}: cannot create gpupool/{} ({}); ", mount, scope, ErrnoText(errno));
     return false;
   }
-  // Each level hands cpu and memory down to the next: mount -> gpupool -> scope -> task.
-  Status st = WriteControlFile(mount + "/cgroup.subtree_control", "+cpu +memory");
-  if (st.ok()) st = WriteControlFile(base + "/cgroup.subtree_control", "+cpu +memory");
-  if (st.ok()) st = WriteControlFile(scoped + "/cgroup.subtree_control", "+cpu +memory");
+  // Each level hands cpu and memory (and pids, where the kernel has it) down to the next:
+  // mount -> gpupool -> scope -> task.
+  const std::string wanted = has("pids") ? "+cpu +memory +pids" : "+cpu +memory";
+  Status st = WriteControlFile(mount + "/cgroup.subtree_control", wanted);
+  if (st.ok()) st = WriteControlFile(base + "/cgroup.subtree_control", wanted);
+  if (st.ok()) st = WriteControlFile(scoped + "/cgroup.subtree_control", wanted);
   if (!st.ok()) {
-    *why += fmt::format("{}: cannot enable cpu and memory: {}; ", mount, st.message());
+    *why += fmt::format("{}: cannot enable {}: {}; ", mount, wanted, st.message());
     return false;
   }
   layout->kind = CgroupLayout::Kind::kV2;
   layout->v2_base = scoped;
+  layout->v2_pids = has("pids");
   return true;
 }
 
@@ -128,6 +131,12 @@ bool TryV1(const std::string& root, const std::string& scope, CgroupLayout* layo
   layout->kind = CgroupLayout::Kind::kV1;
   layout->v1_cpu_base = cpu + "/gpupool/" + scope;
   layout->v1_mem_base = mem + "/gpupool/" + scope;
+  // The pids hierarchy is optional: without it tasks have CPU and memory limits only.
+  const std::string pids = root + "/pids";
+  if (PathExists(pids + "/cgroup.procs") && WritableDir(pids) &&
+      (::mkdir((pids + "/gpupool").c_str(), 0755) == 0 || errno == EEXIST) &&
+      (::mkdir((pids + "/gpupool/" + scope).c_str(), 0755) == 0 || errno == EEXIST))
+    layout->v1_pids_base = pids + "/gpupool/" + scope;
   return true;
 }
 
@@ -423,7 +432,7 @@ CgroupLayout DetectCgroups(const std::string& root, const std::string& scope) {
 }
 
 Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, const std::string& id,
-                                                   int64_t cpu_milli, int64_t memory_bytes) {
+                                                   int64_t cpu_milli, int64_t memory_bytes, int64_t pids_max) {
   std::vector<std::string> dirs;
   auto make = [&](const std::string& dir) -> Status {
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
@@ -442,6 +451,7 @@ Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, c
       // Without swap accounting the file is absent; a limit on swap is then moot.
       if (st.ok() && PathExists(dir + "/memory.swap.max")) st = WriteControlFile(dir + "/memory.swap.max", "0");
     }
+    if (st.ok() && pids_max > 0 && layout.v2_pids) st = WriteControlFile(dir + "/pids.max", std::to_string(pids_max));
   } else if (layout.kind == CgroupLayout::Kind::kV1) {
     std::string cpu = layout.v1_cpu_base + "/" + id;
     std::string mem = layout.v1_mem_base + "/" + id;
@@ -453,6 +463,11 @@ Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, c
     }
     if (st.ok() && memory_bytes > 0)
       st = WriteControlFile(mem + "/memory.limit_in_bytes", std::to_string(memory_bytes));
+    if (st.ok() && pids_max > 0 && !layout.v1_pids_base.empty()) {
+      const std::string pids = layout.v1_pids_base + "/" + id;
+      st = make(pids);
+      if (st.ok()) st = WriteControlFile(pids + "/pids.max", std::to_string(pids_max));
+    }
   }
   if (!st.ok()) {
     (void)RemoveCgroupDirs(dirs);
@@ -465,6 +480,7 @@ void PruneCgroups(const CgroupLayout& layout, const std::set<std::string>& keep,
   std::vector<std::string> bases;
   if (layout.kind == CgroupLayout::Kind::kV2) bases = {layout.v2_base};
   if (layout.kind == CgroupLayout::Kind::kV1) bases = {layout.v1_cpu_base, layout.v1_mem_base};
+  if (!layout.v1_pids_base.empty()) bases.push_back(layout.v1_pids_base);
   for (const std::string& base : bases) {
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {

@@ -105,6 +105,8 @@ struct CgroupLayout {
   std::string v2_base;      // <unified>/gpupool/<scope>
   std::string v1_cpu_base;  // <cpu>/gpupool/<scope>
   std::string v1_mem_base;  // <memory>/gpupool/<scope>
+  std::string v1_pids_base;  // <pids>/gpupool/<scope>; empty: no writable pids hierarchy
+  bool v2_pids = false;      // the v2 pids controller is handed down to the tasks' groups
   std::string note;         // why there are no limits, when kind == kNone
 };
 // The agent's own cgroup directory under gpupool/: "agent-" and 16 hex digits of a hash of the
@@ -119,7 +121,7 @@ std::string CgroupScope(const std::string& state_dir_abs);
 CgroupLayout DetectCgroups(const std::string& root, const std::string& scope);
 // Creates the task's groups and writes its limits; returns the created directories.
 Result<std::vector<std::string>> CreateTaskCgroups(const CgroupLayout& layout, const std::string& id,
-                                                   int64_t cpu_milli, int64_t memory_bytes);
+                                                   int64_t cpu_milli, int64_t memory_bytes, int64_t pids_max = 0);
 // Kills what is left in the groups and removes them.
 Status RemoveCgroupDirs(const std::vector<std::string>& dirs);
 // Removes the empty task groups in the layout's scope not named in `keep` (what an agent killed

@@ -495,6 +495,44 @@ TEST(ProcessRuntime, CpuAndMemoryLimitsLandInTheTasksCgroup) {
   for (const auto& d : dirs_to_check) EXPECT_FALSE(agent_internal::PathExists(d)) << d;
 }
 
+// A fork bomb stays in its own group: the task's pids.max holds its processes and threads, and a
+// task that asks for no CPU or memory limit still gets one.
+TEST(ProcessRuntime, ATasksProcessCountIsCappedByItsPidsLimit) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path(), "");
+  ASSERT_NE(rt, nullptr);
+  if (!rt->limits_note().empty()) GTEST_SKIP() << rt->limits_note();
+  if (!agent_internal::PathExists("/sys/fs/cgroup/pids/cgroup.procs") &&
+      ReadText("/sys/fs/cgroup/cgroup.controllers").find("pids") == std::string::npos)
+    GTEST_SKIP() << "no pids controller on this host";
+  std::string id = UniqueId("pids");
+  // 40 background sleeps under a limit of 16: the shell's forks fail with EAGAIN past it.
+  LaunchSpec spec = Spec(id, {"/bin/sh", "-c",
+                              "cat /proc/self/cgroup; n=0; for i in $(seq 40); do sleep 5 & n=$((n+1)); done 2>/dev/null; "
+                              "echo started; ls /proc | grep -c '^[0-9]' >/dev/null; kill $(jobs -p) 2>/dev/null; wait; "
+                              "echo done"});
+  spec.pids_max = 16;
+  ASSERT_TRUE(rt->Start(spec).ok());
+  WaitDone(*rt, id);
+  const std::string out = ReadText(rt->StdoutPath(id));
+  const std::string err = ReadText(rt->StderrPath(id));
+  char real[PATH_MAX];
+  ASSERT_NE(::realpath(dir.path().c_str(), real), nullptr);
+  const std::string group = "/gpupool/" + agent_internal::CgroupScope(real) + "/" + id;
+  std::string pids_dir = CgroupPathOf(out, "pids");
+  std::string base = "/sys/fs/cgroup/pids";
+  if (pids_dir.empty()) {  // v2
+    pids_dir = CgroupPathOf(out, "");
+    base = agent_internal::PathExists("/sys/fs/cgroup" + pids_dir + "/pids.max") ? "/sys/fs/cgroup" : "/sys/fs/cgroup/unified";
+  }
+  EXPECT_EQ(pids_dir, group) << out;
+  EXPECT_EQ(ReadText(base + pids_dir + "/pids.max"), "16\n");
+  // The group saw the limit bite (v1 and v2 count refused forks in pids.events).
+  EXPECT_NE(ReadText(base + pids_dir + "/pids.events"), "max 0\n") << out << err;
+  ASSERT_TRUE(rt->Remove(id).ok());
+  EXPECT_FALSE(agent_internal::PathExists(base + pids_dir));
+}
+
 // Run names repeat across pools (every pool's first job is j-000000000001): two agents on one host
 // (two pools, or a test run beside a real agent) start a task of the same name. Each agent's
 // groups live under its own directory, so one agent's cleanup does not kill the other's task.
@@ -732,9 +770,11 @@ TEST_F(RuncTest, LimitsReachTheContainersCgroup) {
            "/sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max 2>/dev/null; true"});
   spec.cpu_milli = 500;
   spec.memory_bytes = 64 << 20;
+  spec.pids_max = 100;
   ASSERT_TRUE(rt_->Start(spec).ok());
   auto config = nlohmann::json::parse(ReadText(dir_.path() + "/state/" + id + "/bundle/config.json"));
   EXPECT_EQ(config["linux"]["resources"]["memory"]["limit"], 64 << 20);
+  EXPECT_EQ(config["linux"]["resources"]["pids"]["limit"], 100);
   EXPECT_EQ(config["linux"]["resources"]["cpu"]["quota"], 50000);
   TaskStatusInfo info = WaitDone(*rt_, id);
   EXPECT_EQ(info.exit_code, 0) << ReadText(rt_->StderrPath(id));

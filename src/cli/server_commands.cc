@@ -444,6 +444,10 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--checkpoint-root", agent->options.checkpoint_roots,
                         "A directory tasks' checkpoint directories may lie under (repeatable; default "
                         "/var/lib/gpupool/checkpoints)");
+  agent_cmd->add_option("--task-pids-max", agent->options.task_pids_max,
+                        "The most processes and threads one task may have at once (its cgroup's pids.max; "
+                        "0: no limit; default 8192)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4194304}));
   agent_cmd->add_option("--hide", agent->options.hide,
                         "A host path no task may see, besides the agent's state and logs (repeatable: the "
                         "server's data dir and config when they share the host)");
