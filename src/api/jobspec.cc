@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "api/fields.h"
+#include "common/image_source.h"
 
 namespace gpupool {
 
@@ -726,11 +727,16 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
   }
   if (const Json* container = f.Get("container")) {
     ASSIGN_OR_RETURN(ObjectFields c,
-                     ObjectFields::Read(*container, f.Path("container"), {"bundle", "rootfs", "network"}));
-    if (c.Has("bundle") && c.Has("rootfs")) {
-      return FieldError(c.path(), "takes bundle or rootfs, not both");
+                     ObjectFields::Read(*container, f.Path("container"), {"image", "bundle", "rootfs", "network"}));
+    const int roots = int{c.Has("image")} + int{c.Has("bundle")} + int{c.Has("rootfs")};
+    if (roots > 1) return FieldError(c.path(), "takes one of image, bundle or rootfs");
+    if (roots == 0) return FieldError(c.path(), "needs an image, a bundle or a rootfs");
+    if (const Json* image = c.Get("image")) {
+      ASSIGN_OR_RETURN(std::string text, ReadString(*image, c.Path("image"), kMaxImageSourceBytes));
+      auto source = ParseImageSource(text);
+      if (!source.ok()) return FieldError(c.Path("image"), source.status().message());
+      g->exec.image = source->ToString();
     }
-    if (!c.Has("bundle") && !c.Has("rootfs")) return FieldError(c.path(), "needs a bundle or a rootfs");
     if (const Json* network = c.Get("network")) {
       ASSIGN_OR_RETURN(std::string n, ReadString(*network, c.Path("network"), 16));
       if (n != "none" && n != "host") return FieldError(c.Path("network"), "must be none or host");
@@ -1031,8 +1037,9 @@ Json TaskJson(const TaskGroup& g) {
                {"env", LabelsJson(g.exec.env)}};
   for (const auto& arg : g.exec.command) task["command"].push_back(arg);
   if (!g.exec.working_dir.empty()) task["workingDir"] = g.exec.working_dir;
-  if (!g.exec.bundle.empty() || !g.exec.rootfs.empty()) {
+  if (!g.exec.image.empty() || !g.exec.bundle.empty() || !g.exec.rootfs.empty()) {
     Json container = Json::object();
+    if (!g.exec.image.empty()) container["image"] = g.exec.image;
     if (!g.exec.bundle.empty()) container["bundle"] = g.exec.bundle;
     if (!g.exec.rootfs.empty()) container["rootfs"] = g.exec.rootfs;
     if (!g.exec.network.empty()) container["network"] = g.exec.network;

@@ -323,8 +323,8 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "affinity.antiAffinity", "unknown field"},
       {"unknown requirement", [](Json& j) { j["affinity"]["nodeAffinity"][0]["op"] = "In"; },
        "affinity.nodeAffinity[0].op", "unknown field"},
-      {"unknown container", [](Json& j) { j["tasks"][0]["container"]["image"] = "x"; },
-       "tasks[0].container.image", "unknown field (known: bundle, rootfs, network)"},
+      {"unknown container", [](Json& j) { j["tasks"][0]["container"]["imag"] = "x"; },
+       "tasks[0].container.imag", "unknown field (known: image, bundle, rootfs, network)"},
       {"timeLimit zero", [](Json& j) { j["timeLimit"] = 0; }, "timeLimit", "must be between 1 and 31536000"},
       {"timeLimit unit", [](Json& j) { j["timeLimit"] = "3w"; }, "timeLimit", "units d, h, m, s, each once"},
       {"timeLimit twice", [](Json& j) { j["timeLimit"] = "1h1h"; }, "timeLimit", "each once"},
@@ -526,7 +526,25 @@ TEST(JobSpec, BadInputsNameTheirField) {
       {"too many args", [](Json& j) { j["tasks"][0]["command"] = std::vector<std::string>(1025, "x"); },
        "tasks[0].command", "1025 entries, over the limit of 1024"},
       {"bundle and rootfs", [](Json& j) { j["tasks"][0]["container"]["rootfs"] = "/r"; },
-       "tasks[0].container", "bundle or rootfs, not both"},
+       "tasks[0].container", "takes one of image, bundle or rootfs"},
+      {"image and bundle", [](Json& j) { j["tasks"][0]["container"]["image"] = "oci:/srv/i:1"; },
+       "tasks[0].container", "takes one of image, bundle or rootfs"},
+      {"no root at all", [](Json& j) { j["tasks"][0]["container"] = Json{{"network", "host"}}; },
+       "tasks[0].container", "needs an image, a bundle or a rootfs"},
+      {"image transport", [](Json& j) { j["tasks"][0]["container"] = Json{{"image", "file:/etc/passwd"}}; },
+       "tasks[0].container.image", "must start with oci:, oci-archive:, docker-archive: or docker://"},
+      {"image relative", [](Json& j) { j["tasks"][0]["container"] = Json{{"image", "oci:srv/i"}}; },
+       "tasks[0].container.image", "'oci:srv/i': the path must be absolute"},
+      {"image dotdot", [](Json& j) { j["tasks"][0]["container"] = Json{{"image", "oci:/srv/../etc:x"}}; },
+       "tasks[0].container.image", "'.' or '..'"},
+      {"image option", [](Json& j) { j["tasks"][0]["container"] = Json{{"image", "oci:/srv/-x"}}; },
+       "tasks[0].container.image", "may start with '-'"},
+      {"image space", [](Json& j) { j["tasks"][0]["container"] = Json{{"image", "docker://a b"}}; },
+       "tasks[0].container.image", "without spaces"},
+      {"image long", [](Json& j) { j["tasks"][0]["container"] = Json{{"image", "docker://" + std::string(1100, 'a')}}; },
+       "tasks[0].container.image", "over the limit of 1024"},
+      {"image number", [](Json& j) { j["tasks"][0]["container"] = Json{{"image", 7}}; },
+       "tasks[0].container.image", "string"},
       {"relative bundle", [](Json& j) { j["tasks"][0]["container"]["bundle"] = "b"; },
        "tasks[0].container.bundle", "absolute path"},
       {"interval without dir", [](Json& j) { j["tasks"][0]["checkpoint"].erase("dir"); },
@@ -929,9 +947,10 @@ class JobGenerator {
     for (int i = Int(0, 4); i > 0; --i) g.exec.command.push_back(Text());
     for (int i = Int(0, 3); i > 0; --i)
       g.exec.env[From("ABC_xyz.-", 1) + From("ABC_019.-", Int(0, 8))] = Text();
-    switch (Int(0, 2)) {
+    switch (Int(0, 3)) {
       case 1: g.exec.bundle = "/" + Text(); break;
       case 2: g.exec.rootfs = "/" + Text(); break;
+      case 3: g.exec.image = Coin() ? "docker://registry.example:5000/team/" + From("abc019", 1) + ":v1" : "oci:/srv/i:t"; break;
       default: break;
     }
     if (Coin()) g.exec.checkpoint = {"/ckpt/" + Text(), Int(0, 86400)};

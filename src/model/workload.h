@@ -99,6 +99,9 @@ struct TaskExec {
   std::map<std::string, std::string> env;
   std::string bundle;  // an OCI bundle directory: run with runc
   std::string rootfs;  // a root filesystem: runc with a generated config
+  // A container image ("oci:/srv/images/pytorch:24.05", "docker://..."; common/image_source.h),
+  // unpacked by the agent into its image cache: runc with a generated config.
+  std::string image;
   // Containers: "" (a network namespace of its own, loopback only) or "host" (the host's network;
   // only in a queue the admin allows it for).
   std::string network;

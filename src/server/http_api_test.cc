@@ -992,6 +992,39 @@ TEST_F(HttpApiTest, ReportsOfAnotherRunIdAreRefusedAndRunIdsSurviveARestart) {
   EXPECT_EQ(Job(job)["tasks"][0]["state"], "running");
 }
 
+TEST_F(HttpApiTest, AContainerImageIsAssignedAndItsPinnedDigestIsShownStoredAndChecked) {
+  AddNode("n1", 1);
+  const std::string job = Submit(R"({"name": "img", "tasks": [{"name": "w", "resources": {"cpu": "1", "gpu": 1},
+      "container": {"image": "oci:/srv/images/trainer:v2"}}]})",
+                                 kVisionToken);
+  service_->RunCycle();
+  Reply a = Get("/api/v1/agent/nodes/n1/assignments", Cred("n1"));
+  ASSERT_EQ(a.status, 200) << a.raw;
+  EXPECT_EQ(a.body["assignments"][0].value("image", ""), "oci:/srv/images/trainer:v2") << a.raw;
+  const std::string run = a.body["assignments"][0].value("runId", "");
+  const std::string status = "/api/v1/agent/nodes/n1/tasks/" + job + "/0/status";
+  const std::string digest = "sha256:" + std::string(64, 'c');
+  // What an agent may not make the job's owner see or the store keep.
+  const json before = Stored();
+  for (const json& bad : {json("oci:/srv/images/trainer:v2"), json("oci:/srv/images/trainer:v2@sha256:abc"),
+                          json("oci:../x@" + digest), json("oci:/srv/x\n@" + digest),
+                          json("oci:/srv/images/trainer:v2@" + digest + std::string(2000, 'x')), json(7)}) {
+    Reply r = Post(status, json{{"state", "running"}, {"runId", run}, {"image", bad}}.dump(), Cred("n1"));
+    EXPECT_TRUE(IsError(r, 400, "InvalidArgument", "image")) << bad.dump() << " " << r.raw;
+  }
+  EXPECT_EQ(Stored(), before);
+  EXPECT_EQ(Job(job)["tasks"][0]["state"], "assigned");
+  const std::string pinned = "oci:/srv/images/trainer:v2@" + digest;
+  Reply r = Post(status, json{{"state", "running"}, {"runId", run}, {"image", pinned}}.dump(), Cred("n1"));
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(Job(job)["tasks"][0].value("image", ""), pinned);
+  Reply ev = Get("/api/v1/jobs/" + job + "/events", kVisionToken);
+  ASSERT_EQ(ev.status, 200) << ev.raw;
+  EXPECT_NE(ev.raw.find("from image " + pinned), std::string::npos) << ev.raw;
+  Open();  // a restarted server still says which image runs
+  EXPECT_EQ(Job(job)["tasks"][0].value("image", ""), pinned);
+}
+
 TEST_F(HttpApiTest, LimitsAnswer429AndQueueRulesAnswer403NamingTheRule) {
   config_.max_pending_jobs_per_tenant = 1;
   Open();

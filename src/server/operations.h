@@ -60,6 +60,7 @@ struct TaskReport {
   std::string message;
   int run = -1;                       // the run (restart count) the report is about; -1: not said
   std::optional<std::string> run_id;  // the placement's run id the report is about
+  std::string image;                  // running: the image it started from, "<source>@sha256:<hex>"
 };
 struct ReportTaskOp : OpTime {
   std::string node;

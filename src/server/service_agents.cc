@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "api/node_codec.h"
+#include "common/image_source.h"
 #include "config/profile_yaml.h"
 #include "sched/preemption.h"
 #include "sched/registry.h"
@@ -275,6 +276,7 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
     a["env"] = g.exec.env;
     a["bundle"] = g.exec.bundle;
     a["rootfs"] = g.exec.rootfs;
+    if (!g.exec.image.empty()) a["image"] = g.exec.image;
     a["network"] = g.exec.network.empty() ? "none" : g.exec.network;
     if (!g.exec.working_dir.empty()) a["workingDir"] = g.exec.working_dir;
     a["runAs"] = RunAsJson(config_, state_, j->rec.tenant, j->rec.queue);
@@ -332,8 +334,17 @@ Result<TaskReport> PoolService::ParseTaskReport(const std::string& job_id, int i
       if (!it.value().is_string() || it.value().get<std::string>().size() > 64)
         return Status::InvalidArgument("runId: must be a string of at most 64 characters");
       run_id = it.value().get<std::string>();
+    } else if (k == "image") {
+      if (!it.value().is_string()) return Status::InvalidArgument("image: must be a string");
+      // "<source>@sha256:<64 hex>": shown to the job's owner and stored, so checked whole.
+      const std::string text = it.value().get<std::string>();
+      const size_t at = text.rfind('@');
+      if (at == std::string::npos || !IsSha256Digest(std::string_view(text).substr(at + 1)) ||
+          !ParseImageSource(std::string_view(text).substr(0, at)).ok())
+        return Status::InvalidArgument("image: must be an image source pinned by digest (<source>@sha256:<64 hex>)");
+      r.image = text;
     } else {
-      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts, runId" +
+      return Status::InvalidArgument(k + ": unknown field (known: state, exitCode, message, restarts, runId, image" +
                                      std::string(with_ids ? ", jobId, index" : "") + ")");
     }
   }

@@ -154,6 +154,7 @@ Status PoolService::Recover() {
     ts.updated_ms = r.updated_ms;
     ts.last_node = r.node;
     ts.end_message = r.message;
+    ts.image = r.image;
     ts.stop_reason = r.stop_reason;
     if (IsLive(ts.phase)) {
       json pj = json::parse(r.placement_json, nullptr, false);

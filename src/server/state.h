@@ -64,6 +64,7 @@ struct PoolTask {
   std::string last_node;  // where the task last ran (kept after release: its logs are there)
   std::string stop_reason;
   std::string end_message;  // what the agent said when the task ended ("killed by SIGKILL")
+  std::string image;        // the image its run started from, "<source>@sha256:..." ("": none said)
   TaskPhase stop_outcome = TaskPhase::kCancelled;  // what "stopped" turns into
 };
 

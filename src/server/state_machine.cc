@@ -96,6 +96,7 @@ void StateMachine::WriteTask(const PoolJob& j, int index) {
   r.updated_ms = ts.updated_ms;
   r.run_id = ts.run_id;
   r.message = ts.end_message;
+  r.image = ts.image;
   r.stop_reason = ts.stop_reason;
   if (ts.phase == TaskPhase::kStopping) r.stop_outcome = std::string(TaskPhaseName(ts.stop_outcome));
   fx_->batch.Add(PutTask{r});

@@ -110,8 +110,11 @@ Status StateMachine::On(const ReportTaskOp& op) {
     if (ts.phase == TaskPhase::kAssigned) {
       st_.SetTaskPhase(*j, ts, TaskPhase::kRunning);
       ts.updated_ms = now_;
+      ts.image = report.image;
       WriteTask(*j, index);
-      Event(job_id, "TaskStarted", fmt::format("task {} started on {}", task_name, node));
+      Event(job_id, "TaskStarted",
+            report.image.empty() ? fmt::format("task {} started on {}", task_name, node)
+                                 : fmt::format("task {} started on {} from image {}", task_name, node, report.image));
     }
     return Status::Ok();
   }

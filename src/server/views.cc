@@ -69,6 +69,7 @@ TaskSnapshot SnapshotTask(const PoolState& st, const PoolJob& j, int index) {
   if (ts.placed) t.placement = SnapshotPlacement(st, ts.placement);
   if (ts.phase == TaskPhase::kStopping) t.stop_reason = ts.stop_reason;
   t.end_message = ts.end_message;
+  t.image = ts.image;
   return t;
 }
 
@@ -89,6 +90,8 @@ json TaskView(const TaskSnapshot& ts) {
   if (ts.phase == TaskPhase::kStopping) t["stopReason"] = ts.stop_reason;
   // How it ended, as its agent said ("exit code 3", "killed by SIGKILL after the grace period").
   if (!ts.end_message.empty()) t["message"] = ts.end_message;
+  // A container task's image, pinned by the digest its agent unpacked.
+  if (!ts.image.empty()) t["image"] = ts.image;
   return t;
 }
 

@@ -42,6 +42,7 @@ struct TaskSnapshot {
   std::optional<PlacementSnapshot> placement;  // live tasks
   std::string stop_reason;
   std::string end_message;
+  std::string image;  // "<source>@sha256:..." of a container task's run; "" otherwise
 };
 
 struct JobSnapshot {

@@ -116,6 +116,10 @@ ALTER TABLE tasks ADD COLUMN stop_outcome TEXT NOT NULL DEFAULT '';
      R"sql(
 ALTER TABLE jobs ADD COLUMN started_ms INTEGER NOT NULL DEFAULT 0;
 )sql"},
+    {7, "tasks: the container image a task's run started from, pinned by digest",
+     R"sql(
+ALTER TABLE tasks ADD COLUMN image TEXT NOT NULL DEFAULT '';
+)sql"},
 };
 
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
@@ -146,11 +150,12 @@ constexpr const char* kPutJob =
     "not_before_ms = excluded.not_before_ms, started_ms = excluded.started_ms";
 constexpr const char* kPutTask =
     "INSERT INTO tasks (job_id, idx, state, node, placement_json, exit_code, restarts, updated_ms, run_id, "
-    "message, stop_reason, stop_outcome) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "
+    "message, stop_reason, stop_outcome, image) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) "
     "ON CONFLICT (job_id, idx) DO UPDATE SET state = excluded.state, node = excluded.node, "
     "placement_json = excluded.placement_json, exit_code = excluded.exit_code, "
     "restarts = excluded.restarts, updated_ms = excluded.updated_ms, run_id = excluded.run_id, "
-    "message = excluded.message, stop_reason = excluded.stop_reason, stop_outcome = excluded.stop_outcome";
+    "message = excluded.message, stop_reason = excluded.stop_reason, stop_outcome = excluded.stop_outcome, "
+    "image = excluded.image";
 constexpr const char* kPutNode =
     "INSERT INTO nodes (name, spec_json, cordoned, draining, state, last_heartbeat_ms) "
     "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
@@ -176,7 +181,7 @@ constexpr const char* kLoadJobs =
     "faults, not_before_ms, started_ms FROM jobs ORDER BY seq";
 constexpr const char* kLoadTasks =
     "SELECT t.job_id, t.idx, t.state, t.node, t.placement_json, t.exit_code, t.restarts, t.updated_ms, t.run_id, "
-    "t.message, t.stop_reason, t.stop_outcome FROM tasks AS t JOIN jobs AS j ON j.id = t.job_id ORDER BY j.seq, t.idx";
+    "t.message, t.stop_reason, t.stop_outcome, t.image FROM tasks AS t JOIN jobs AS j ON j.id = t.job_id ORDER BY j.seq, t.idx";
 constexpr const char* kLoadNodes =
     "SELECT name, spec_json, cordoned, draining, state, last_heartbeat_ms FROM nodes ORDER BY name";
 constexpr const char* kLoadQueues = "SELECT name, config_json FROM queues ORDER BY name";
@@ -593,7 +598,8 @@ Status SqliteStore::ApplyOp(const WriteOp& op) {
                 .Text(t.run_id)
                 .Text(t.message)
                 .Text(t.stop_reason)
-                .Text(t.stop_outcome);
+                .Text(t.stop_outcome)
+                .Text(t.image);
             return run(s, b, [&] { return fmt::format("put task {}[{}]", t.job_id, t.index); });
           },
           [&](const PutNode& o) -> Status {
@@ -713,6 +719,7 @@ Result<StoreSnapshot> SqliteStore::Load() {
       t.message = ColumnText(s, 9);
       t.stop_reason = ColumnText(s, 10);
       t.stop_outcome = ColumnText(s, 11);
+      t.image = ColumnText(s, 12);
       snap.tasks.push_back(std::move(t));
     });
   }

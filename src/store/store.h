@@ -56,6 +56,9 @@ struct TaskRecord {
   // While (or after) it is stopped: why, and what "stopped" turns it into (cancelled, preempted).
   std::string stop_reason;
   std::string stop_outcome;
+  // A container task: the image its current or last run started from, pinned by digest
+  // ("oci:/srv/images/pytorch:24.05@sha256:..."), as its agent reported; "" otherwise.
+  std::string image;
   bool operator==(const TaskRecord&) const = default;
 };
 

@@ -83,6 +83,7 @@ TaskRecord MakeTask(const std::string& job_id, int index) {
   t.message = index % 2 ? "killed by SIGKILL" : "";
   t.stop_reason = "preempted by j-" + std::to_string(index);
   t.stop_outcome = index % 2 ? "cancelled" : "preempted";
+  t.image = index % 2 ? "oci:/srv/images/x:1@sha256:" + std::string(64, 'a') : "";
   return t;
 }
 
