@@ -8,10 +8,12 @@ add_library(gpupool_agent_runtime
   src/agent/log_pump.cc
   src/agent/process_runtime.cc
   src/agent/runc_runtime.cc
+  src/agent/image_cache.cc
+  src/agent/image_layout.cc
 )
 target_link_libraries(gpupool_agent_runtime
   PUBLIC gpupool_common
-  PRIVATE nlohmann_json::nlohmann_json fmt::fmt)
+  PRIVATE nlohmann_json::nlohmann_json fmt::fmt OpenSSL::Crypto)  # libcrypto: SHA-256 (image_cache.cc)
 
 # The supervisor of each task, a program of its own (src/agent/supervisor_main.cc): the agent starts
 # it with posix_spawn, so starting a task never copies the agent's address space. It links libc and
@@ -37,4 +39,8 @@ if(GPUPOOL_BUILD_TESTS)
   gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc src/agent/supervisor_test.cc
     src/agent/sandbox_test.cc)
   target_link_libraries(runtime_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
+  # Builds small busybox images with umoci and pulls them through skopeo (no network); skips
+  # when either or /bin/busybox is absent.
+  gpupool_test(image_test src/agent/image_cache_test.cc)
+  target_link_libraries(image_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
 endif()

@@ -795,6 +795,93 @@ Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,
+                       std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
+                       const std::vector<std::string>& extra_env) {
+  if (argv.empty()) return Status::InvalidArgument("empty command");
+  constexpr size_t kKeep = 64 << 10;
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env = {"PATH=" + DefaultPath()};
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
+  FdCloser r(DupHigh(pipefd[0]));
+  FdCloser w(DupHigh(pipefd[1]));
+  FdCloser devnull(OpenHigh("/dev/null", O_RDONLY));
+  if (r.get() < 0 || w.get() < 0 || devnull.get() < 0) return Status::IoError("cannot set up a helper's stdio");
+  int execpipe[2];
+  if (::pipe2(execpipe, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
+  FdCloser er(DupHigh(execpipe[0]));
+  FdCloser ew(DupHigh(execpipe[1]));
+  const char* exe = args[0];
+  int wfd = w.get(), nfd = devnull.get(), efd = ew.get();
+
+  pid_t pid = ::fork();
+  if (pid < 0) return Status::Internal(fmt::format("fork: {}", ErrnoText(errno)));
+  if (pid == 0) {
+    // A group of its own: a timeout or cancellation kills what the helper started too.
+    ::setpgid(0, 0);
+    if (::dup2(nfd, 0) < 0 || ::dup2(wfd, 1) < 0 || ::dup2(wfd, 2) < 0) ::_exit(127);
+    ResetSignals();
+    ::execve(exe, args.data(), envp.data());
+    SafeSend(efd, kMsgExec, errno);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here: the kill below may come before the child ran at all
+  w.reset();
+  ew.reset();
+  int32_t msg[2];
+  ssize_t en;
+  do {
+    en = ::read(er.get(), msg, sizeof(msg));
+  } while (en < 0 && errno == EINTR);
+  bool exec_failed = en == static_cast<ssize_t>(sizeof(msg));
+
+  auto deadline = Clock::now() + timeout;
+  bool timed_out = false, cancelled = false;
+  char buf[4096];
+  while (!exec_failed) {
+    if (cancel != nullptr && cancel->load()) {
+      cancelled = true;
+      break;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd pfd{r.get(), POLLIN, 0};
+    int pr = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 100)));
+    if (pr <= 0) continue;
+    ssize_t n = ::read(r.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (output != nullptr) {
+      output->append(buf, static_cast<size_t>(n));
+      if (output->size() > 2 * kKeep) output->erase(0, output->size() - kKeep);
+    }
+  }
+  if (timed_out || cancelled) ::kill(-pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (output != nullptr && output->size() > kKeep) output->erase(0, output->size() - kKeep);
+  if (exec_failed)
+    return Status::FailedPrecondition(fmt::format("cannot execute '{}': {}", argv[0], ErrnoText(msg[1])));
+  if (cancelled) return Status::Internal(fmt::format("'{}' was cancelled", argv[0]));
+  if (timed_out)
+    return Status::Internal(fmt::format("'{}' did not finish within {} ms", fmt::format("{}", fmt::join(argv, " ")),
+                                        timeout.count()));
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
 std::optional<ExitRecord> ReadExitRecord(const std::string& path) {
   auto text = ReadFile(path);
   if (!text.ok()) return std::nullopt;

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -183,6 +184,13 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req);
 // stdout/stderr lands in `output`. Returns the exit status (or an error when it could not run).
 Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,
                        std::chrono::milliseconds timeout);
+// The same for long helpers (skopeo, umoci): the command runs in a process group of its own, which
+// is killed (SIGKILL) when `timeout` passes or `cancel` (polled at least every 100 ms; may be null)
+// becomes true; `extra_env` ("KEY=value") joins the PATH-only environment. `output` keeps the last
+// 64 KiB.
+Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,
+                       std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
+                       const std::vector<std::string>& extra_env);
 
 // What the supervisor recorded.
 struct ExitRecord {
@@ -273,6 +281,10 @@ class SupervisedRuntime : public Runtime {
   int log_keep_ = 0;
   std::map<std::string, TaskRecord> tasks_;
 };
+
+// Creates `path` (absolute, inside the container) under `root` as directories, mode 0755, never
+// following a link: an image whose /var is a link to / gets an error, not a directory on the host.
+Status MakeDirsBeneath(const std::string& root, const std::string& path);
 
 // Exposed for tests: the OCI config.json the runc runtime writes for a spec around `rootfs`.
 // `cgroup_parent`: where runc puts the task's group, "/gpupool/<scope>" (see CgroupScope).
