@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long a job takes from submission to a running task on `gpupool up`, per agent setting.
 
-usage: up_bench.py GPUPOOL_BINARY WORK_DIR [--jobs N] [--runc N] [--rate PER_SECOND]
+usage: up_bench.py GPUPOOL_BINARY WORK_DIR [--jobs N] [--runc N] [--image N] [--rate PER_SECOND]
 
 For each configuration (side by side in one run, so the machine's noise hits all alike) it starts
 `gpupool up` with 2 simulated 8xH100-80GB-SXM nodes, submits N one-task jobs (a quarter GPU each,
@@ -12,7 +12,10 @@ For each configuration (side by side in one run, so the machine's noise hits all
   total      createdAt -> Succeeded      the whole life of a job that sleeps 2 s
 
 With --runc N (root, runc and /bin/busybox needed) N more jobs run as runc containers on a busybox
-root filesystem, to show what a container start costs next to a process start.
+root filesystem, to show what a container start costs next to a process start. With --image N
+(also skopeo and umoci) N more run from an OCI image of the same busybox, packed by umoci: the
+first of them on each node waits for the pull into that node's empty image cache, the rest start
+from the cache.
 Configurations: assignments only with heartbeats (every 5 s, the server's default), and the
 agent's assignment poll at 1 s and 0.25 s (the agent's and `gpupool up`'s defaults).
 """
@@ -31,6 +34,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+from oci_image import build_image  # noqa: E402
 from pool_api import free_port  # noqa: E402
 
 
@@ -56,7 +60,7 @@ def pct(values, p):
     return values[k]
 
 
-def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs):
+def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs, image_jobs=0, image=None):
     data = os.path.join(work, name.replace(" ", "-"))
     shutil.rmtree(data, ignore_errors=True)
     api_port = free_port()
@@ -69,6 +73,10 @@ def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs):
     if rootfs and "--container-root" in subprocess.run([binary, "up", "--help"], capture_output=True,
                                                          text=True).stdout:
         cmd += ["--container-root", os.path.dirname(rootfs)]
+    if image_jobs:
+        cache = data + "-images"
+        shutil.rmtree(cache, ignore_errors=True)
+        cmd += ["--image-cache", cache]
     up = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = "http://127.0.0.1:%d" % api_port
     try:
@@ -85,11 +93,14 @@ def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs):
                 sys.exit("up_bench: gpupool up did not come up; see %s.log" % data)
             time.sleep(0.2)
         kinds = {}
-        for i in range(jobs + runc_jobs):
+        for i in range(jobs + runc_jobs + image_jobs):
             task = {"name": "t", "resources": {"cpu": "0.05", "memory": "16Mi", "gpu": 0.25},
                     "isolation": "mps", "command": ["/bin/sleep", "2"]}
             kind = "process"
-            if i >= jobs:
+            if i >= jobs + runc_jobs:
+                task["container"] = {"image": image}
+                kind = "image"
+            elif i >= jobs:
                 task["container"] = {"rootfs": rootfs}
                 kind = "runc"
             job = call(url, token, "POST", "/api/v1/jobs", {"name": "b-%d" % i, "tasks": [task]})
@@ -135,6 +146,7 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--runc", type=int, default=20)
+    ap.add_argument("--image", type=int, default=0, help="jobs from an OCI image (needs skopeo and umoci)")
     ap.add_argument("--rate", type=float, default=10.0, help="submissions per second")
     args = ap.parse_args()
     binary, work = os.path.abspath(args.binary), os.path.abspath(args.work)
@@ -148,14 +160,25 @@ def main():
                        stdout=subprocess.DEVNULL)
     else:
         runc_jobs = 0
+    image_jobs, image = args.image, None
+    if image_jobs and rootfs and shutil.which("skopeo") and shutil.which("umoci"):
+        layout = os.path.join(work, "images", "busybox")
+        shutil.rmtree(os.path.dirname(layout), ignore_errors=True)
+        os.makedirs(os.path.dirname(layout))
+        os.chmod(work, 0o755)
+        build_image(layout, work)
+        image = "oci:%s:v1" % layout
+    else:
+        image_jobs = 0
     configs = [("heartbeat only", 0), ("poll 1s", 1.0), ("poll 0.25s", 0.25)]
     print("%d process jobs%s per configuration, submitted at %.0f/s; 2 simulated nodes x 8 GPUs"
-          % (args.jobs, " and %d runc jobs" % runc_jobs if runc_jobs else "", args.rate))
+          % (args.jobs, (" and %d runc jobs" % runc_jobs if runc_jobs else "") +
+             (" and %d image jobs" % image_jobs if image_jobs else ""), args.rate))
     print("%-16s %-8s %24s %24s %24s" % ("assignments", "runtime", "schedule ms p50/p90/max",
                                          "start ms p50/p90/max", "total ms p50/p90/max"))
     for name, poll in configs:
-        rows = run_config(binary, work, name, poll, args.jobs, runc_jobs, args.rate, rootfs)
-        for kind in ("process", "runc"):
+        rows = run_config(binary, work, name, poll, args.jobs, runc_jobs, args.rate, rootfs, image_jobs, image)
+        for kind in ("process", "runc", "image"):
             if kind not in rows:
                 continue
             cells = []

@@ -42,6 +42,9 @@ python3 tests/e2e/adversarial_e2e.py build/gpupool build/e2e-adversarial
 echo "== the task sandbox end to end: a hostile tenant's probes against another's task, the server and the agent (issue 21)"
 python3 tests/e2e/sandbox_e2e.py build/gpupool build/e2e-sandbox
 
+echo "== container images end to end: built OCI and docker-archive images, pinned digests, hostile sources, a checkpointed job resuming in its image on another node"
+python3 tests/e2e/image_e2e.py build/gpupool build/e2e-image
+
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py
 

@@ -96,6 +96,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
 
 Agent::~Agent() {
   Stop(false);
+  images_.reset();  // joins the pull workers, which wake the loop through members declared later
 }
 
 Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
@@ -186,6 +187,21 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
     agent->runc_runtime_ = std::move(runc).value();
   } else {
     agent->runc_error_ = runc.status().message();
+  }
+  ImageCacheOptions io;
+  io.dir = o.image_cache_dir.empty() ? "/var/lib/gpupool/image-cache/" + o.node : o.image_cache_dir;
+  io.max_bytes = o.image_cache_max_bytes;
+  io.local_roots = o.container_roots;
+  io.registries = o.image_registries;
+  Agent* self = agent.get();
+  io.on_done = [self] { self->WakeLoop(); };
+  agent->image_options_ = std::move(io);
+  // A cache left by an earlier agent is opened at once (its users are checked); otherwise the
+  // first task with an image makes it.
+  std::error_code ec;
+  if (std::filesystem::exists(agent->image_options_.dir + "/images", ec)) {
+    std::lock_guard<std::mutex> lock(agent->mu_);
+    (void)agent->Images();
   }
   ClientConfig cc;
   cc.server = o.server;

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/image_cache.h"
 #include "agent/inventory.h"
 #include "agent/mps.h"
 #include "agent/nvml.h"
@@ -84,6 +85,13 @@ struct AgentOptions {
   // host has the pids controller); 0: no limit. One task's fork bomb then cannot take the host's
   // pid space from the other tenants' tasks and from the agent.
   int64_t task_pids_max = 8192;
+  // Container images (image_cache.h): where they are unpacked (empty: /var/lib/gpupool/image-cache/
+  // <node>; every directory above it must let others pass, as runc mounts a rootfs as the task's
+  // uid), the most bytes unused images may take, and the registries docker:// images may come
+  // from (empty: any). Local image files must lie under container_roots.
+  std::string image_cache_dir;
+  int64_t image_cache_max_bytes = int64_t{50} << 30;
+  std::vector<std::string> image_registries;
   // Simulated GPUs only: a JSON file of GPU faults and telemetry overrides, re-read on every
   // heartbeat (docs/agent.md#fault-injection). Empty: none.
   std::string sim_faults;
@@ -141,6 +149,9 @@ class Agent {
     bool running_reported = false;
     bool final_reported = false;
     bool in_assignments = true;
+    // Its image is being pulled: StartTask is tried again on every poll until it is ready.
+    bool preparing = false;
+    std::string image;  // the image it started from, "<source>@sha256:..." ("" for no image)
     std::vector<std::string> mps_gpus;  // GPUs whose MPS daemon counts this task among its users
   };
 
@@ -208,6 +219,13 @@ class Agent {
   std::unique_ptr<Runtime> process_runtime_;
   std::unique_ptr<Runtime> runc_runtime_;
   std::string runc_error_;
+  // Container images: made by the first task that has one (or at start, when a cache is there).
+  // REQUIRES: mu_ held. Null when they cannot be used here (image_error_ says why).
+  ImageCache* Images();
+  ImageCacheOptions image_options_;
+  bool image_tried_ = false;
+  std::unique_ptr<ImageCache> images_;
+  std::string image_error_;
   bool sandbox_ = false;  // the agent runs as root: tasks get their identities and namespaces
   std::unique_ptr<MpsDaemons> mps_;  // real GPUs only; simulated ones get the variables alone
 

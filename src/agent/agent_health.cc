@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -327,6 +328,7 @@ std::string Agent::MetricsText() {
   std::vector<GpuHolder> holders;
   uint64_t running = 0, starts = 0, failures = 0, heartbeats = 0, heartbeat_failures = 0, stale_lists = 0;
   const size_t mps_daemons = mps_ ? mps_->Gpus().size() : 0;
+  std::optional<ImageCacheStats> image_stats;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, t] : tasks_) {
@@ -340,6 +342,7 @@ std::string Agent::MetricsText() {
     heartbeats = heartbeats_;
     heartbeat_failures = heartbeat_failures_;
     stale_lists = stale_lists_;
+    if (images_) image_stats = images_->stats();
   }
   std::string out = RenderGpuMetrics(options_.node, inventory_, samples, holders);
   const std::string label = fmt::format("node=\"{}\"", options_.node);
@@ -365,6 +368,27 @@ std::string Agent::MetricsText() {
   out += "# HELP gpupool_agent_mps_daemons MPS control daemons the agent keeps (one per GPU with mps tasks).\n"
          "# TYPE gpupool_agent_mps_daemons gauge\n";
   out += fmt::format("gpupool_agent_mps_daemons{{{}}} {}\n", label, mps_daemons);
+  if (image_stats) {
+    const ImageCacheStats& is = *image_stats;
+    out += "# HELP gpupool_agent_image_pulls_total Container images copied and unpacked into the cache.\n"
+           "# TYPE gpupool_agent_image_pulls_total counter\n";
+    out += fmt::format("gpupool_agent_image_pulls_total{{{}}} {}\n", label, is.pulls);
+    out += "# HELP gpupool_agent_image_pull_failures_total Image pulls that failed (the tasks waiting on them "
+           "failed to start).\n# TYPE gpupool_agent_image_pull_failures_total counter\n";
+    out += fmt::format("gpupool_agent_image_pull_failures_total{{{}}} {}\n", label, is.pull_failures);
+    out += "# HELP gpupool_agent_image_cache_hits_total Task starts whose image was in the cache already.\n"
+           "# TYPE gpupool_agent_image_cache_hits_total counter\n";
+    out += fmt::format("gpupool_agent_image_cache_hits_total{{{}}} {}\n", label, is.hits);
+    out += "# HELP gpupool_agent_image_evictions_total Unused images removed to keep the cache within its size.\n"
+           "# TYPE gpupool_agent_image_evictions_total counter\n";
+    out += fmt::format("gpupool_agent_image_evictions_total{{{}}} {}\n", label, is.evictions);
+    out += "# HELP gpupool_agent_image_cache_bytes Bytes the unpacked images take on disk.\n"
+           "# TYPE gpupool_agent_image_cache_bytes gauge\n";
+    out += fmt::format("gpupool_agent_image_cache_bytes{{{}}} {}\n", label, is.bytes);
+    out += "# HELP gpupool_agent_image_pulls_in_flight Image pulls running now.\n"
+           "# TYPE gpupool_agent_image_pulls_in_flight gauge\n";
+    out += fmt::format("gpupool_agent_image_pulls_in_flight{{{}}} {}\n", label, is.pulling);
+  }
   return out;
 }
 

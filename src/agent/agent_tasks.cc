@@ -24,6 +24,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "agent/gpu_metrics.h"
@@ -79,7 +80,7 @@ bool ParseListVersion(const std::string& version, std::string* run, uint64_t* se
 }  // namespace
 
 Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {
-  if (a.bundle.empty() && a.rootfs.empty()) return process_runtime_.get();
+  if (a.bundle.empty() && a.rootfs.empty() && a.image.empty()) return process_runtime_.get();
   if (!runc_runtime_)
     return Status::FailedPrecondition(fmt::format("the task needs a container, but runc cannot run here: {}",
                                                   runc_error_));
@@ -146,7 +147,15 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
     if (a.desired == "stop" && !t.stop_requested && !t.exited) {
       t.stop_requested = true;
       t.assignment.grace_period_seconds = a.grace_period_seconds;
-      if (t.runtime != nullptr) (void)t.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+      if (t.preparing) {
+        // Never started: its image was still being pulled (the pull goes on for the cache).
+        t.preparing = false;
+        t.exited = true;
+        t.final_state = "stopped";
+        t.final_message = "stopped while its image was being pulled";
+      } else if (t.runtime != nullptr) {
+        (void)t.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+      }
     }
   }
   // Tasks the server no longer lists: stop what still runs, forget what has been reported.
@@ -155,6 +164,12 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
     if (t.in_assignments) {
       ++it;
       continue;
+    }
+    if (t.preparing) {
+      t.preparing = false;
+      t.exited = true;
+      t.final_state = "stopped";
+      t.final_message = "no longer assigned here while its image was being pulled";
     }
     if (t.started && !t.exited) {
       if (!t.stop_requested && t.runtime != nullptr) {
@@ -184,6 +199,7 @@ void Agent::Forget(const std::string& id, LocalTask& t) {
     }
   }
   ReleaseMps(t);
+  if (images_) images_->Release(id);
   if (t.runtime != nullptr && t.runtime->Remove(id).ok()) RemovePlacementRun(options_.state_dir, id);
 }
 
@@ -214,6 +230,28 @@ void Agent::ReleaseMps(LocalTask& t) {
 }
 
 // REQUIRES: mu_ held.
+ImageCache* Agent::Images() {
+  if (images_ || image_tried_) return images_.get();
+  image_tried_ = true;
+  auto images = ImageCache::Create(image_options_);
+  if (!images.ok()) {
+    image_error_ = images.status().message();
+    std::cerr << fmt::format("gpupool agent {}: container images cannot be used: {}\n", options_.node, image_error_);
+    return nullptr;
+  }
+  images_ = std::move(images).value();
+  // Users recorded by an earlier agent whose tasks no runtime knows any more (they ended and were
+  // cleaned up while it was gone) hold no image.
+  std::set<std::string> live;
+  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
+    if (rt == nullptr) continue;
+    for (const std::string& id : rt->List()) live.insert(id);
+  }
+  images_->KeepOnly(live);
+  return images_.get();
+}
+
+// REQUIRES: mu_ held.
 void Agent::StartTask(LocalTask& t) {
   const Assignment& a = t.assignment;
   const std::string id = a.run_id();
@@ -226,7 +264,23 @@ void Agent::StartTask(LocalTask& t) {
   };
   auto rt = RuntimeFor(a);
   if (!rt.ok()) return fail(rt.status());
-  if (Adopt(t)) return;
+  if (!t.preparing && Adopt(t)) return;
+  // An image is pulled off this thread; the task waits (its state stays assigned) and this start
+  // is tried again on every poll until the image is in the cache or its pull has failed.
+  std::optional<PreparedImage> image;
+  if (!a.image.empty()) {
+    if (Images() == nullptr)
+      return fail(Status::FailedPrecondition("container images cannot be used on this node: " + image_error_));
+    auto prepared = images_->Prepare(a.image);
+    if (!prepared.ok()) return fail(prepared.status());  // it names the image
+    if (!prepared->has_value()) {
+      if (!t.preparing) std::cerr << fmt::format("gpupool agent {}: task {}: pulling image {}\n", options_.node, id, a.image);
+      t.preparing = true;
+      return;
+    }
+    image = std::move(*prepared);
+    t.preparing = false;
+  }
   t.runtime = *rt;
   TaskEnvOptions eo;
   eo.node = options_.node;
@@ -237,16 +291,30 @@ void Agent::StartTask(LocalTask& t) {
   }
   auto env = TaskEnvironment(a, inventory_, eo);
   if (!env.ok()) return fail(env.status());
-  if (a.command.empty() && a.bundle.empty()) return fail(Status::InvalidArgument("the task has no command"));
   LaunchSpec spec;
   spec.id = id;
   spec.argv = a.command;
   spec.env = std::move(env).value();
+  if (image) {
+    // What the image says, under what the job and the pool say (image_cache.h).
+    ApplyImageConfig(image->config, a.env, &spec);
+    spec.image_rootfs = image->rootfs;
+    if (Status st = images_->Use(image->digest, id); !st.ok()) {
+      // Evicted by a pull that ended just now (it was not in use yet): pulled again.
+      if (st.code() != StatusCode::kNotFound) return fail(st);
+      t.preparing = true;
+      return;
+    }
+    t.image = a.image + "@" + image->digest;
+  }
+  if (spec.argv.empty() && a.bundle.empty())
+    return fail(Status::InvalidArgument(image ? "the task has no command and its image names no entrypoint or cmd"
+                                              : "the task has no command"));
   spec.cpu_milli = a.cpu_milli;
   spec.memory_bytes = a.memory_bytes;
   spec.bundle = a.bundle;
   spec.rootfs = a.rootfs;
-  spec.workdir = a.working_dir;
+  if (!a.working_dir.empty() || !image) spec.workdir = a.working_dir;
   spec.lease_path = lease_path_;
   spec.pids_max = options_.task_pids_max;
   if (!inventory_.simulated) {
@@ -282,7 +350,7 @@ void Agent::StartTask(LocalTask& t) {
 // REQUIRES: mu_ held.
 Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
   spec->network = a.network;
-  const bool container = !a.bundle.empty() || !a.rootfs.empty();
+  const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
   if (!sandbox_) {
     if (container && !a.checkpoint_dir.empty()) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
     return Status::Ok();
@@ -367,7 +435,10 @@ void Agent::PollTasks() {
   std::vector<std::string> due;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const bool lease_valid = LeaseValid();
     for (auto& [id, t] : tasks_) {
+      // Waiting for its image: started once the pull is done (not on an expired lease).
+      if (t.preparing && !t.exited && lease_valid) StartTask(t);
       if (t.started && !t.exited && t.runtime != nullptr) {
         auto st = t.runtime->Poll(id);
         if (st.ok() && st->state == RunState::kExited) {
@@ -403,6 +474,7 @@ void Agent::PollTasks() {
     // The run it is about: the server ignores a late report of an earlier run of the task.
     json body = {{"state", final ? copy.final_state : "running"}, {"restarts", copy.assignment.restarts}};
     if (!copy.assignment.placement_run.empty()) body["runId"] = copy.assignment.placement_run;
+    if (!final && !copy.image.empty()) body["image"] = copy.image;
     if (final) {
       body["exitCode"] = copy.exit_code;
       if (!copy.final_message.empty()) body["message"] = copy.final_message;

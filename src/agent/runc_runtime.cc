@@ -2,6 +2,7 @@
 // `runc run <id>` in the foreground: runc passes its own stdio (the log files) to the container
 // and exits with the container's status (128+signal when killed), which the supervisor records
 // in exit.json. runc's own state lives under <state_dir>/runc-root.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <signal.h>
@@ -183,6 +184,42 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
   return config.dump(2) + "\n";
 }
 
+Status MakeDirsBeneath(const std::string& root, const std::string& path) {
+  int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Status::IoError(fmt::format("the image root {}: {}", root, ErrnoText(errno)));
+  std::string walked;
+  size_t start = 0;
+  Status result = Status::Ok();
+  while (start < path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string part = path.substr(start, end - start);
+    start = end + 1;
+    if (part.empty() || part == ".") continue;
+    walked += "/" + part;
+    if (part == "..") {
+      result = Status::InvalidArgument(fmt::format("the mountpoint {} holds '..'", path));
+      break;
+    }
+    if (::mkdirat(fd, part.c_str(), 0755) != 0 && errno != EEXIST) {
+      result = Status::IoError(fmt::format("cannot make the mountpoint {} in the image: {}", walked, ErrnoText(errno)));
+      break;
+    }
+    const int next = ::openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) {
+      const int err = errno;
+      result = Status::FailedPrecondition(fmt::format(
+          "the image's {} is {}: {} cannot be mounted there", walked,
+          err == ELOOP || err == ENOTDIR ? "a link or a file, not a directory" : ErrnoText(err), path));
+      break;
+    }
+    ::close(fd);
+    fd = next;
+  }
+  ::close(fd);
+  return result;
+}
+
 }  // namespace agent_internal
 
 namespace {
@@ -225,16 +262,31 @@ class RuncRuntime final : public SupervisedRuntime {
     // the agent writes the configuration every container runs with (identity, namespaces, mounts,
     // devices, limits), whatever the bundle's says.
     std::string rootfs = spec.rootfs;
+    if (!spec.image_rootfs.empty() && (!spec.bundle.empty() || !spec.rootfs.empty()))
+      return Status::InvalidArgument(fmt::format("task {}: an image goes with neither a bundle nor a rootfs", spec.id));
     if (!spec.bundle.empty()) {
       if (!spec.rootfs.empty())
         return Status::InvalidArgument(fmt::format("task {}: give a bundle or a rootfs, not both", spec.id));
       ASSIGN_OR_RETURN(std::string bundle_dir, AllowedPath(spec.id, "bundle", spec.bundle));
       ASSIGN_OR_RETURN(rootfs, ReadBundle(bundle_dir, &spec));
     }
-    if (rootfs.empty())
+    if (rootfs.empty() && spec.image_rootfs.empty())
       return Status::InvalidArgument(fmt::format("task {}: neither a bundle nor a rootfs was given", spec.id));
-    ASSIGN_OR_RETURN(std::string rootfs_abs, AllowedPath(spec.id, "rootfs", rootfs));
+    std::string rootfs_abs;
+    if (!spec.image_rootfs.empty()) {
+      rootfs_abs = AbsolutePath(spec.image_rootfs);
+    } else {
+      ASSIGN_OR_RETURN(rootfs_abs, AllowedPath(spec.id, "rootfs", rootfs));
+    }
     RETURN_IF_ERROR(ValidateLaunchSpec(spec));
+    if (!spec.image_rootfs.empty()) {
+      // runc makes a mount's missing mountpoint as the container's root, which may not write
+      // in an image's root-owned tree: the agent makes them first.
+      std::vector<std::string> points = {"/proc", "/dev", "/sys", "/tmp"};
+      for (const auto& b : spec.binds) points.push_back(b.destination);
+      if (!spec.workdir.empty()) points.push_back(spec.workdir);
+      for (const auto& p : points) RETURN_IF_ERROR(MakeDirsBeneath(rootfs_abs, p).WithContext("task " + spec.id));
+    }
     if (spec.uid >= 0) {
       // runc mounts them as the container's root, which is the task's uid on the host.
       RETURN_IF_ERROR(Reachable(spec.id, "rootfs", rootfs_abs, spec.uid));

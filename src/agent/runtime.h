@@ -28,6 +28,10 @@ struct LaunchSpec {
   // runc only: an existing OCI bundle directory, or a root filesystem to build a bundle around.
   std::string bundle;
   std::string rootfs;
+  // runc only: a root filesystem the agent unpacked from an image into its cache (trusted: not
+  // checked against container_roots). The runtime creates the directories the container's mounts
+  // need in it (the container's root cannot: the files are the host root's), never through a link.
+  std::string image_rootfs;
   // Device nodes to expose (/dev/nvidia0, /dev/nvidiactl, ...) and host paths to bind read-only
   // (driver libraries), when present on the host.
   std::vector<std::string> devices;

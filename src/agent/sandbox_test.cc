@@ -531,5 +531,47 @@ TEST_F(RuncSandboxTest, TheCheckpointDirectoryIsMountedWritableAtItsOwnPath) {
   EXPECT_EQ(st.st_uid, 20101u);  // the task's, on the host
 }
 
+// An image's tree belongs to the host's root, which the container's root is not: the runtime makes
+// the mountpoints (those of /proc, /dev, /sys, /tmp, the checkpoint directory, the working
+// directory) before runc runs, and never through a link the image holds.
+TEST_F(RuncSandboxTest, AnImagesMountpointsAreMadeForItAndNeverThroughALink) {
+  const std::string image = dir_ + "/cache/images/abc/rootfs";  // an image with bin/ only
+  ASSERT_TRUE(agent_internal::MakeDirs(image + "/bin").ok());
+  ASSERT_EQ(::link((rootfs_ + "/bin/busybox").c_str(), (image + "/bin/busybox").c_str()), 0);
+  ASSERT_EQ(::symlink("busybox", (image + "/bin/sh").c_str()), 0);
+  const std::string ckpt = dir_ + "/ckpt/job-2";
+  ASSERT_TRUE(agent_internal::MakeDirs(dir_ + "/ckpt").ok());
+  ASSERT_TRUE(agent_internal::MakeOwnedDir(ckpt, 20101, 20101).ok());
+  LaunchSpec spec = Spec("image", "cd /data/ckpt && busybox pwd && echo step-9 > /data/ckpt/ck.txt && echo SAVED");
+  spec.rootfs.clear();
+  spec.image_rootfs = image;
+  spec.workdir = "/work/here";
+  spec.binds = {{ckpt, "/data/ckpt", false}};
+  std::string out = Run(spec);
+  EXPECT_NE(out.find("/data/ckpt\nSAVED"), std::string::npos) << out;
+  EXPECT_EQ(ReadText(ckpt + "/ck.txt"), "step-9\n");
+  for (const char* made : {"/proc", "/dev", "/sys", "/tmp", "/data/ckpt", "/work/here"}) {
+    struct stat st;
+    EXPECT_TRUE(::lstat((image + made).c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0) << made;
+  }
+  // /data a link out of the image: refused, and nothing made where it points.
+  const std::string hostile = dir_ + "/cache/images/def/rootfs";
+  const std::string outside = dir_ + "/outside";
+  ASSERT_TRUE(agent_internal::MakeDirs(hostile + "/bin").ok());
+  ASSERT_TRUE(agent_internal::MakeDirs(outside).ok());
+  ASSERT_EQ(::symlink(outside.c_str(), (hostile + "/data").c_str()), 0);
+  spec.id = UniqueId("hostile");
+  spec.image_rootfs = hostile;
+  Status st = rt_->Start(spec);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("the image's /data is a link or a file"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(agent_internal::PathExists(outside + "/ckpt"));
+  // An image goes alone: never with a rootfs of the tenant's choosing.
+  spec.id = UniqueId("both");
+  spec.image_rootfs = image;
+  spec.rootfs = rootfs_;
+  EXPECT_EQ(rt_->Start(spec).code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace gpupool

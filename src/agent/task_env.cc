@@ -1,4 +1,5 @@
 #include "agent/task_env.h"
+#include "common/image_source.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -81,6 +82,12 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
   if (out.isolation.empty()) out.isolation = "exclusive";
   ASSIGN_OR_RETURN(out.bundle, Str(a, "bundle", where, false));
   ASSIGN_OR_RETURN(out.rootfs, Str(a, "rootfs", where, false));
+  ASSIGN_OR_RETURN(out.image, Str(a, "image", where, false));
+  if (!out.image.empty()) {
+    // Checked as the server checked it: it reaches skopeo's command line.
+    if (auto source = ParseImageSource(out.image); !source.ok()) return Bad(where + ".image", source.status().message());
+    if (!out.bundle.empty() || !out.rootfs.empty()) return Bad(where + ".image", "goes with neither bundle nor rootfs");
+  }
   ASSIGN_OR_RETURN(out.network, Str(a, "network", where, false));
   if (out.network.empty()) out.network = "none";
   if (out.network != "none" && out.network != "host") return Bad(where + ".network", "must be none or host");
@@ -489,6 +496,21 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
     env[k] = v;
   }
   return env;
+}
+
+void ApplyImageConfig(const ImageConfig& image, const std::map<std::string, std::string>& job_env, LaunchSpec* spec) {
+  if (spec->argv.empty()) {
+    spec->argv = image.entrypoint;
+    spec->argv.insert(spec->argv.end(), image.cmd.begin(), image.cmd.end());
+  }
+  if (spec->workdir.empty()) spec->workdir = image.working_dir;
+  for (const std::string& kv : image.env) {
+    const size_t eq = kv.find('=');
+    if (eq == 0 || eq == std::string::npos) continue;  // the cache took only well-formed ones
+    const std::string key = kv.substr(0, eq);
+    const bool is_default = (key == "PATH" || key == "HOME") && job_env.count(key) == 0;
+    if (is_default || spec->env.count(key) == 0) spec->env[key] = kv.substr(eq + 1);
+  }
 }
 
 }  // namespace gpupool

@@ -13,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/image_cache.h"
 #include "agent/inventory.h"
+#include "agent/runtime.h"
 #include "common/status.h"
 
 namespace gpupool {
@@ -42,6 +44,7 @@ struct Assignment {
   std::map<std::string, std::string> env;
   std::string bundle;
   std::string rootfs;
+  std::string image;             // a container image source (common/image_source.h); "": none
   std::string network = "none";  // containers: none or host
   std::string working_dir;       // "": the runtime's default
   // The task's identity (runAs): a uid and gid, or root in a queue the admin allows it for.
@@ -124,5 +127,12 @@ Result<std::vector<std::string>> TaskMigCapDevices(const Assignment& a, const In
 // NCCL_P2P_LEVEL for a set of GPUs of the node: NVL when every pair has NVLink, else the PCIe
 // level that connects the farthest pair (PIX, PXB, PHB, SYS); empty for fewer than two GPUs.
 std::string NcclP2pLevel(const Inventory& inv, const std::vector<int>& gpus);
+
+// A container image's configuration under the task's own. The image's entrypoint and cmd run when
+// the task has no command (a command replaces both, as a pod's `command` does); its working
+// directory when the task names none; its environment only where nothing else set a variable,
+// except PATH and HOME, whose defaults give way to the image's unless the job's `env` sets them
+// (gpupool's variables and the job's own always win: they enforce the allocation).
+void ApplyImageConfig(const ImageConfig& image, const std::map<std::string, std::string>& job_env, LaunchSpec* spec);
 
 }  // namespace gpupool

@@ -347,6 +347,39 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
   EXPECT_EQ(stop->front().grace_period_seconds, 7);
 }
 
+TEST(TaskEnvTest, AnImagesConfigYieldsToTheTasksAndThePoolsButReplacesTheDefaults) {
+  ImageConfig image;
+  image.entrypoint = {"/usr/bin/python3", "-u"};
+  image.cmd = {"train.py"};
+  image.env = {"PATH=/opt/conda/bin:/usr/bin", "HOME=/root", "LANG=C.UTF-8", "CUDA_VISIBLE_DEVICES=0,1,2,3",
+               "GPUPOOL_JOB_ID=j-forged", "RANK=9", "FOO=image", "=bad", "NOEQUALS"};
+  image.working_dir = "/workspace";
+  LaunchSpec spec;
+  spec.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/tmp"}, {"CUDA_VISIBLE_DEVICES", "2"},
+              {"GPUPOOL_JOB_ID", "j-1"}, {"RANK", "0"}, {"FOO", "job"}};
+  ApplyImageConfig(image, {{"FOO", "job"}}, &spec);
+  EXPECT_EQ(spec.argv, (std::vector<std::string>{"/usr/bin/python3", "-u", "train.py"}));
+  EXPECT_EQ(spec.workdir, "/workspace");
+  EXPECT_EQ(spec.env["PATH"], "/opt/conda/bin:/usr/bin");  // the default gives way
+  EXPECT_EQ(spec.env["HOME"], "/root");
+  EXPECT_EQ(spec.env["LANG"], "C.UTF-8");                 // new: taken
+  EXPECT_EQ(spec.env["CUDA_VISIBLE_DEVICES"], "2");       // the allocation: never the image's
+  EXPECT_EQ(spec.env["GPUPOOL_JOB_ID"], "j-1");
+  EXPECT_EQ(spec.env["RANK"], "0");
+  EXPECT_EQ(spec.env["FOO"], "job");                      // the job's own wins
+  EXPECT_EQ(spec.env.count(""), 0u);
+  EXPECT_EQ(spec.env.count("NOEQUALS"), 0u);
+  // The task's command replaces entrypoint and cmd; its working directory and PATH stay.
+  LaunchSpec own;
+  own.argv = {"/bin/sh", "-c", "true"};
+  own.workdir = "/srv";
+  own.env = {{"PATH", "/mine"}};
+  ApplyImageConfig(image, {{"PATH", "/mine"}}, &own);
+  EXPECT_EQ(own.argv, (std::vector<std::string>{"/bin/sh", "-c", "true"}));
+  EXPECT_EQ(own.workdir, "/srv");
+  EXPECT_EQ(own.env["PATH"], "/mine");
+}
+
 }  // namespace
 }  // namespace gpupool
 

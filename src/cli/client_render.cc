@@ -371,6 +371,18 @@ void PrintJob(const Json& job, std::ostream& out) {
            Text(task, "exitCode"), Text(task, "restarts")});
   }
   t.Print(out);
+  // Container tasks: the image each ran from, pinned by digest (too long for a column).
+  Table images({"INDEX", "IMAGE"});
+  bool any = false;
+  for (const Json& task : tasks) {
+    if (String(task, "image").empty()) continue;
+    images.Add({Text(task, "index"), Text(task, "image")});
+    any = true;
+  }
+  if (any) {
+    out << "\n";
+    images.Print(out);
+  }
 }
 
 std::string NodeState(const Json& node) {

@@ -821,6 +821,22 @@ TEST_F(ClientCommandTest, GetJobShowsItsTimeLimitAndDependencies) {
       << out_.str();
 }
 
+TEST_F(ClientCommandTest, GetJobShowsTheImageEachTaskRanFromPinnedByDigest) {
+  Json job = Json::parse(kJob2);
+  const std::string pinned = "oci:/srv/images/pytorch:24.05@sha256:" + std::string(64, 'e');
+  job["tasks"][0]["image"] = pinned;
+  server_.On("GET", "/api/v1/jobs/j-000000000002", 200, job.dump());
+  ASSERT_EQ(GetJob(Options(), "j-000000000002", out_, err_), 0) << err_.str();
+  EXPECT_NE(out_.str().find("IMAGE"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find(pinned + "\n"), std::string::npos) << out_.str();
+  // Without images, no images table.
+  job["tasks"][0].erase("image");
+  server_.On("GET", "/api/v1/jobs/j-000000000002", 200, job.dump());
+  out_.str("");
+  ASSERT_EQ(GetJob(Options(), "j-000000000002", out_, err_), 0) << err_.str();
+  EXPECT_EQ(out_.str().find("IMAGE"), std::string::npos) << out_.str();
+}
+
 TEST_F(ClientCommandTest, CancelPostsAndReports) {
   server_.On("POST", "/api/v1/jobs/j-000000000001/cancel",
              [](const httplib::Request&, httplib::Response& res) {

@@ -238,7 +238,16 @@ struct AgentFlags {
   std::string token_file;
   std::string log_max = "64Mi";
   int log_keep = 1;
+  std::string image_cache_max = "50Gi";
 };
+
+// --image-cache-max: a byte size of at least 64Mi.
+Status ParseImageCacheMax(const std::string& text, int64_t* bytes) {
+  ASSIGN_OR_RETURN(*bytes, ParseByteSize(text, "--image-cache-max"));
+  if (*bytes < (int64_t{64} << 20))
+    return Status::InvalidArgument(fmt::format("--image-cache-max '{}': at least 64Mi", text));
+  return Status::Ok();
+}
 
 Status ApplyLabels(const std::vector<std::string>& labels, std::map<std::string, std::string>* out) {
   for (const std::string& l : labels) {
@@ -272,6 +281,7 @@ int RunAgent(AgentFlags flags) {
     return Fail(Status::InvalidArgument("--tls-cert and --tls-key go together"));
   if (Status st = ParseLogFlags(flags.log_max, flags.log_keep, &o.log_max_bytes, &o.log_keep); !st.ok())
     return Fail(st);
+  if (Status st = ParseImageCacheMax(flags.image_cache_max, &o.image_cache_max_bytes); !st.ok()) return Fail(st);
   if (o.state_dir.empty()) o.state_dir = DefaultDataDir() + "/agent";
   if (Status st = MakeDirs(o.state_dir); !st.ok()) return Fail(st);
   auto agent = Agent::Create(o);
@@ -302,6 +312,9 @@ struct UpFlags {
   int log_keep = 1;
   std::vector<std::string> container_roots;
   std::vector<std::string> checkpoint_roots;
+  std::string image_cache;
+  std::string image_cache_max = "50Gi";
+  std::vector<std::string> image_registries;
 };
 
 int RunUp(UpFlags flags) {
@@ -309,6 +322,8 @@ int RunUp(UpFlags flags) {
   int64_t log_max_bytes = 0;
   int log_keep = 0;
   if (Status st = ParseLogFlags(flags.log_max, flags.log_keep, &log_max_bytes, &log_keep); !st.ok()) return Fail(st);
+  int64_t image_cache_max = 0;
+  if (Status st = ParseImageCacheMax(flags.image_cache_max, &image_cache_max); !st.ok()) return Fail(st);
   sigset_t stop_signals = BlockStopSignals();
   auto running = StartServer(flags.server, "gpupool up");
   if (!running.ok()) return Fail(running.status());
@@ -346,6 +361,10 @@ int RunUp(UpFlags flags) {
     o.container_roots.insert(o.container_roots.end(), flags.container_roots.begin(), flags.container_roots.end());
     o.checkpoint_roots = {server.config.data_dir + "/checkpoints"};
     o.checkpoint_roots.insert(o.checkpoint_roots.end(), flags.checkpoint_roots.begin(), flags.checkpoint_roots.end());
+    // Each node its own image cache (two caches never share a directory).
+    if (!flags.image_cache.empty()) o.image_cache_dir = flags.image_cache + "/" + o.node;
+    o.image_cache_max_bytes = image_cache_max;
+    o.image_registries = flags.image_registries;
     o.hide = {server.config.data_dir};
     if (!flags.server.config.empty()) o.hide.push_back(flags.server.config);
     if (Status st = MakeDirs(o.state_dir); !st.ok()) {
@@ -448,6 +467,13 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                         "The most processes and threads one task may have at once (its cgroup's pids.max; "
                         "0: no limit; default 8192)")
       ->check(CLI::Range(int64_t{0}, int64_t{4194304}));
+  agent_cmd->add_option("--image-cache", agent->options.image_cache_dir,
+                        "Where container images are unpacked (default /var/lib/gpupool/image-cache/<node>; every "
+                        "directory above it must let others pass)");
+  agent_cmd->add_option("--image-cache-max", agent->image_cache_max,
+                        "Size above which unused images are evicted, least recently used first (default 50Gi)");
+  agent_cmd->add_option("--image-registry", agent->options.image_registries,
+                        "A registry docker:// images may come from (repeatable; default: any)");
   agent_cmd->add_option("--hide", agent->options.hide,
                         "A host path no task may see, besides the agent's state and logs (repeatable: the "
                         "server's data dir and config when they share the host)");
@@ -481,6 +507,13 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   up_cmd->add_option("--checkpoint-root", up->checkpoint_roots,
                      "Another directory checkpoint directories may lie under (repeatable; <data dir>/checkpoints "
                      "always)");
+  up_cmd->add_option("--image-cache", up->image_cache,
+                     "Where container images are unpacked, <dir>/<node> per node (default "
+                     "/var/lib/gpupool/image-cache/<node>; every directory above it must let others pass)");
+  up_cmd->add_option("--image-cache-max", up->image_cache_max,
+                     "Per node: size above which unused images are evicted (default 50Gi)");
+  up_cmd->add_option("--image-registry", up->image_registries,
+                     "A registry docker:// images may come from (repeatable; default: any)");
   up_cmd->add_flag("--no-watch", up->no_watch,
                    "Agents poll for assignments instead of waiting on the server's push (a long poll)");
 

@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Container images end to end (issue 21): a server and two agents, real runc, skopeo and umoci.
+
+The test builds its own image (a busybox root filesystem packed into an OCI layout by umoci, with
+an entrypoint, a cmd, an environment and a working directory), a docker-archive copy of it, and
+then checks, through the API a tenant uses:
+  - a job naming only the image runs the image's entrypoint and cmd, in its working directory,
+    with its environment under the job's, as the tenant's mapped uid, on a read-only root;
+  - the task's status and events name the image pinned by the digest of the layout's manifest;
+  - a docker-archive source runs too;
+  - what a hostile tenant tries is refused for the right reason: an image file outside the
+    agent's container roots (a host file, or a link out of the roots), a registry the agent does
+    not allow, a source that is not an image;
+  - a training-style job in the image checkpoints into its checkpoint directory, its node's agent
+    is SIGKILLed, the node is declared lost, and the job resumes on the other node from its
+    checkpoint (the other agent pulls the image into its own cache) and finishes.
+
+usage: image_e2e.py GPUPOOL_BINARY WORK_DIR   (needs root, runc, skopeo, umoci, /bin/busybox;
+skips, saying so, otherwise)
+"""
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oci_image import build_image  # noqa: E402
+from pool_api import Api, free_port, get_text  # noqa: E402
+
+TENANT = "vision-" + "v" * 24
+failures = []
+
+
+def check(name, ok, detail=""):
+    print("image_e2e: %s %s%s" % ("PASS" if ok else "FAIL", name, "" if ok else ": " + str(detail)[:2000]), flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def run(*cmd):
+    subprocess.run(list(cmd), check=True, stdout=subprocess.DEVNULL)
+
+
+class Pool:
+    def __init__(self, binary, work, shared):
+        self.binary, self.work, self.shared = binary, work, shared
+        self.admin, self.agent_token = secrets.token_hex(16), secrets.token_hex(16)
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.api = Api(self.url, self.admin, 10)
+        self.tenant = Api(self.url, TENANT, 10)
+        self.agents = {}
+        with open(os.path.join(work, "agent.token"), "w") as f:
+            f.write(self.agent_token + "\n")
+        self.config = os.path.join(work, "server.yaml")
+        with open(self.config, "w") as f:
+            json.dump({"tokens": [{"token": self.admin, "role": "admin"},
+                                  {"token": self.agent_token, "role": "agent"},
+                                  {"token": TENANT, "role": "tenant", "tenant": "vision"}],
+                       "heartbeat": {"intervalSeconds": 1, "timeoutSeconds": 6}}, f)
+        log = open(os.path.join(work, "server.log"), "a")
+        self.server = subprocess.Popen([binary, "server", "--data-dir", os.path.join(work, "data"),
+                                        "--listen", "127.0.0.1:%d" % self.port, "--config", self.config],
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_agent(self, node):
+        s = self.shared
+        cmd = [self.binary, "agent", "--server", self.url, "--token-file", os.path.join(self.work, "agent.token"),
+               "--node", node, "--simulate", "1xA100-80GB", "--state-dir", os.path.join(self.work, "agents", node),
+               "--metrics-listen", "127.0.0.1:0", "--cpu", "4", "--memory", "8Gi",
+               "--container-root", os.path.join(s, "images"), "--checkpoint-root", os.path.join(s, "ckpt"),
+               "--image-cache", os.path.join(s, "cache", node), "--image-registry", "registry.gpupool.invalid"]
+        log = open(os.path.join(self.work, "agent-%s.log" % node), "a")
+        self.agents[node] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_nodes(self, want, state="ready", timeout=30):
+        deadline = time.time() + timeout
+        while True:
+            try:
+                code, body = self.api.call("GET", "/api/v1/nodes")
+                if code == 200 and all(any(n["name"] == w and n.get("state") == state for n in body["items"])
+                                       for w in want):
+                    return
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("nodes %s not %s in %d s" % (want, state, timeout))
+            time.sleep(0.2)
+
+    def stop(self):
+        for p in list(self.agents.values()) + [self.server]:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in list(self.agents.values()) + [self.server]:
+            if p is None:
+                continue
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def submit(api, spec):
+    code, body = api.call("POST", "/api/v1/jobs", spec)
+    if code != 201:
+        raise RuntimeError("submit %s: %d %s" % (spec["name"], code, body))
+    return body["id"]
+
+
+def wait_state(api, job_id, states, timeout=90):
+    deadline = time.time() + timeout
+    while True:
+        _, job = api.call("GET", "/api/v1/jobs/" + job_id)
+        if job and job.get("state") in states:
+            return job
+        if time.time() > deadline:
+            raise RuntimeError("job %s still %s after %d s: %s" % (job_id, job and job.get("state"), timeout, job))
+        time.sleep(0.2)
+
+
+def logs(api, job_id):
+    return get_text("%s/api/v1/jobs/%s/tasks/0/logs" % (api.url, job_id), api.token)
+
+
+def events(api, job_id):
+    _, body = api.call("GET", "/api/v1/jobs/%s/events" % job_id)
+    return json.dumps(body)
+
+
+def task(image, command=None, **extra):
+    t = {"name": "t", "resources": {"cpu": "100m", "memory": "64Mi"}, "container": {"image": image}}
+    if command is not None:
+        t["command"] = command
+    t.update(extra)
+    return t
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("image_e2e: not root: the sandbox needs root, skipped", flush=True)
+        return 0
+    missing = [t for t in ("runc", "skopeo", "umoci") if not shutil.which(t)]
+    if missing or not os.path.exists("/bin/busybox"):
+        print("image_e2e: %s missing: skipped" % ", ".join(missing or ["/bin/busybox"]), flush=True)
+        return 0
+    binary, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    # Images, caches and checkpoints where any uid may pass (docs/agent.md).
+    shared = tempfile.mkdtemp(prefix="gpupool-image-e2e-")
+    os.chmod(shared, 0o755)
+    for d in ("images", "ckpt", "cache"):
+        os.makedirs(os.path.join(shared, d))
+    layout = os.path.join(shared, "images", "busybox")
+    digest = build_image(layout, work)
+    archive = os.path.join(shared, "images", "busybox-docker.tar")
+    run("skopeo", "--insecure-policy", "copy", "--quiet", "oci:%s:v1" % layout,
+        "docker-archive:%s:gpupool/busybox:v1" % archive)
+    os.symlink("/etc", os.path.join(shared, "images", "etc-link"))
+    os.makedirs(os.path.join(shared, "images", "nothing"))
+    image = "oci:%s:v1" % layout
+
+    pool = Pool(binary, work, shared)
+    try:
+        for node in ("img-a", "img-b"):
+            pool.start_agent(node)
+        pool.wait_nodes(["img-a", "img-b"])
+        api, tenant = pool.api, pool.tenant
+
+        # The image's own command, working directory and environment.
+        j = submit(tenant, {"name": "default-cmd", "tasks": [task(image)]})
+        job = wait_state(api, j, ("succeeded", "failed"))
+        out = logs(api, j)
+        check("an image job with no command runs the image's entrypoint and cmd",
+              job["state"] == "succeeded" and "CMD FOO=from-image" in out, json.dumps(job)[:600] + out)
+        check("... in the image's working directory", "/app\nhello from the image" in out, out)
+        pinned = job["tasks"][0].get("image", "")
+        check("the task's status names the image pinned by the manifest's digest (%s)" % digest[:19],
+              pinned == image + "@" + digest, json.dumps(job["tasks"][0]))
+        check("the job's events say which image started", ("from image " + image + "@" + digest) in events(api, j),
+              events(api, j)[:1500])
+
+        # The job's env over the image's; the tenant's uid as the container's root; a read-only root.
+        j = submit(tenant, {"name": "env", "tasks": [task(image, ["/bin/sh", "-c",
+                                                                  "echo FOO=$FOO; id -u; cat /proc/self/uid_map; "
+                                                                  "touch /app/x 2>/dev/null || echo ROOT-RO"],
+                                                           env={"FOO": "from-job"})]})
+        job = wait_state(api, j, ("succeeded", "failed"))
+        out = logs(api, j)
+        lines = out.split("\n")
+        uid_map = lines[2].split() if len(lines) > 2 else []
+        check("the job's env wins over the image's", "FOO=from-job" in out, out)
+        check("the container's root is the tenant's uid of the range, not the host's root",
+              len(lines) > 2 and lines[1] == "0" and len(uid_map) == 3 and uid_map[0] == "0" and
+              int(uid_map[1]) >= 200000 and uid_map[2] == "1", out)
+        check("the image's root filesystem is read-only", "ROOT-RO" in out, out)
+
+        # A docker-archive source.
+        j = submit(tenant, {"name": "archive", "tasks": [task("docker-archive:%s:gpupool/busybox:v1" % archive,
+                                                              ["/bin/sh", "-c", "cat /app/hello.txt"])]})
+        job = wait_state(api, j, ("succeeded", "failed"))
+        check("a docker-archive image runs", job["state"] == "succeeded" and "hello from the image" in logs(api, j),
+              json.dumps(job)[:600] + logs(api, j))
+        check("... pinned by digest too", job["tasks"][0].get("image", "").startswith(
+            "docker-archive:%s:gpupool/busybox:v1@sha256:" % archive), json.dumps(job["tasks"][0]))
+
+        # What a hostile tenant tries.
+        hostile = [
+            ("a host file outside the container roots", "docker-archive:/etc/shadow",
+             "/etc/shadow is not under an allowed container root"),
+            ("a link out of the container roots", "oci:%s:v1" % os.path.join(shared, "images", "etc-link"),
+             "leads to /etc, which is not under an allowed container root"),
+            ("a registry the agent does not allow", "docker://docker.io/library/busybox:latest",
+             "registry.gpupool.invalid"),
+            ("a directory under the roots that is no image", "oci:%s" % os.path.join(shared, "images", "nothing"),
+             "skopeo"),
+        ]
+        for name, source, needle in hostile:
+            j = submit(tenant, {"name": "hostile", "tasks": [task(source, ["true"])]})
+            job = wait_state(api, j, ("succeeded", "failed"))
+            text = json.dumps(job)
+            check("refused at start: %s (%s)" % (name, needle), job["state"] == "failed" and needle in text and
+                  "image" in text, text[:800])
+        code, body = tenant.call("POST", "/api/v1/jobs", {"name": "bad", "tasks": [task("oci:/srv/../etc/shadow")]})
+        check("a malformed image source is refused at submission (400, naming the field)",
+              code == 400 and "tasks[0].container.image" in json.dumps(body), "%d %s" % (code, body))
+
+        # Training in the image: checkpoints, its node dies, it resumes on the other node.
+        ckpt = os.path.join(shared, "ckpt", "train")
+        script = ("s=$(cat $GPUPOOL_CHECKPOINT_DIR/step 2>/dev/null || echo 0); echo resumed-at-$s; "
+                  "while [ $s -lt 40 ]; do s=$((s+1)); echo $s > $GPUPOOL_CHECKPOINT_DIR/step.tmp && "
+                  "mv $GPUPOOL_CHECKPOINT_DIR/step.tmp $GPUPOOL_CHECKPOINT_DIR/step || exit 3; sleep 0.25; done; "
+                  "echo done-at-$s")
+        train = submit(tenant, {"name": "train", "tasks": [task(image, ["/bin/sh", "-c", script],
+                                                                checkpoint={"dir": ckpt, "intervalSeconds": 60})]})
+        job = wait_state(api, train, ("running",), timeout=60)
+        first = job["tasks"][0]["node"]
+        deadline = time.time() + 30
+        step = 0
+        while time.time() < deadline and step < 6:
+            try:
+                step = int(open(os.path.join(ckpt, "step")).read())
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        check("the training task checkpoints into its directory from inside the image", step >= 6, step)
+        pool.agents[first].kill()  # SIGKILL: its lease runs out and fences the task; the node is lost
+        pool.agents[first].wait()
+        pool.agents[first] = None
+        fenced_at = int(open(os.path.join(ckpt, "step")).read())
+        job = wait_state(api, train, ("succeeded", "failed"), timeout=120)
+        out = logs(api, train)
+        started = [e["message"] for e in json.loads(events(api, train)).get("items", [])
+                   if e.get("type") == "TaskStarted"]
+        second = started[-1].split(" started on ")[1].split(" ")[0] if started else ""
+        resumed = [int(x.split("-")[-1]) for x in out.split() if x.startswith("resumed-at-")]
+        check("after its node was lost the job ran on the other node (%s, then %s)" % (first, second),
+              len(started) == 2 and second and second != first, started)
+        check("... resumed from its checkpoint (at step %s; %d when the agent was killed)" % (resumed, fenced_at),
+              job["state"] == "succeeded" and resumed and resumed[-1] >= 6 and "done-at-40" in out,
+              json.dumps(job)[:800] + out)
+        check("... from the same image, pinned by the same digest",
+              job["tasks"][0].get("image", "") == image + "@" + digest, json.dumps(job["tasks"][0]))
+        check("... which the other agent unpacked into its own cache",
+              os.path.isdir(os.path.join(shared, "cache", second, "images", digest.split(":")[1], "rootfs")),
+              os.listdir(os.path.join(shared, "cache")))
+    finally:
+        pool.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+    if failures:
+        print("image_e2e: %d check(s) failed: %s" % (len(failures), ", ".join(failures)), flush=True)
+        return 1
+    print("image_e2e: OK", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
