@@ -13,7 +13,7 @@ PACKAGES=(
   libglpk-dev
   clang libclang-rt-14-dev
   runc busybox-static prometheus
-  skopeo umoci
+  skopeo umoci crun runsc
 )
 
 missing=()

@@ -178,15 +178,29 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   auto process = MakeProcessRuntime(ro);
   if (!process.ok()) return process.status().WithContext("the process runtime");
   agent->process_runtime_ = std::move(process).value();
-  RuntimeOptions rc = ro;
-  rc.container_roots = o.container_roots;
-  rc.state_dir = o.state_dir + "/runc";
-  if (!o.log_dir.empty()) rc.log_dir = o.log_dir + "/runc";
-  auto runc = MakeRuncRuntime(rc);
-  if (runc.ok()) {
-    agent->runc_runtime_ = std::move(runc).value();
-  } else {
-    agent->runc_error_ = runc.status().message();
+  // Every container class the agent knows: runc, crun and runsc by their names in PATH, kata (and
+  // any other binary) only where the admin names it. Each keeps its own state and logs.
+  std::map<std::string, std::string> classes = {{"runc", "runc"}, {"crun", "crun"}, {"runsc", "runsc"}};
+  for (const auto& [cls, binary] : o.runtime_classes) classes[cls] = binary;
+  for (const auto& [cls, binary] : classes) {
+    RuntimeOptions rc = ro;
+    rc.container_roots = o.container_roots;
+    rc.runtime_class = cls;
+    rc.runc_binary = binary;
+    rc.state_dir = o.state_dir + "/" + cls;
+    if (!o.log_dir.empty()) rc.log_dir = o.log_dir + "/" + cls;
+    if (cls == "runsc") {
+      // gVisor: the sandbox's platform, the spec's seccomp applied inside it too, and the network
+      // per container (runsc takes it on its command line, not from the spec).
+      rc.global_flags = {"--platform=" + o.runsc_platform, "--oci-seccomp"};
+      rc.network_flag = true;
+    }
+    auto made = MakeRuncRuntime(rc);
+    if (made.ok()) {
+      agent->containers_[cls] = std::move(made).value();
+    } else {
+      agent->container_errors_[cls] = made.status().message();
+    }
   }
   ImageCacheOptions io;
   io.dir = o.image_cache_dir.empty() ? "/var/lib/gpupool/image-cache/" + o.node : o.image_cache_dir;
@@ -374,8 +388,7 @@ void Agent::ServeLog(const http::Request& req, http::Response& res) {
   }
   // A finished task is forgotten once reported, but its logs stay on disk.
   if (rt == nullptr) {
-    for (Runtime* r : {process_runtime_.get(), runc_runtime_.get()}) {
-      if (r == nullptr) continue;
+    for (Runtime* r : AllRuntimes()) {
       const int n = NewestRunOnDisk(*r, task);
       if (n > newest) {
         newest = n;

@@ -89,6 +89,11 @@ struct AgentOptions {
   // <node>; every directory above it must let others pass, as runc mounts a rootfs as the task's
   // uid), the most bytes unused images may take, and the registries docker:// images may come
   // from (empty: any). Local image files must lie under container_roots.
+  // Runtime classes (docs/agent.md#runtime-classes): the binary of each container class, looked up
+  // in PATH when not absolute (runc, crun, runsc by default; kata only when given), and the
+  // platform runsc runs its sandboxes on.
+  std::map<std::string, std::string> runtime_classes;
+  std::string runsc_platform = "ptrace";
   std::string image_cache_dir;
   int64_t image_cache_max_bytes = int64_t{50} << 30;
   std::vector<std::string> image_registries;
@@ -217,8 +222,10 @@ class Agent {
   std::string cluster_refusal_;             // guarded by mu_
   std::chrono::steady_clock::time_point next_refused_retry_{};
   std::unique_ptr<Runtime> process_runtime_;
-  std::unique_ptr<Runtime> runc_runtime_;
-  std::string runc_error_;
+  // Container runtimes by class (runc, crun, runsc, kata), and why a class cannot run here.
+  std::map<std::string, std::unique_ptr<Runtime>> containers_;
+  std::map<std::string, std::string> container_errors_;
+  std::vector<Runtime*> AllRuntimes() const;
   // Container images: made by the first task that has one (or at start, when a cache is there).
   // REQUIRES: mu_ held. Null when they cannot be used here (image_error_ says why).
   ImageCache* Images();

@@ -81,10 +81,19 @@ bool ParseListVersion(const std::string& version, std::string* run, uint64_t* se
 
 Result<Runtime*> Agent::RuntimeFor(const Assignment& a) {
   if (a.bundle.empty() && a.rootfs.empty() && a.image.empty()) return process_runtime_.get();
-  if (!runc_runtime_)
-    return Status::FailedPrecondition(fmt::format("the task needs a container, but runc cannot run here: {}",
-                                                  runc_error_));
-  return runc_runtime_.get();
+  const std::string cls = a.runtime_class.empty() ? "runc" : a.runtime_class;
+  if (auto it = containers_.find(cls); it != containers_.end()) return it->second.get();
+  auto why = container_errors_.find(cls);
+  return Status::FailedPrecondition(
+      fmt::format("the task needs runtime class {}, which cannot run on node {}: {}", cls, options_.node,
+                  why != container_errors_.end() ? why->second
+                                                 : "the agent has no binary for it (--runtime-class " + cls + "=PATH)"));
+}
+
+std::vector<Runtime*> Agent::AllRuntimes() const {
+  std::vector<Runtime*> all = {process_runtime_.get()};
+  for (const auto& [cls, rt] : containers_) all.push_back(rt.get());
+  return all;
 }
 
 bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::string& version) {
@@ -243,8 +252,7 @@ ImageCache* Agent::Images() {
   // Users recorded by an earlier agent whose tasks no runtime knows any more (they ended and were
   // cleaned up while it was gone) hold no image.
   std::set<std::string> live;
-  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
-    if (rt == nullptr) continue;
+  for (Runtime* rt : AllRuntimes()) {
     for (const std::string& id : rt->List()) live.insert(id);
   }
   images_->KeepOnly(live);
@@ -409,8 +417,7 @@ bool Agent::StrayOfAnotherPlacement(const Assignment& a) {
 }
 
 void Agent::ClearStray(const std::string& id) {
-  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
-    if (rt == nullptr) continue;
+  for (Runtime* rt : AllRuntimes()) {
     const auto known = rt->List();
     if (std::find(known.begin(), known.end(), id) == known.end()) continue;
     auto st = rt->Poll(id);
@@ -560,8 +567,7 @@ int Agent::NewestRunOnDisk(Runtime& rt, const std::string& task) {
 }
 
 bool Agent::AdoptableTask(const std::string& id) {
-  for (Runtime* rt : {process_runtime_.get(), runc_runtime_.get()}) {
-    if (rt == nullptr) continue;
+  for (Runtime* rt : AllRuntimes()) {
     for (const std::string& known : rt->List())
       if (known == id) return true;
   }

@@ -237,7 +237,12 @@ std::string AbsolutePath(const std::string& path) {
 class RuncRuntime final : public SupervisedRuntime {
  public:
   RuncRuntime(std::string state_dir, const RuntimeOptions& options, std::string runc)
-      : SupervisedRuntime(std::move(state_dir), options), runc_(std::move(runc)), runc_root_(state_dir_ + "/runc-root") {
+      : SupervisedRuntime(std::move(state_dir), options),
+        runc_(std::move(runc)),
+        runc_root_(state_dir_ + "/runc-root"),
+        class_(options.runtime_class),
+        global_flags_(options.global_flags),
+        network_flag_(options.network_flag) {
     for (const auto& root : options.container_roots)
       if (!root.empty() && root[0] == '/') roots_.push_back(root);
     AdoptExisting();
@@ -252,7 +257,7 @@ class RuncRuntime final : public SupervisedRuntime {
   // runc removes each container's group; the agent's scope goes with the runtime, if empty.
   ~RuncRuntime() override { RemoveEmptyCgroupScope("/sys/fs/cgroup", CgroupScope(state_dir_)); }
 
-  std::string name() const override { return "runc"; }
+  std::string name() const override { return class_; }
 
   Status Start(const LaunchSpec& given) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -279,13 +284,18 @@ class RuncRuntime final : public SupervisedRuntime {
       ASSIGN_OR_RETURN(rootfs_abs, AllowedPath(spec.id, "rootfs", rootfs));
     }
     RETURN_IF_ERROR(ValidateLaunchSpec(spec));
-    if (!spec.image_rootfs.empty()) {
-      // runc makes a mount's missing mountpoint as the container's root, which may not write
-      // in an image's root-owned tree: the agent makes them first.
+    {
+      // runc makes a mount's missing mountpoint as the container's root, which may not write in a
+      // root-owned tree (runsc makes them on the host's side, where it may not either): the agent
+      // makes them first. In an image (the agent's own) that must work; in a rootfs or bundle
+      // of the admin's it is best effort (a read-only one, a link runc resolves inside it).
       std::vector<std::string> points = {"/proc", "/dev", "/sys", "/tmp"};
       for (const auto& b : spec.binds) points.push_back(b.destination);
       if (!spec.workdir.empty()) points.push_back(spec.workdir);
-      for (const auto& p : points) RETURN_IF_ERROR(MakeDirsBeneath(rootfs_abs, p).WithContext("task " + spec.id));
+      for (const auto& p : points) {
+        Status made = MakeDirsBeneath(rootfs_abs, p);
+        if (!made.ok() && !spec.image_rootfs.empty()) return made.WithContext("task " + spec.id);
+      }
     }
     if (spec.uid >= 0) {
       // runc mounts them as the container's root, which is the task's uid on the host.
@@ -301,18 +311,20 @@ class RuncRuntime final : public SupervisedRuntime {
     RETURN_IF_ERROR(MakeDirs(runc_root_));
     // A container of this name left in runc's state (an earlier crash) would make `run` fail.
     std::string ignored;
-    (void)RunCommand({runc_, "--root", runc_root_, "delete", "--force", spec.id}, &ignored, kHelperTimeout);
+    (void)RunCommand(Cmd({"delete", "--force", spec.id}), &ignored, kHelperTimeout);
 
     SpawnRequest req;
     req.executable = runc_;
-    req.argv = {runc_, "--root", runc_root_, "run", "--bundle", bundle, spec.id};
+    std::vector<std::string> run = {"run", "--bundle", bundle, spec.id};
+    if (network_flag_) run.insert(run.begin(), spec.network == "host" ? "--network=host" : "--network=none");
+    req.argv = Cmd(run);
     req.envp = {"PATH=" + DefaultPath()};
     req.workdir = TaskDir(spec.id);
     SetLogFiles(spec.id, &req);
     req.exit_path = ExitPath(spec.id);
     req.lease_path = spec.lease_path;
     // Killing the group of `runc run` alone may leave the container running: fence through runc.
-    if (!spec.lease_path.empty()) req.fence_kill_argv = {runc_, "--root", runc_root_, "kill", "--all", spec.id, "KILL"};
+    if (!spec.lease_path.empty()) req.fence_kill_argv = Cmd({"kill", "--all", spec.id, "KILL"});
     // The record is written before `runc run` may exec (see SpawnRequest::before_exec).
     req.before_exec = [&](const SpawnResult& spawned) {
       TaskRecord rec = RecordFor(spec.id, spec.argv, spawned);
@@ -333,7 +345,7 @@ class RuncRuntime final : public SupervisedRuntime {
     std::string out;
     const char* name = sig == SIGKILL ? "KILL" : sig == SIGTERM ? "TERM" : nullptr;
     if (name != nullptr) {
-      auto rc = RunCommand({runc_, "--root", runc_root_, "kill", rec.id, name}, &out, kHelperTimeout);
+      auto rc = RunCommand(Cmd({"kill", rec.id, name}), &out, kHelperTimeout);
       if (rc.ok() && *rc == 0) return Status::Ok();
     }
     // The container is not (yet, or any more) known to runc: signal the foreground `runc run`,
@@ -346,8 +358,7 @@ class RuncRuntime final : public SupervisedRuntime {
 
   Status Cleanup(TaskRecord& rec) override {
     std::string out;
-    ASSIGN_OR_RETURN(int rc, RunCommand({runc_, "--root", runc_root_, "delete", "--force", rec.id}, &out,
-                                        kHelperTimeout));
+    ASSIGN_OR_RETURN(int rc, RunCommand(Cmd({"delete", "--force", rec.id}), &out, kHelperTimeout));
     if (rc != 0 && out.find("not exist") == std::string::npos)
       return Status::Internal(fmt::format("runc delete {} exited with {}: {}", rec.id, rc, out));
     if (!rec.bundle_dir.empty()) RETURN_IF_ERROR(RemoveTree(rec.bundle_dir));
@@ -447,8 +458,19 @@ class RuncRuntime final : public SupervisedRuntime {
     return rootfs[0] == '/' ? rootfs : dir + "/" + rootfs;
   }
 
+  // The runtime's command line: the binary, its state root, the class's global flags, then `args`.
+  std::vector<std::string> Cmd(std::vector<std::string> args) const {
+    std::vector<std::string> argv = {runc_, "--root", runc_root_};
+    argv.insert(argv.end(), global_flags_.begin(), global_flags_.end());
+    argv.insert(argv.end(), std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
+    return argv;
+  }
+
   std::string runc_;
   std::string runc_root_;
+  std::string class_;
+  std::vector<std::string> global_flags_;
+  bool network_flag_ = false;
   std::vector<std::string> roots_;  // as configured (absolute)
 };
 
@@ -461,8 +483,9 @@ Result<std::unique_ptr<Runtime>> MakeRuncRuntime(const RuntimeOptions& options) 
   if (runc.ok() && ::access(runc->c_str(), X_OK) != 0)
     runc = Status::NotFound(fmt::format("{}: {}", *runc, ErrnoText(errno)));
   if (!runc.ok())
-    return Status::FailedPrecondition(fmt::format("runc runtime: the runc binary '{}' is not available ({})",
-                                                  options.runc_binary, runc.status().message()));
+    return Status::FailedPrecondition(fmt::format("{} runtime: the binary '{}' is not available ({})",
+                                                  options.runtime_class, options.runc_binary,
+                                                  runc.status().message()));
   RETURN_IF_ERROR(MakeDirs(options.state_dir).WithContext("runc runtime"));
   std::string state_dir = AbsolutePath(options.state_dir);
   std::unique_ptr<Runtime> rt = std::make_unique<RuncRuntime>(state_dir, options, AbsolutePath(*runc));

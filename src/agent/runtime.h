@@ -105,6 +105,12 @@ struct RuntimeOptions {
   std::string state_dir;   // per-task directories, logs, pid files / bundles
   std::string cgroup_root; // empty: auto-detect a writable cgroup (v2 unified or v1 cpu+memory); none: no limits
   std::string runc_binary = "runc";
+  // OCI runtimes with runc's command line (crun, runsc): the class name the runtime answers to,
+  // flags put before every subcommand (runsc: --platform=ptrace --oci-seccomp), and whether the
+  // network goes on the command line (runsc: --network=none|host, per container).
+  std::string runtime_class = "runc";
+  std::vector<std::string> global_flags;
+  bool network_flag = false;
   // Task logs: <log_dir>/<task id>/stdout.log and stderr.log (empty: in the task's directory under
   // state_dir). The task writes into pipes its supervisor drains; each file holds at most
   // log_max_bytes (<= 0: unbounded), rotated into log_keep previous files (stdout.log.1, ...;
@@ -117,7 +123,8 @@ struct RuntimeOptions {
   std::vector<std::string> container_roots;
 };
 
-// Fails with a clear message when the runtime cannot work here (runc not installed, ...).
+// Fails with a clear message when the runtime cannot work here (runc not installed, ...). The runc
+// runtime also drives crun and runsc (RuntimeOptions::runtime_class).
 Result<std::unique_ptr<Runtime>> MakeProcessRuntime(const RuntimeOptions& options);
 Result<std::unique_ptr<Runtime>> MakeRuncRuntime(const RuntimeOptions& options);
 

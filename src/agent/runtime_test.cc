@@ -607,10 +607,18 @@ TEST(RuncRuntime, MissingBinaryIsAClearError) {
   auto rt = MakeRuncRuntime(opts);
   ASSERT_FALSE(rt.ok());
   EXPECT_EQ(rt.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(rt.status().message().find("runc binary '/nonexistent/runc' is not available"), std::string::npos)
+  EXPECT_NE(rt.status().message().find("runc runtime: the binary '/nonexistent/runc' is not available"),
+            std::string::npos)
       << rt.status().message();
   opts.runc_binary = "gpupool-no-such-runc";
   EXPECT_FALSE(MakeRuncRuntime(opts).ok());
+  // Another class says its own name (the agent reports it when a task needs the class).
+  opts.runtime_class = "runsc";
+  opts.runc_binary = "/nonexistent/runsc";
+  rt = MakeRuncRuntime(opts);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_NE(rt.status().message().find("runsc runtime: the binary '/nonexistent/runsc'"), std::string::npos)
+      << rt.status().message();
 }
 
 TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {

@@ -337,10 +337,13 @@ class RuncSandboxTest : public ::testing::Test {
     RuntimeOptions opts;
     opts.state_dir = dir_ + "/state";
     opts.container_roots = {roots_};
+    Configure(opts);
     auto rt = MakeRuncRuntime(opts);
     if (!rt.ok()) GTEST_SKIP() << rt.status().ToString();
     rt_ = std::move(rt).value();
   }
+  // Another runtime class with runc's command line (crun, runsc).
+  virtual void Configure(RuntimeOptions&) {}
   void TearDown() override {
     if (rt_) {
       for (const auto& id : rt_->List()) {
@@ -531,6 +534,19 @@ TEST_F(RuncSandboxTest, TheCheckpointDirectoryIsMountedWritableAtItsOwnPath) {
   EXPECT_EQ(st.st_uid, 20101u);  // the task's, on the host
 }
 
+// The shipped examples' case: a rootfs container with its checkpoint outside /tmp (runc made the
+// mountpoint as the container's root and failed: "can't create ...: nonexistent directory").
+TEST_F(RuncSandboxTest, ARootfsContainersCheckpointOutsideTmpIsMounted) {
+  const std::string ckpt = dir_ + "/ckpt/job-4";
+  ASSERT_TRUE(agent_internal::MakeDirs(dir_ + "/ckpt").ok());
+  ASSERT_TRUE(agent_internal::MakeOwnedDir(ckpt, 20101, 20101).ok());
+  LaunchSpec spec = Spec("ckpt-srv", "echo step-8 > /srv/checkpoints/job-4/ck.txt && echo SAVED");
+  spec.binds = {{ckpt, "/srv/checkpoints/job-4", false}};
+  std::string out = Run(spec);
+  EXPECT_NE(out.find("SAVED"), std::string::npos) << out;
+  EXPECT_EQ(ReadText(ckpt + "/ck.txt"), "step-8\n");
+}
+
 // An image's tree belongs to the host's root, which the container's root is not: the runtime makes
 // the mountpoints (those of /proc, /dev, /sys, /tmp, the checkpoint directory, the working
 // directory) before runc runs, and never through a link the image holds.
@@ -571,6 +587,62 @@ TEST_F(RuncSandboxTest, AnImagesMountpointsAreMadeForItAndNeverThroughALink) {
   spec.image_rootfs = image;
   spec.rootfs = rootfs_;
   EXPECT_EQ(rt_->Start(spec).code(), StatusCode::kInvalidArgument);
+}
+
+// gVisor (Debian's runsc, on the ptrace platform): the same sandbox, with the guest's system calls
+// served by gVisor's own kernel, not the host's.
+class RunscSandboxTest : public RuncSandboxTest {
+ protected:
+  void Configure(RuntimeOptions& opts) override {
+    opts.runtime_class = "runsc";
+    opts.runc_binary = "runsc";
+    opts.global_flags = {"--platform=ptrace", "--oci-seccomp"};
+    opts.network_flag = true;
+  }
+};
+
+TEST_F(RunscSandboxTest, ATaskRunsUnderGvisorAsItsUidWithoutNetworkAndWritesItsCheckpoint) {
+  const std::string ckpt = dir_ + "/ckpt/job-3";
+  ASSERT_TRUE(agent_internal::MakeDirs(dir_ + "/ckpt").ok());
+  ASSERT_TRUE(agent_internal::MakeOwnedDir(ckpt, 20101, 20101).ok());
+  LaunchSpec spec = Spec("gvisor", "uname -r; id -u; ls /sys/class/net | tr '\\n' ' '; echo; "
+                                   "cat /proc/self/status | grep -E '^(CapEff|Seccomp):'; "
+                                   "unshare -m true 2>/dev/null || echo UNSHARE-DENIED; "
+                                   "echo step-5 > " + ckpt + "/ck.txt && echo SAVED");
+  spec.binds = {{ckpt, ckpt, false}};
+  std::string out = Run(spec);
+  EXPECT_EQ(out.substr(0, 6), "4.4.0\n") << "gVisor's kernel version, not the host's\n" << out;
+  EXPECT_NE(out.find("\n0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("lo \n"), std::string::npos) << "loopback only\n" << out;
+  for (const char* line : {"CapEff:\t0000000000000000", "Seccomp:\t2", "UNSHARE-DENIED", "SAVED"})
+    EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
+  EXPECT_EQ(ReadText(ckpt + "/ck.txt"), "step-5\n");
+  struct stat st;
+  ASSERT_EQ(::stat((ckpt + "/ck.txt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 20101u);  // the task's uid on the host, as with runc
+}
+
+// crun 1.8 (Debian 12) refuses a host whose cgroup v2 hierarchy holds controllers beside v1 ones
+// ("cgroups in hybrid mode not supported"); where it runs, the sandbox is runc's.
+class CrunSandboxTest : public RuncSandboxTest {
+ protected:
+  void Configure(RuntimeOptions& opts) override {
+    opts.runtime_class = "crun";
+    opts.runc_binary = "crun";
+  }
+};
+
+TEST_F(CrunSandboxTest, ATaskRunsAsItsUidWithoutCapabilitiesOrSaysWhyCrunCannotRunHere) {
+  LaunchSpec spec = Spec("crun", "id -u; grep -E '^(CapEff|NoNewPrivs):' /proc/self/status");
+  Status st = rt_->Start(spec);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  TaskStatusInfo info = Wait(spec.id);
+  const std::string out = ReadText(rt_->StdoutPath(spec.id)), err = ReadText(rt_->StderrPath(spec.id));
+  if (err.find("cgroups in hybrid mode not supported") != std::string::npos)
+    GTEST_SKIP() << "crun cannot run on this host's cgroup layout: " << err;
+  EXPECT_EQ(info.exit_code, 0) << out << err;
+  EXPECT_EQ(out.substr(0, 2), "0\n") << out << err;
+  EXPECT_NE(out.find("CapEff:\t0000000000000000"), std::string::npos) << out;
 }
 
 }  // namespace

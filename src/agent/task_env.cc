@@ -88,6 +88,10 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
     if (auto source = ParseImageSource(out.image); !source.ok()) return Bad(where + ".image", source.status().message());
     if (!out.bundle.empty() || !out.rootfs.empty()) return Bad(where + ".image", "goes with neither bundle nor rootfs");
   }
+  ASSIGN_OR_RETURN(out.runtime_class, Str(a, "runtimeClass", where, false));
+  if (!out.runtime_class.empty() && out.runtime_class != "runc" && out.runtime_class != "crun" &&
+      out.runtime_class != "runsc" && out.runtime_class != "kata")
+    return Bad(where + ".runtimeClass", "must be runc, crun, runsc or kata");
   ASSIGN_OR_RETURN(out.network, Str(a, "network", where, false));
   if (out.network.empty()) out.network = "none";
   if (out.network != "none" && out.network != "host") return Bad(where + ".network", "must be none or host");

@@ -45,6 +45,7 @@ struct Assignment {
   std::string bundle;
   std::string rootfs;
   std::string image;             // a container image source (common/image_source.h); "": none
+  std::string runtime_class;     // containers: runc (also ""), crun, runsc or kata
   std::string network = "none";  // containers: none or host
   std::string working_dir;       // "": the runtime's default
   // The task's identity (runAs): a uid and gid, or root in a queue the admin allows it for.

@@ -727,7 +727,8 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
   }
   if (const Json* container = f.Get("container")) {
     ASSIGN_OR_RETURN(ObjectFields c,
-                     ObjectFields::Read(*container, f.Path("container"), {"image", "bundle", "rootfs", "network"}));
+                     ObjectFields::Read(*container, f.Path("container"),
+                                        {"image", "bundle", "rootfs", "network", "runtimeClass"}));
     const int roots = int{c.Has("image")} + int{c.Has("bundle")} + int{c.Has("rootfs")};
     if (roots > 1) return FieldError(c.path(), "takes one of image, bundle or rootfs");
     if (roots == 0) return FieldError(c.path(), "needs an image, a bundle or a rootfs");
@@ -736,6 +737,12 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
       auto source = ParseImageSource(text);
       if (!source.ok()) return FieldError(c.Path("image"), source.status().message());
       g->exec.image = source->ToString();
+    }
+    if (const Json* rc = c.Get("runtimeClass")) {
+      ASSIGN_OR_RETURN(std::string cls, ReadString(*rc, c.Path("runtimeClass"), 16));
+      if (cls != "runc" && cls != "crun" && cls != "runsc" && cls != "kata")
+        return FieldError(c.Path("runtimeClass"), "must be runc, crun, runsc or kata");
+      if (cls != "runc") g->exec.runtime_class = cls;
     }
     if (const Json* network = c.Get("network")) {
       ASSIGN_OR_RETURN(std::string n, ReadString(*network, c.Path("network"), 16));
@@ -1043,6 +1050,7 @@ Json TaskJson(const TaskGroup& g) {
     if (!g.exec.bundle.empty()) container["bundle"] = g.exec.bundle;
     if (!g.exec.rootfs.empty()) container["rootfs"] = g.exec.rootfs;
     if (!g.exec.network.empty()) container["network"] = g.exec.network;
+    if (!g.exec.runtime_class.empty()) container["runtimeClass"] = g.exec.runtime_class;
     task["container"] = std::move(container);
   }
   if (!g.exec.checkpoint.dir.empty() || g.exec.checkpoint.interval_seconds != 0) {

@@ -324,7 +324,11 @@ TEST(JobSpec, BadInputsNameTheirField) {
       {"unknown requirement", [](Json& j) { j["affinity"]["nodeAffinity"][0]["op"] = "In"; },
        "affinity.nodeAffinity[0].op", "unknown field"},
       {"unknown container", [](Json& j) { j["tasks"][0]["container"]["imag"] = "x"; },
-       "tasks[0].container.imag", "unknown field (known: image, bundle, rootfs, network)"},
+       "tasks[0].container.imag", "unknown field (known: image, bundle, rootfs, network, runtimeClass)"},
+      {"runtime class", [](Json& j) { j["tasks"][0]["container"]["runtimeClass"] = "docker"; },
+       "tasks[0].container.runtimeClass", "must be runc, crun, runsc or kata"},
+      {"runtime class long", [](Json& j) { j["tasks"][0]["container"]["runtimeClass"] = std::string(40, 'r'); },
+       "tasks[0].container.runtimeClass", "over the limit of 16"},
       {"timeLimit zero", [](Json& j) { j["timeLimit"] = 0; }, "timeLimit", "must be between 1 and 31536000"},
       {"timeLimit unit", [](Json& j) { j["timeLimit"] = "3w"; }, "timeLimit", "units d, h, m, s, each once"},
       {"timeLimit twice", [](Json& j) { j["timeLimit"] = "1h1h"; }, "timeLimit", "each once"},
@@ -953,6 +957,8 @@ class JobGenerator {
       case 3: g.exec.image = Coin() ? "docker://registry.example:5000/team/" + From("abc019", 1) + ":v1" : "oci:/srv/i:t"; break;
       default: break;
     }
+    if (!g.exec.image.empty() || !g.exec.bundle.empty() || !g.exec.rootfs.empty())
+      g.exec.runtime_class = std::vector<std::string>{"", "crun", "runsc", "kata"}[static_cast<size_t>(Int(0, 3))];
     if (Coin()) g.exec.checkpoint = {"/ckpt/" + Text(), Int(0, 86400)};
     return g;
   }

@@ -239,7 +239,22 @@ struct AgentFlags {
   std::string log_max = "64Mi";
   int log_keep = 1;
   std::string image_cache_max = "50Gi";
+  std::vector<std::string> runtime_classes;
 };
+
+// --runtime-class NAME=BINARY (repeatable): runc, crun, runsc or kata.
+Status ApplyRuntimeClasses(const std::vector<std::string>& given, std::map<std::string, std::string>* out) {
+  for (const std::string& g : given) {
+    const size_t eq = g.find('=');
+    const std::string name = g.substr(0, eq);
+    if (eq == std::string::npos || eq + 1 == g.size() ||
+        (name != "runc" && name != "crun" && name != "runsc" && name != "kata"))
+      return Status::InvalidArgument(fmt::format(
+          "--runtime-class '{}': expected NAME=BINARY, NAME one of runc, crun, runsc, kata", g));
+    (*out)[name] = g.substr(eq + 1);
+  }
+  return Status::Ok();
+}
 
 // --image-cache-max: a byte size of at least 64Mi.
 Status ParseImageCacheMax(const std::string& text, int64_t* bytes) {
@@ -282,6 +297,7 @@ int RunAgent(AgentFlags flags) {
   if (Status st = ParseLogFlags(flags.log_max, flags.log_keep, &o.log_max_bytes, &o.log_keep); !st.ok())
     return Fail(st);
   if (Status st = ParseImageCacheMax(flags.image_cache_max, &o.image_cache_max_bytes); !st.ok()) return Fail(st);
+  if (Status st = ApplyRuntimeClasses(flags.runtime_classes, &o.runtime_classes); !st.ok()) return Fail(st);
   if (o.state_dir.empty()) o.state_dir = DefaultDataDir() + "/agent";
   if (Status st = MakeDirs(o.state_dir); !st.ok()) return Fail(st);
   auto agent = Agent::Create(o);
@@ -467,6 +483,11 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                         "The most processes and threads one task may have at once (its cgroup's pids.max; "
                         "0: no limit; default 8192)")
       ->check(CLI::Range(int64_t{0}, int64_t{4194304}));
+  agent_cmd->add_option("--runtime-class", agent->runtime_classes,
+                        "A container runtime class and its binary, NAME=BINARY (repeatable; runc, crun and runsc are "
+                        "found in PATH by default; kata only when given)");
+  agent_cmd->add_option("--runsc-platform", agent->options.runsc_platform,
+                        "The gVisor platform of runsc sandboxes (default ptrace; kvm needs /dev/kvm)");
   agent_cmd->add_option("--image-cache", agent->options.image_cache_dir,
                         "Where container images are unpacked (default /var/lib/gpupool/image-cache/<node>; every "
                         "directory above it must let others pass)");

@@ -102,6 +102,10 @@ struct TaskExec {
   // A container image ("oci:/srv/images/pytorch:24.05", "docker://..."; common/image_source.h),
   // unpacked by the agent into its image cache: runc with a generated config.
   std::string image;
+  // Containers: the OCI runtime that runs them: "" (runc, the default), "crun", "runsc" (gVisor:
+  // the guest's system calls served by a user-space kernel) or "kata"; the agent maps each to a
+  // binary, the admin may keep a class to some queues (docs/server.md#the-task-sandbox).
+  std::string runtime_class;
   // Containers: "" (a network namespace of its own, loopback only) or "host" (the host's network;
   // only in a queue the admin allows it for).
   std::string network;

@@ -307,8 +307,45 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
     }
     if (j.contains("sandbox")) {
       const auto& sb = j["sandbox"];
-      if (Status st = CheckKeys(sb, "sandbox", {"uidBase", "uidCount", "rootQueues", "hostNetworkQueues"}); !st.ok())
+      if (Status st = CheckKeys(sb, "sandbox", {"uidBase", "uidCount", "rootQueues", "hostNetworkQueues",
+                                                "runtimeClassQueues", "queueRuntimeClass"});
+          !st.ok())
         return fail(st);
+      auto known_class = [](const std::string& k) { return k == "runc" || k == "crun" || k == "runsc" || k == "kata"; };
+      if (sb.contains("runtimeClassQueues")) {
+        const auto& m = sb["runtimeClassQueues"];
+        if (!m.is_object() || m.size() > 4)
+          return fail(Status::InvalidArgument("sandbox.runtimeClassQueues: must map crun, runsc or kata to queue lists"));
+        for (auto it = m.begin(); it != m.end(); ++it) {
+          const std::string where = "sandbox.runtimeClassQueues." + it.key();
+          if (!known_class(it.key()) || it.key() == "runc")
+            return fail(Status::InvalidArgument(where + ": the classes are crun, runsc and kata (runc is every queue's)"));
+          if (!it.value().is_array() || it.value().size() > 10000)
+            return fail(Status::InvalidArgument(where + ": must be a list of queue names (or \"*\")"));
+          auto& list = c.sandbox.runtime_class_queues[it.key()];
+          for (size_t i = 0; i < it.value().size(); ++i) {
+            auto v = GetString(it.value()[i], fmt::format("{}[{}]", where, i));
+            if (!v.ok()) return fail(v.status());
+            if (*v != "*") {
+              if (Status st = CheckSpecName(*v, fmt::format("{}[{}]", where, i)); !st.ok()) return fail(st);
+            }
+            list.push_back(*v);
+          }
+        }
+      }
+      if (sb.contains("queueRuntimeClass")) {
+        const auto& m = sb["queueRuntimeClass"];
+        if (!m.is_object() || m.size() > 10000)
+          return fail(Status::InvalidArgument("sandbox.queueRuntimeClass: must map queue names to a runtime class"));
+        for (auto it = m.begin(); it != m.end(); ++it) {
+          const std::string where = "sandbox.queueRuntimeClass." + it.key();
+          if (Status st = CheckSpecName(it.key(), where); !st.ok()) return fail(st);
+          auto v = GetString(it.value(), where);
+          if (!v.ok()) return fail(v.status());
+          if (!known_class(*v)) return fail(Status::InvalidArgument(where + ": must be runc, crun, runsc or kata"));
+          c.sandbox.queue_runtime_class[it.key()] = *v;
+        }
+      }
       if (sb.contains("uidBase")) {
         auto v = GetInt(sb["uidBase"], "sandbox.uidBase", 1000, 4000000000);
         if (!v.ok()) return fail(v.status());

@@ -94,6 +94,12 @@ struct ServerConfig {
     std::map<std::string, Identity> identities;
     std::vector<std::string> root_queues;
     std::vector<std::string> host_network_queues;
+    // Runtime classes (crun, runsc, kata): a class listed here runs only in its queues ("*": every
+    // queue); one not listed, in every queue. runc, the default, is never restricted.
+    std::map<std::string, std::vector<std::string>> runtime_class_queues;
+    // A queue listed here runs every task in that class: containers that name none get it, those
+    // that name another and process tasks are refused (sensitive tenants always under gVisor).
+    std::map<std::string, std::string> queue_runtime_class;
   } sandbox;
   // Tasks of one job (replicas over all its groups); a bigger spec is refused with 400.
   int max_tasks_per_job = 10000;

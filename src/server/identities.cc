@@ -1,5 +1,7 @@
 #include "server/identities.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
 
@@ -27,6 +29,34 @@ std::optional<int64_t> FreeTenantUid(const ServerConfig& config, const PoolState
 
 bool QueueListed(const std::vector<std::string>& queues, const std::string& queue) {
   return std::find(queues.begin(), queues.end(), queue) != queues.end();
+}
+
+Result<std::string> TaskRuntimeClass(const ServerConfig& config, const std::string& queue, const TaskExec& exec,
+                                     size_t g) {
+  const bool container = !exec.image.empty() || !exec.bundle.empty() || !exec.rootfs.empty();
+  const std::string own = exec.runtime_class.empty() ? "runc" : exec.runtime_class;
+  std::string cls = container ? own : "";
+  if (auto forced = config.sandbox.queue_runtime_class.find(queue); forced != config.sandbox.queue_runtime_class.end()) {
+    if (!container)
+      return Status::PermissionDenied(fmt::format(
+          "tasks[{}]: queue '{}' runs every task in runtime class {} (sandbox.queueRuntimeClass): a process task "
+          "cannot run there; give it a container",
+          g, queue, forced->second));
+    if (!exec.runtime_class.empty() && exec.runtime_class != forced->second)
+      return Status::PermissionDenied(fmt::format(
+          "tasks[{}].container.runtimeClass: queue '{}' runs every task in runtime class {} "
+          "(sandbox.queueRuntimeClass), not {}",
+          g, queue, forced->second, exec.runtime_class));
+    cls = forced->second;
+  }
+  if (auto allowed = config.sandbox.runtime_class_queues.find(cls); allowed != config.sandbox.runtime_class_queues.end()) {
+    if (!QueueListed(allowed->second, queue) && !QueueListed(allowed->second, "*"))
+      return Status::PermissionDenied(fmt::format(
+          "tasks[{}].container.runtimeClass: {} is not allowed in queue '{}' (the admin lists its queues in "
+          "sandbox.runtimeClassQueues.{})",
+          g, cls, queue, cls));
+  }
+  return cls;
 }
 
 nlohmann::json RunAsJson(const ServerConfig& config, const PoolState& state, const std::string& tenant,

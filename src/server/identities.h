@@ -32,4 +32,11 @@ nlohmann::json RunAsJson(const ServerConfig& config, const PoolState& state, con
 
 bool QueueListed(const std::vector<std::string>& queues, const std::string& queue);
 
+// The runtime class a task of group `g` (its exec) runs in, in `queue`: the queue's
+// (sandbox.queueRuntimeClass), else the task's own, else "runc"; "" for a process task. Refused
+// (PermissionDenied, naming the field and the config key): a process task or another class in a
+// queue that forces one, a class sandbox.runtimeClassQueues keeps from the queue.
+Result<std::string> TaskRuntimeClass(const ServerConfig& config, const std::string& queue, const TaskExec& exec,
+                                     size_t g);
+
 }  // namespace gpupool

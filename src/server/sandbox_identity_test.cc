@@ -37,11 +37,13 @@ class SandboxIdentityTest : public ::testing::Test {
     config_.sandbox.identities["vision"] = {20001, 20002};
     config_.sandbox.root_queues = {"ops"};
     config_.sandbox.host_network_queues = {"hpc"};
+    config_.sandbox.runtime_class_queues["kata"] = {"hpc"};
+    config_.sandbox.queue_runtime_class["secure"] = "runsc";
     Open();
     json body = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"},
                  {"gpus", json::array({{{"index", 0}, {"model", "A100-80GB"}}})}};
     ASSERT_TRUE(service_->RegisterNode(body).ok());
-    for (const char* q : {"ops", "hpc"}) ASSERT_TRUE(service_->CreateQueue({{"name", q}}).ok());
+    for (const char* q : {"ops", "hpc", "secure"}) ASSERT_TRUE(service_->CreateQueue({{"name", q}}).ok());
   }
   void TearDown() override {
     service_.reset();
@@ -124,6 +126,45 @@ TEST_F(SandboxIdentityTest, TheHostsNetworkOnlyInTheQueuesTheAdminAllowsItFor) {
   EXPECT_FALSE(Submit(kVision, "", ", container: {network: none}").ok()) << "a container needs a rootfs or bundle";
 }
 
+TEST_F(SandboxIdentityTest, RuntimeClassesAreKeptToTheirQueuesAndAQueueMayForceOne) {
+  const std::string rootfs = ", container: {rootfs: /var/lib/gpupool/images/x";
+  auto cls = [&](const std::string& job) {
+    auto a = service_->Assignments("n1");
+    EXPECT_TRUE(a.ok());
+    for (const auto& item : (*a)["assignments"])
+      if (item["jobId"] == job) return item.value("runtimeClass", std::string("(none)"));
+    return std::string("(not assigned)");
+  };
+  // kata only in hpc; runsc and crun anywhere; a queue forcing runsc takes containers only.
+  auto kata = Submit(kVision, "", rootfs + ", runtimeClass: kata}");
+  ASSERT_FALSE(kata.ok());
+  EXPECT_EQ(kata.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(kata.status().message().find("sandbox.runtimeClassQueues.kata"), std::string::npos) << kata.status().ToString();
+  auto kata_hpc = Submit(kVision, "queue: hpc\n", rootfs + ", runtimeClass: kata}");
+  ASSERT_TRUE(kata_hpc.ok()) << kata_hpc.status().ToString();
+  auto gvisor = Submit(kVision, "", rootfs + ", runtimeClass: runsc}");
+  ASSERT_TRUE(gvisor.ok()) << gvisor.status().ToString();
+  auto plain = Submit(kVision, "", rootfs + "}");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  auto process = Submit(kVision, "queue: secure\n");
+  ASSERT_FALSE(process.ok());
+  EXPECT_EQ(process.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(process.status().message().find("a process task cannot run there"), std::string::npos)
+      << process.status().ToString();
+  auto other = Submit(kAdmin, "queue: secure\n", rootfs + ", runtimeClass: crun}");
+  ASSERT_FALSE(other.ok()) << "admins too";
+  EXPECT_NE(other.status().message().find("sandbox.queueRuntimeClass"), std::string::npos) << other.status().ToString();
+  auto forced = Submit(kVision, "queue: secure\n", rootfs + "}");
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  // The forced class is written into the job's spec: the owner sees what it runs in.
+  EXPECT_EQ((*forced)["spec"]["tasks"][0]["container"].value("runtimeClass", ""), "runsc") << forced->dump();
+  service_->RunCycle();
+  EXPECT_EQ(cls((*kata_hpc)["id"]), "kata");
+  EXPECT_EQ(cls((*gvisor)["id"]), "runsc");
+  EXPECT_EQ(cls((*plain)["id"]), "runc");
+  EXPECT_EQ(cls((*forced)["id"]), "runsc");
+}
+
 TEST(SandboxConfig, IdentitiesAndTheRangeAreChecked) {
   char tmpl[] = "/tmp/gpupool-sbcfg-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
@@ -132,12 +173,16 @@ TEST(SandboxConfig, IdentitiesAndTheRangeAreChecked) {
     return LoadServerConfig(dir + "/c.yaml");
   };
   auto good = load("tenants: {vision: {uid: 20001}, nlp: {uid: 20002, gid: 3000}}\n"
-                   "sandbox: {uidBase: 100000, uidCount: 50, rootQueues: [ops], hostNetworkQueues: [hpc]}\n");
+                   "sandbox: {uidBase: 100000, uidCount: 50, rootQueues: [ops], hostNetworkQueues: [hpc],\n"
+                   "          runtimeClassQueues: {kata: [hpc], runsc: ['*']}, queueRuntimeClass: {secure: runsc}}\n");
   ASSERT_TRUE(good.ok()) << good.status().ToString();
   EXPECT_EQ(good->sandbox.identities.at("vision"), (ServerConfig::Identity{20001, 20001}));
   EXPECT_EQ(good->sandbox.identities.at("nlp"), (ServerConfig::Identity{20002, 3000}));
   EXPECT_EQ(good->sandbox.uid_base, 100000);
   EXPECT_EQ(good->sandbox.root_queues, std::vector<std::string>{"ops"});
+  EXPECT_EQ(good->sandbox.runtime_class_queues.at("kata"), std::vector<std::string>{"hpc"});
+  EXPECT_EQ(good->sandbox.runtime_class_queues.at("runsc"), std::vector<std::string>{"*"});
+  EXPECT_EQ(good->sandbox.queue_runtime_class.at("secure"), "runsc");
   const std::pair<const char*, const char*> bad[] = {
       {"tenants: {vision: {uid: 0}}\n", "tenants.vision.uid"},
       {"tenants: {vision: {uid: 999}}\n", "tenants.vision.uid"},
@@ -149,6 +194,12 @@ TEST(SandboxConfig, IdentitiesAndTheRangeAreChecked) {
       {"sandbox: {rootQueues: ops}\n", "sandbox.rootQueues"},
       {"sandbox: {rootQueues: ['Bad Name']}\n", "sandbox.rootQueues[0]"},
       {"sandbox: {uidbase: 1}\n", "uidbase"},
+      {"sandbox: {runtimeClassQueues: {docker: [a]}}\n", "sandbox.runtimeClassQueues.docker"},
+      {"sandbox: {runtimeClassQueues: {runc: [a]}}\n", "runc is every queue's"},
+      {"sandbox: {runtimeClassQueues: {kata: hpc}}\n", "must be a list"},
+      {"sandbox: {runtimeClassQueues: {kata: ['Bad Name']}}\n", "sandbox.runtimeClassQueues.kata[0]"},
+      {"sandbox: {queueRuntimeClass: {secure: docker}}\n", "sandbox.queueRuntimeClass.secure"},
+      {"sandbox: {queueRuntimeClass: [secure]}\n", "must map queue names"},
   };
   for (const auto& [text, needle] : bad) {
     auto c = load(text);

@@ -278,6 +278,9 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
     a["rootfs"] = g.exec.rootfs;
     if (!g.exec.image.empty()) a["image"] = g.exec.image;
     a["network"] = g.exec.network.empty() ? "none" : g.exec.network;
+    // Settled at submission (a queue's forced class is written into the spec then).
+    if (!g.exec.image.empty() || !g.exec.bundle.empty() || !g.exec.rootfs.empty())
+      a["runtimeClass"] = g.exec.runtime_class.empty() ? "runc" : g.exec.runtime_class;
     if (!g.exec.working_dir.empty()) a["workingDir"] = g.exec.working_dir;
     a["runAs"] = RunAsJson(config_, state_, j->rec.tenant, j->rec.queue);
     if (json r = RendezvousJson(state_, *j, index); !r.is_null()) a["rendezvous"] = std::move(r);

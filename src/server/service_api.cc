@@ -55,6 +55,9 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
           "tasks[{}].container.network: host is not allowed in queue '{}' (the admin lists the queues that may use it "
           "in sandbox.hostNetworkQueues)",
           g, job.queue));
+    // The class is settled now: a queue's forced class is written into the spec (and shown).
+    ASSIGN_OR_RETURN(std::string cls, TaskRuntimeClass(config_, job.queue, job.groups[g].exec, g));
+    if (!cls.empty()) job.groups[g].exec.runtime_class = cls == "runc" ? "" : cls;
   }
   const Resources demand = JobDemand(job);
   const auto task_count = static_cast<int64_t>(job.task_count());

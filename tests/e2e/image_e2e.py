@@ -132,6 +132,13 @@ def events(api, job_id):
     return json.dumps(body)
 
 
+def owner(path):
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return -1
+
+
 def task(image, command=None, **extra):
     t = {"name": "t", "resources": {"cpu": "100m", "memory": "64Mi"}, "container": {"image": image}}
     if command is not None:
@@ -211,6 +218,22 @@ def main():
               json.dumps(job)[:600] + logs(api, j))
         check("... pinned by digest too", job["tasks"][0].get("image", "").startswith(
             "docker-archive:%s:gpupool/busybox:v1@sha256:" % archive), json.dumps(job["tasks"][0]))
+
+        # The same image under gVisor: its kernel answers, not the host's.
+        if shutil.which("runsc"):
+            ck = os.path.join(shared, "ckpt", "gvisor")
+            spec = {"name": "gvisor", "tasks": [task(image, ["/bin/sh", "-c",
+                                                             "uname -r; echo ok > $GPUPOOL_CHECKPOINT_DIR/f"],
+                                                       checkpoint={"dir": ck, "intervalSeconds": 60})]}
+            spec["tasks"][0]["container"]["runtimeClass"] = "runsc"
+            j = submit(tenant, spec)
+            job = wait_state(api, j, ("succeeded", "failed"))
+            out = logs(api, j)
+            check("runtimeClass runsc runs the image under gVisor (its kernel 4.4.0, not the host's)",
+                  job["state"] == "succeeded" and out.split("\n")[0] == "4.4.0" and
+                  owner(os.path.join(ck, "f")) >= 200000, json.dumps(job)[:600] + out)
+        else:
+            print("image_e2e: runsc is not installed: the gVisor check is skipped", flush=True)
 
         # What a hostile tenant tries.
         hostile = [
