@@ -370,24 +370,19 @@ std::string Agent::MetricsText() {
   out += fmt::format("gpupool_agent_mps_daemons{{{}}} {}\n", label, mps_daemons);
   if (image_stats) {
     const ImageCacheStats& is = *image_stats;
-    out += "# HELP gpupool_agent_image_pulls_total Container images copied and unpacked into the cache.\n"
-           "# TYPE gpupool_agent_image_pulls_total counter\n";
-    out += fmt::format("gpupool_agent_image_pulls_total{{{}}} {}\n", label, is.pulls);
-    out += "# HELP gpupool_agent_image_pull_failures_total Image pulls that failed (the tasks waiting on them "
-           "failed to start).\n# TYPE gpupool_agent_image_pull_failures_total counter\n";
-    out += fmt::format("gpupool_agent_image_pull_failures_total{{{}}} {}\n", label, is.pull_failures);
-    out += "# HELP gpupool_agent_image_cache_hits_total Task starts whose image was in the cache already.\n"
-           "# TYPE gpupool_agent_image_cache_hits_total counter\n";
-    out += fmt::format("gpupool_agent_image_cache_hits_total{{{}}} {}\n", label, is.hits);
-    out += "# HELP gpupool_agent_image_evictions_total Unused images removed to keep the cache within its size.\n"
-           "# TYPE gpupool_agent_image_evictions_total counter\n";
-    out += fmt::format("gpupool_agent_image_evictions_total{{{}}} {}\n", label, is.evictions);
-    out += "# HELP gpupool_agent_image_cache_bytes Bytes the unpacked images take on disk.\n"
-           "# TYPE gpupool_agent_image_cache_bytes gauge\n";
-    out += fmt::format("gpupool_agent_image_cache_bytes{{{}}} {}\n", label, is.bytes);
-    out += "# HELP gpupool_agent_image_pulls_in_flight Image pulls running now.\n"
-           "# TYPE gpupool_agent_image_pulls_in_flight gauge\n";
-    out += fmt::format("gpupool_agent_image_pulls_in_flight{{{}}} {}\n", label, is.pulling);
+    auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{{}}} {}\n", name, help, name, type, name, label, value);
+    };
+    metric("gpupool_agent_image_pulls_total", "counter", "Container images copied and unpacked into the cache.",
+           is.pulls);
+    metric("gpupool_agent_image_pull_failures_total", "counter",
+           "Image pulls that failed (the tasks waiting on them failed to start).", is.pull_failures);
+    metric("gpupool_agent_image_cache_hits_total", "counter", "Task starts whose image was in the cache already.",
+           is.hits);
+    metric("gpupool_agent_image_evictions_total", "counter",
+           "Unused images removed to keep the cache within its size.", is.evictions);
+    metric("gpupool_agent_image_cache_bytes", "gauge", "Bytes the unpacked images take on disk.", is.bytes);
+    metric("gpupool_agent_image_pulls_in_flight", "gauge", "Image pulls running now.", is.pulling);
   }
   return out;
 }

@@ -726,73 +726,7 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
 
 Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,
                        std::chrono::milliseconds timeout) {
-  if (argv.empty()) return Status::InvalidArgument("empty command");
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::string path_env = "PATH=" + DefaultPath();
-  char* envp[] = {path_env.data(), nullptr};
-
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  FdCloser r(DupHigh(pipefd[0]));
-  FdCloser w(DupHigh(pipefd[1]));
-  FdCloser devnull(OpenHigh("/dev/null", O_RDONLY));
-  if (r.get() < 0 || w.get() < 0 || devnull.get() < 0) return Status::IoError("cannot set up a helper's stdio");
-  int execpipe[2];
-  if (::pipe2(execpipe, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  FdCloser er(DupHigh(execpipe[0]));
-  FdCloser ew(DupHigh(execpipe[1]));
-  const char* exe = args[0];
-  int wfd = w.get(), nfd = devnull.get(), efd = ew.get();
-
-  pid_t pid = ::fork();
-  if (pid < 0) return Status::Internal(fmt::format("fork: {}", ErrnoText(errno)));
-  if (pid == 0) {
-    if (::dup2(nfd, 0) < 0 || ::dup2(wfd, 1) < 0 || ::dup2(wfd, 2) < 0) ::_exit(127);
-    ResetSignals();
-    ::execve(exe, args.data(), envp);
-    SafeSend(efd, kMsgExec, errno);
-    ::_exit(127);
-  }
-  w.reset();
-  ew.reset();
-  int32_t msg[2];
-  ssize_t en;
-  do {
-    en = ::read(er.get(), msg, sizeof(msg));
-  } while (en < 0 && errno == EINTR);
-  bool exec_failed = en == static_cast<ssize_t>(sizeof(msg));
-
-  auto deadline = Clock::now() + timeout;
-  bool timed_out = false;
-  char buf[4096];
-  while (!exec_failed) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd pfd{r.get(), POLLIN, 0};
-    int pr = ::poll(&pfd, 1, static_cast<int>(left));
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) continue;
-    ssize_t n = ::read(r.get(), buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (output != nullptr && output->size() < (1 << 20)) output->append(buf, static_cast<size_t>(n));
-  }
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (exec_failed)
-    return Status::FailedPrecondition(fmt::format("cannot execute '{}': {}", argv[0], ErrnoText(msg[1])));
-  if (timed_out)
-    return Status::Internal(fmt::format("'{}' did not finish within {} ms", fmt::format("{}", fmt::join(argv, " ")),
-                                        timeout.count()));
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return RunCommand(argv, output, timeout, nullptr, {});
 }
 
 Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,

@@ -180,14 +180,13 @@ const std::string& SupervisorPath();
 // "cannot change to workdir", "cannot join cgroup"). On error the supervisor has been reaped.
 Result<SpawnResult> SpawnSupervised(const SpawnRequest& req);
 
-// Runs a short helper command (runc kill/delete) to completion with a timeout; its combined
-// stdout/stderr lands in `output`. Returns the exit status (or an error when it could not run).
+// Runs a helper command (runc kill/delete, skopeo, umoci) to completion in a process group of its
+// own, which is killed (SIGKILL) when `timeout` passes or `cancel` (polled at least every 100 ms;
+// may be null) becomes true. Its combined stdout/stderr lands in `output` (the last 64 KiB);
+// `extra_env` ("KEY=value") joins the PATH-only environment. Returns the exit status (or an error
+// when it could not run).
 Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,
                        std::chrono::milliseconds timeout);
-// The same for long helpers (skopeo, umoci): the command runs in a process group of its own, which
-// is killed (SIGKILL) when `timeout` passes or `cancel` (polled at least every 100 ms; may be null)
-// becomes true; `extra_env` ("KEY=value") joins the PATH-only environment. `output` keeps the last
-// 64 KiB.
 Result<int> RunCommand(const std::vector<std::string>& argv, std::string* output,
                        std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
                        const std::vector<std::string>& extra_env);

@@ -326,8 +326,19 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
   relative_dir["workingDir"] = "data";
   json long_dir = RunAssignment("mps", json::array());
   long_dir["workingDir"] = "/" + std::string(5000, 'a');
+  // An image reaches skopeo's command line: the agent checks it as the server did.
+  json option_image = RunAssignment("mps", json::array());
+  option_image["image"] = "oci:/srv/-x";
+  json image_and_rootfs = RunAssignment("mps", json::array());
+  image_and_rootfs["image"] = "oci:/srv/i:v1";
+  image_and_rootfs["rootfs"] = "/srv/r";
+  json bad_class = RunAssignment("mps", json::array());
+  bad_class["runtimeClass"] = "docker";
   const std::vector<Case> cases = {
       {json::array(), "assignments: the answer must be an object"},
+      {{{"assignments", {option_image}}}, "assignments[0].image: 'oci:/srv/-x': no part of the path may start"},
+      {{{"assignments", {image_and_rootfs}}}, "assignments[0].image: goes with neither bundle nor rootfs"},
+      {{{"assignments", {bad_class}}}, "assignments[0].runtimeClass: must be runc, crun, runsc or kata"},
       {{{"assignments", {bad_share}}}, "assignments[0].gpus[0].share: must be 0..1000"},
       {{{"assignments", {bad_id}}}, "assignments[0].jobId: must be 1-64 of"},
       {{{"assignments", {bad_desired}}}, "assignments[0].desired: must be run or stop"},

@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oci_image import build_image  # noqa: E402
-from pool_api import Api, free_port, get_text  # noqa: E402
+from pool_api import Api, free_port, logs, submit, wait_state  # noqa: E402
 
 TENANT = "vision-" + "v" * 24
 failures = []
@@ -105,28 +105,6 @@ class Pool:
                 p.kill()
 
 
-def submit(api, spec):
-    code, body = api.call("POST", "/api/v1/jobs", spec)
-    if code != 201:
-        raise RuntimeError("submit %s: %d %s" % (spec["name"], code, body))
-    return body["id"]
-
-
-def wait_state(api, job_id, states, timeout=90):
-    deadline = time.time() + timeout
-    while True:
-        _, job = api.call("GET", "/api/v1/jobs/" + job_id)
-        if job and job.get("state") in states:
-            return job
-        if time.time() > deadline:
-            raise RuntimeError("job %s still %s after %d s: %s" % (job_id, job and job.get("state"), timeout, job))
-        time.sleep(0.2)
-
-
-def logs(api, job_id):
-    return get_text("%s/api/v1/jobs/%s/tasks/0/logs" % (api.url, job_id), api.token)
-
-
 def events(api, job_id):
     _, body = api.call("GET", "/api/v1/jobs/%s/events" % job_id)
     return json.dumps(body)
@@ -184,7 +162,7 @@ def main():
 
         # The image's own command, working directory and environment.
         j = submit(tenant, {"name": "default-cmd", "tasks": [task(image)]})
-        job = wait_state(api, j, ("succeeded", "failed"))
+        job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
         out = logs(api, j)
         check("an image job with no command runs the image's entrypoint and cmd",
               job["state"] == "succeeded" and "CMD FOO=from-image" in out, json.dumps(job)[:600] + out)
@@ -200,7 +178,7 @@ def main():
                                                                   "echo FOO=$FOO; id -u; cat /proc/self/uid_map; "
                                                                   "touch /app/x 2>/dev/null || echo ROOT-RO"],
                                                            env={"FOO": "from-job"})]})
-        job = wait_state(api, j, ("succeeded", "failed"))
+        job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
         out = logs(api, j)
         lines = out.split("\n")
         uid_map = lines[2].split() if len(lines) > 2 else []
@@ -213,7 +191,7 @@ def main():
         # A docker-archive source.
         j = submit(tenant, {"name": "archive", "tasks": [task("docker-archive:%s:gpupool/busybox:v1" % archive,
                                                               ["/bin/sh", "-c", "cat /app/hello.txt"])]})
-        job = wait_state(api, j, ("succeeded", "failed"))
+        job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
         check("a docker-archive image runs", job["state"] == "succeeded" and "hello from the image" in logs(api, j),
               json.dumps(job)[:600] + logs(api, j))
         check("... pinned by digest too", job["tasks"][0].get("image", "").startswith(
@@ -227,7 +205,7 @@ def main():
                                                        checkpoint={"dir": ck, "intervalSeconds": 60})]}
             spec["tasks"][0]["container"]["runtimeClass"] = "runsc"
             j = submit(tenant, spec)
-            job = wait_state(api, j, ("succeeded", "failed"))
+            job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
             out = logs(api, j)
             check("runtimeClass runsc runs the image under gVisor (its kernel 4.4.0, not the host's)",
                   job["state"] == "succeeded" and out.split("\n")[0] == "4.4.0" and
@@ -248,7 +226,7 @@ def main():
         ]
         for name, source, needle in hostile:
             j = submit(tenant, {"name": "hostile", "tasks": [task(source, ["true"])]})
-            job = wait_state(api, j, ("succeeded", "failed"))
+            job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
             text = json.dumps(job)
             check("refused at start: %s (%s)" % (name, needle), job["state"] == "failed" and needle in text and
                   "image" in text, text[:800])

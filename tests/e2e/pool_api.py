@@ -53,3 +53,26 @@ def get_text(url, token=None, timeout=10):
         req.add_header("Authorization", "Bearer " + token)
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read().decode()
+
+
+# Jobs as the end-to-end tests drive them.
+def wait_state(api, job_id, states, timeout=60):
+    deadline = time.time() + timeout
+    while True:
+        _, job = api.call("GET", "/api/v1/jobs/" + job_id)
+        if job and job.get("state") in states:
+            return job
+        if time.time() > deadline:
+            raise RuntimeError("job %s still %s after %d s: %s" % (job_id, job and job.get("state"), timeout, job))
+        time.sleep(0.2)
+
+
+def logs(api, job_id):
+    return get_text("%s/api/v1/jobs/%s/tasks/0/logs" % (api.url, job_id), api.token)
+
+
+def submit(api, spec):
+    code, body = api.call("POST", "/api/v1/jobs", spec)
+    if code != 201:
+        raise RuntimeError("submit %s: %d %s" % (spec["name"], code, body))
+    return body["id"]

@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pool_api import Api, free_port, get_text  # noqa: E402
+from pool_api import Api, free_port, logs, submit, wait_state  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ADMIN, VISION, NLP = "admin-" + "a" * 24, "vision-" + "v" * 24, "nlp-" + "n" * 24
@@ -33,28 +33,6 @@ def check(name, ok, detail=""):
     print("sandbox_e2e: %s %s%s" % ("PASS" if ok else "FAIL", name, "" if ok else ": " + detail[:2000]), flush=True)
     if not ok:
         failures.append(name)
-
-
-def wait_state(api, job_id, states, timeout=60):
-    deadline = time.time() + timeout
-    while True:
-        _, job = api.call("GET", "/api/v1/jobs/" + job_id)
-        if job and job.get("state") in states:
-            return job
-        if time.time() > deadline:
-            raise RuntimeError("job %s still %s after %d s: %s" % (job_id, job and job.get("state"), timeout, job))
-        time.sleep(0.2)
-
-
-def logs(api, job_id):
-    return get_text("%s/api/v1/jobs/%s/tasks/0/logs" % (api.url, job_id), api.token)
-
-
-def submit(api, spec):
-    code, body = api.call("POST", "/api/v1/jobs", spec)
-    if code != 201:
-        raise RuntimeError("submit %s: %d %s" % (spec["name"], code, body))
-    return body["id"]
 
 
 def batch_basics(admin, vision, nlp, victim, victim_dir, shared):
