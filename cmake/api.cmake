@@ -5,6 +5,7 @@ option(GPUPOOL_FUZZ "Build the libFuzzer targets (needs clang++)" OFF)
 
 add_library(gpupool_api
   src/api/fields.cc
+  src/api/spec_text.cc
   src/api/jobspec.cc
   src/api/node_codec.cc
 )

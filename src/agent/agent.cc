@@ -107,14 +107,15 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   std::unique_ptr<Agent> agent(new Agent(std::move(options)));
   AgentOptions& o = agent->options_;
   // The sandbox's paths are absolute in the task's mount namespace, whatever the agent's cwd.
-  for (auto* list : {&agent->options_.container_roots, &agent->options_.checkpoint_roots, &agent->options_.hide}) {
+  for (auto* list : {&agent->options_.container_roots, &agent->options_.checkpoint_roots, &agent->options_.hide,
+                     &agent->options_.volume_roots, &agent->options_.volume_roots_rw}) {
     for (auto& p : *list) {
       std::error_code ec;
       auto abs = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
       if (!ec) p = abs.string();
     }
   }
-  for (auto* dir : {&agent->options_.state_dir, &agent->options_.log_dir}) {
+  for (auto* dir : {&agent->options_.state_dir, &agent->options_.log_dir, &agent->options_.scratch_root}) {
     std::error_code ec;
     if (dir->empty()) continue;
     auto abs = std::filesystem::weakly_canonical(std::filesystem::absolute(*dir, ec), ec);

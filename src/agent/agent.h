@@ -81,6 +81,12 @@ struct AgentOptions {
   std::vector<std::string> container_roots = {"/var/lib/gpupool/images"};
   std::vector<std::string> checkpoint_roots = {"/var/lib/gpupool/checkpoints"};
   std::vector<std::string> hide;
+  // Volumes (docs/jobspec.md#volumes): the host directories a container's hostPath volume may
+  // lie under, read-only (volume_roots) or as the job asks (volume_roots_rw), links resolved; none
+  // by default. Disk scratch lives in <scratch_root>/<run>/<n> for as long as its run.
+  std::vector<std::string> volume_roots;
+  std::vector<std::string> volume_roots_rw;
+  std::string scratch_root = "/var/lib/gpupool/scratch";
   // The most processes and threads one task may have at once (its cgroup's pids.max, where the
   // host has the pids controller); 0: no limit. One task's fork bomb then cannot take the host's
   // pid space from the other tenants' tasks and from the agent.
@@ -186,6 +192,8 @@ class Agent {
   // the task among its users. REQUIRES: mu_ held.
   Status EnsureMps(LocalTask& t);
   Status SandboxTask(const Assignment& a, LaunchSpec* spec);
+  Status MountVolumes(const Assignment& a, LaunchSpec* spec);
+  void RemoveScratch(const Assignment& a);
   // The task no longer uses its GPUs' MPS daemons (the last user stops one). REQUIRES: mu_ held.
   void ReleaseMps(LocalTask& t);
   // Lease bookkeeping after a register/heartbeat attempt that began at `start_ms` (BootTimeMs).

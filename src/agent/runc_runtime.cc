@@ -116,6 +116,15 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
     json opts = {"rbind", b.readonly ? "ro" : "rw", "nosuid", "nodev"};
     mounts.push_back({{"destination", b.destination}, {"type", "bind"}, {"source", b.source}, {"options", opts}});
   }
+  for (const auto& t : spec.tmpfs) {
+    if (t.destination.empty() || t.destination[0] != '/' || t.size_bytes <= 0)
+      return Status::InvalidArgument(fmt::format("task {}: a tmpfs needs an absolute path and a size ('{}')", spec.id,
+                                                 t.destination));
+    mounts.push_back({{"destination", t.destination},
+                      {"type", "tmpfs"},
+                      {"source", "tmpfs"},
+                      {"options", {"nosuid", "nodev", "mode=0700", fmt::format("size={}", t.size_bytes)}}});
+  }
   for (const auto& path : spec.readonly_binds) {
     if (path.empty() || path[0] != '/' || !PathExists(path)) continue;  // absent on this host
     mounts.push_back({{"destination", path},
@@ -291,6 +300,7 @@ class RuncRuntime final : public SupervisedRuntime {
       // of the admin's it is best effort (a read-only one, a link runc resolves inside it).
       std::vector<std::string> points = {"/proc", "/dev", "/sys", "/tmp"};
       for (const auto& b : spec.binds) points.push_back(b.destination);
+      for (const auto& t : spec.tmpfs) points.push_back(t.destination);
       if (!spec.workdir.empty()) points.push_back(spec.workdir);
       for (const auto& p : points) {
         Status made = MakeDirsBeneath(rootfs_abs, p);

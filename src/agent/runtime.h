@@ -66,6 +66,13 @@ struct LaunchSpec {
     bool readonly = true;
   };
   std::vector<Bind> binds;
+  // runc: memory-backed scratch (a tmpfs of at most size_bytes, the task's uid's, charged to its
+  // memory limit).
+  struct Tmpfs {
+    std::string destination;
+    int64_t size_bytes = 0;
+  };
+  std::vector<Tmpfs> tmpfs;
 };
 
 enum class RunState { kRunning, kExited, kUnknown };

@@ -1,4 +1,6 @@
 #include "agent/task_env.h"
+
+#include "api/jobspec.h"
 #include "common/image_source.h"
 
 #include <fmt/format.h>
@@ -171,6 +173,18 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
     ASSIGN_OR_RETURN(out.checkpoint_dir, Str(*c, "dir", where + ".checkpoint", false));
     ASSIGN_OR_RETURN(int64_t interval, Int(*c, "intervalSeconds", where + ".checkpoint", false));
     out.checkpoint_interval_seconds = static_cast<int>(interval);
+  }
+  if (auto v = a.find("volumes"); v != a.end() && !v->is_null()) {
+    // The job spec's own reading: bounded, normalised paths, containers only, none over the
+    // checkpoint directory. Where a host path may come from is the agent's to say (SandboxTask).
+    TaskExec exec;
+    exec.image = out.image;
+    exec.bundle = out.bundle;
+    exec.rootfs = out.rootfs;
+    exec.checkpoint.dir = out.checkpoint_dir;
+    auto volumes = ParseVolumes(*v, where + ".volumes", exec);
+    if (!volumes.ok()) return volumes.status();
+    out.volumes = std::move(volumes).value();
   }
   ASSIGN_OR_RETURN(std::string cpu, Str(a, "cpu", where, false));
   if (!cpu.empty()) {

@@ -17,6 +17,7 @@
 #include "agent/inventory.h"
 #include "agent/runtime.h"
 #include "common/status.h"
+#include "model/workload.h"
 
 namespace gpupool {
 
@@ -54,6 +55,7 @@ struct Assignment {
   bool run_as_root = false;
   std::string checkpoint_dir;
   int checkpoint_interval_seconds = 0;
+  std::vector<Volume> volumes;  // containers only (docs/jobspec.md#volumes)
   int grace_period_seconds = 30;
   int restarts = 0;
   // The server's id of this placement ("runId": random, unguessable; "" from an older server).

@@ -334,7 +334,20 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
   image_and_rootfs["rootfs"] = "/srv/r";
   json bad_class = RunAssignment("mps", json::array());
   bad_class["runtimeClass"] = "docker";
+  // Volumes as the job spec reads them: containers only, normalised paths, none over the checkpoint.
+  json process_volume = RunAssignment("mps", json::array());
+  process_volume["volumes"] = json::array({{{"hostPath", "/etc"}}});
+  json sneaky_volume = RunAssignment("mps", json::array());
+  sneaky_volume["rootfs"] = "/srv/r";
+  sneaky_volume["volumes"] = json::array({{{"hostPath", "/srv/data/../../etc"}}});
+  json ckpt_volume = RunAssignment("mps", json::array());
+  ckpt_volume["rootfs"] = "/srv/r";
+  ckpt_volume["checkpoint"] = {{"dir", "/ck/job"}};
+  ckpt_volume["volumes"] = json::array({{{"hostPath", "/srv/x"}, {"mountPath", "/ck"}}});
   const std::vector<Case> cases = {
+      {{{"assignments", {process_volume}}}, "assignments[0].volumes: need a container"},
+      {{{"assignments", {sneaky_volume}}}, "assignments[0].volumes[0].hostPath: must be a normalised path"},
+      {{{"assignments", {ckpt_volume}}}, "assignments[0].volumes[0].mountPath: '/ck' overlaps the checkpoint"},
       {json::array(), "assignments: the answer must be an object"},
       {{{"assignments", {option_image}}}, "assignments[0].image: 'oci:/srv/-x': no part of the path may start"},
       {{{"assignments", {image_and_rootfs}}}, "assignments[0].image: goes with neither bundle nor rootfs"},

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -425,6 +426,10 @@ Result<std::map<std::string, std::string>> ReadLabels(const Json& v, const std::
     out.emplace(key, s);
   }
   return out;
+}
+
+bool AllDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 }  // namespace gpupool::api_internal

@@ -89,6 +89,9 @@ std::string DescribeValue(const Json& v);
 std::string Quote(std::string_view text);
 // True for well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool IsValidUtf8(std::string_view s);
+
+// Non-empty and only the digits 0-9.
+bool AllDigits(std::string_view s);
 // `text` made safe for a message: bytes that are not part of well-formed UTF-8 become '?', control
 // characters \xNN. For third-party error texts that quote the input (nlohmann's "last read: ...").
 std::string PrintableUtf8(std::string_view text);

@@ -1,8 +1,6 @@
 #include "api/jobspec.h"
 
 #include <fmt/format.h>
-#include <yaml-cpp/eventhandler.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <charconv>
@@ -16,12 +14,14 @@
 #include <vector>
 
 #include "api/fields.h"
+#include "api/spec_text.h"
 #include "common/image_source.h"
 
 namespace gpupool {
 
 namespace {
 
+using api_internal::AllDigits;
 using api_internal::CheckName;
 using api_internal::DescribeValue;
 using api_internal::FieldError;
@@ -34,6 +34,8 @@ using api_internal::IsPathSafeKey;
 using api_internal::IsValidUtf8;
 using api_internal::Json;
 using api_internal::ObjectFields;
+using api_internal::ParseJsonText;
+using api_internal::ParseYamlText;
 using api_internal::PrintableUtf8;
 using api_internal::Quote;
 using api_internal::ReadArray;
@@ -46,402 +48,6 @@ using api_internal::ReadName;
 using api_internal::ReadNumber;
 using api_internal::ReadString;
 
-// ---- JSON text -> tree ----------------------------------------------------------------------
-
-// Thrown from inside the JSON parser's callback to stop the parse with a finished error; caught
-// in ParseJsonText. Never leaves this file.
-struct Refusal {
-  Status status;
-};
-
-// Watches the JSON parser's events: refuses duplicate member names (nlohmann would keep the last
-// silently) and nesting beyond the limit, naming the field where it happens.
-class JsonGuard {
- public:
-  explicit JsonGuard(int max_depth) : max_depth_(max_depth) {}
-
-  bool OnEvent(Json::parse_event_t event, const Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (static_cast<int>(frames_.size()) >= max_depth_) {
-          throw Refusal{FieldError(Path(), fmt::format("nested deeper than {} levels", max_depth_))};
-        }
-        frames_.push_back(Frame{event == Json::parse_event_t::object_start, {}, {}, 0});
-        break;
-      case Json::parse_event_t::key: {
-        Frame& top = frames_.back();
-        const auto& key = parsed.get_ref<const std::string&>();
-        top.key = key;
-        if (!top.keys.insert(key).second) {
-          // Path() ends before a name that cannot appear in a path; then the reason quotes it.
-          throw Refusal{FieldError(Path(), IsPathSafeKey(key)
-                                               ? std::string("duplicate field")
-                                               : fmt::format("duplicate field {}", Quote(key)))};
-        }
-        break;
-      }
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        frames_.pop_back();
-        Advance();
-        break;
-      case Json::parse_event_t::value: Advance(); break;
-    }
-    return true;
-  }
-
- private:
-  struct Frame {
-    bool object = false;
-    std::set<std::string> keys;
-    std::string key;   // the member being read
-    size_t index = 0;  // the element being read
-  };
-
-  // An element of the innermost array is done.
-  void Advance() {
-    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
-  }
-
-  // The path of the value being read. A member name that cannot appear in a path ends it there.
-  std::string Path() const {
-    std::string path;
-    for (const Frame& f : frames_) {
-      if (!f.object) {
-        path = IndexPath(path, f.index);
-      } else if (IsPathSafeKey(f.key)) {
-        path = FieldPath(path, f.key);
-      } else {
-        break;
-      }
-    }
-    return path;
-  }
-
-  int max_depth_;
-  std::vector<Frame> frames_;
-};
-
-Result<Json> ParseJsonText(std::string_view text, const JobSpecLimits& limits) {
-  JsonGuard guard(limits.max_depth);
-  try {
-    Json::parser_callback_t callback = [&guard](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-      return guard.OnEvent(event, parsed);
-    };
-    return Json::parse(text.begin(), text.end(), callback);
-  } catch (const Refusal& r) {
-    return r.status;
-  } catch (const Json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at line 2, column 3: syntax error ..."
-    std::string what = e.what();
-    const size_t bracket = what.find("] ");
-    if (what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos)
-      what = what.substr(bracket + 2);
-    return FieldError("", "malformed JSON: " + PrintableUtf8(what));
-  } catch (const std::exception& e) {
-    return FieldError("", fmt::format("malformed JSON: {}", PrintableUtf8(e.what())));
-  }
-}
-
-// ---- YAML text -> tree ----------------------------------------------------------------------
-
-bool AllDigits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-// A plain (unquoted, untagged) YAML scalar resolved by the YAML 1.2 core schema: null, booleans,
-// decimal integers and floats (with .inf and .nan); anything else is a string. yaml-cpp leaves
-// this to the reader, and it decides whether `gpu: 0.25` is a number.
-Json ResolvePlainScalar(const std::string& s) {
-  if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
-  if (s == "true" || s == "True" || s == "TRUE") return true;
-  if (s == "false" || s == "False" || s == "FALSE") return false;
-
-  std::string_view body = s;
-  bool negative = false;
-  if (body.front() == '+' || body.front() == '-') {
-    negative = body.front() == '-';
-    body.remove_prefix(1);
-  }
-  if (body == ".inf" || body == ".Inf" || body == ".INF") {
-    return negative ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
-  }
-  if (s == ".nan" || s == ".NaN" || s == ".NAN") return std::numeric_limits<double>::quiet_NaN();
-
-  // Integers: [-+]?[0-9]+.
-  if (AllDigits(body)) {
-    int64_t value = 0;
-    const std::string signed_text = (negative ? "-" : "") + std::string(body);
-    const auto [end, ec] =
-        std::from_chars(signed_text.data(), signed_text.data() + signed_text.size(), value);
-    if (ec == std::errc() && end == signed_text.data() + signed_text.size()) return value;
-    // Too large for int64: fall through to a float, which a range check will refuse.
-  }
-  // Floats: [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
-  size_t i = 0;
-  size_t mantissa_digits = 0;
-  while (i < body.size() && body[i] >= '0' && body[i] <= '9') {
-    ++i;
-    ++mantissa_digits;
-  }
-  if (i < body.size() && body[i] == '.') {
-    ++i;
-    while (i < body.size() && body[i] >= '0' && body[i] <= '9') {
-      ++i;
-      ++mantissa_digits;
-    }
-  }
-  if (mantissa_digits == 0) return s;
-  if (i < body.size() && (body[i] == 'e' || body[i] == 'E')) {
-    ++i;
-    if (i < body.size() && (body[i] == '+' || body[i] == '-')) ++i;
-    if (!AllDigits(body.substr(std::min(i, body.size())))) return s;
-    i = body.size();
-  }
-  if (i != body.size()) return s;
-  double value = 0;
-  const auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), value);
-  if (end != body.data() + body.size()) return s;
-  if (ec == std::errc::result_out_of_range) {
-    // Underflow reads as 0, overflow as infinity (which the readers refuse as not finite).
-    const bool huge = body.find_first_of("eE") != std::string_view::npos &&
-                      body.find("e-") == std::string_view::npos && body.find("E-") == std::string_view::npos;
-    value = huge ? std::numeric_limits<double>::infinity() : 0.0;
-  } else if (ec != std::errc()) {
-    return s;
-  }
-  return negative ? -value : value;
-}
-
-// Builds the JSON tree the spec reader takes straight from yaml-cpp's parse events, within the
-// limits. yaml-cpp's own node tree is not used: its LoadAll() can loop forever on some malformed
-// input (the parser keeps reporting empty documents; found by the fuzzer), and building the tree
-// here lets the limits apply while parsing instead of after.
-//
-// Aliases are expanded (an alias is a reference to the anchored node), so every expansion is
-// charged to the value and byte budgets: that is what stops a "billion laughs" document. The
-// first refusal is thrown as Refusal, which stops the parser; ParseYamlText catches it.
-class YamlTreeBuilder : public YAML::EventHandler {
- public:
-  explicit YamlTreeBuilder(const JobSpecLimits& limits)
-      : limits_(limits), nodes_left_(limits.max_yaml_nodes), bytes_left_(limits.max_yaml_scalar_bytes) {}
-
-  bool has_root() const { return has_root_; }
-  Json TakeRoot() { return std::move(root_); }
-
-  void OnDocumentStart(const YAML::Mark& /*mark*/) override {}
-  void OnDocumentEnd() override {}
-
-  void OnNull(const YAML::Mark& /*mark*/, YAML::anchor_t anchor) override {
-    if (ExpectingKey()) throw Refusal{FieldError(Top().path, "a member name must be a string, not null")};
-    Add(Json(nullptr), anchor, Cost{1, 0});
-  }
-
-  void OnAlias(const YAML::Mark& /*mark*/, YAML::anchor_t anchor) override {
-    auto it = anchors_.find(anchor);
-    if (it == anchors_.end())
-      throw Refusal{FieldError(ChildPath(), "an alias refers to a node that is not complete")};
-    const Anchored& anchored = it->second;
-    if (ExpectingKey()) {
-      if (!anchored.value.is_string())
-        throw Refusal{FieldError(Top().path, "a member name must be a plain string")};
-      Charge(anchored.cost);
-      SetKey(anchored.value.get<std::string>());
-      return;
-    }
-    Charge(anchored.cost);
-    Add(anchored.value, YAML::NullAnchor, anchored.cost, /*charged=*/true);
-  }
-
-  void OnScalar(const YAML::Mark& /*mark*/, const std::string& tag, YAML::anchor_t anchor,
-                const std::string& value) override {
-    if (!IsValidUtf8(value)) {
-      throw Refusal{FieldError(ExpectingKey() ? Top().path : ChildPath(), "is not valid UTF-8")};
-    }
-    if (ExpectingKey()) {
-      Charge(Cost{1, static_cast<int64_t>(value.size())});
-      SetKey(value);
-      if (anchor != YAML::NullAnchor)
-        anchors_[anchor] = Anchored{Json(value), Cost{1, static_cast<int64_t>(value.size())}};
-      return;
-    }
-    Json resolved;
-    if (tag == "?") {
-      resolved = ResolvePlainScalar(value);  // plain: by its look
-    } else if (tag == "!" || tag == "tag:yaml.org,2002:str") {
-      resolved = value;  // quoted or !!str: a string
-    } else {
-      throw Refusal{FieldError(ChildPath(), fmt::format("unsupported YAML tag {}", Quote(tag)))};
-    }
-    Add(std::move(resolved), anchor, Cost{1, static_cast<int64_t>(value.size())});
-  }
-
-  void OnSequenceStart(const YAML::Mark& /*mark*/, const std::string& tag, YAML::anchor_t anchor,
-                       YAML::EmitterStyle::value /*style*/) override {
-    Open(Json::array(), tag, "tag:yaml.org,2002:seq", anchor);
-  }
-  void OnSequenceEnd() override { Close(); }
-
-  void OnMapStart(const YAML::Mark& /*mark*/, const std::string& tag, YAML::anchor_t anchor,
-                  YAML::EmitterStyle::value /*style*/) override {
-    Open(Json::object(), tag, "tag:yaml.org,2002:map", anchor);
-  }
-  void OnMapEnd() override { Close(); }
-
- private:
-  // Values and scalar bytes of a subtree, charged again each time an alias repeats it.
-  struct Cost {
-    int64_t nodes = 0;
-    int64_t bytes = 0;
-  };
-  struct Anchored {
-    Json value;
-    Cost cost;
-  };
-  // An array or object being built.
-  struct Frame {
-    Json value;
-    std::string path;
-    YAML::anchor_t anchor = YAML::NullAnchor;
-    Cost cost;                       // of the subtree so far
-    std::optional<std::string> key;  // objects: the member name read, its value still to come
-  };
-
-  Frame& Top() { return stack_.back(); }
-  bool ExpectingKey() const {
-    return !stack_.empty() && stack_.back().value.is_object() && !stack_.back().key;
-  }
-
-  // The path of the value about to be added.
-  std::string ChildPath() const {
-    if (stack_.empty()) return "";
-    const Frame& top = stack_.back();
-    if (top.value.is_array()) return IndexPath(top.path, top.value.size());
-    if (top.key && IsPathSafeKey(*top.key)) return FieldPath(top.path, *top.key);
-    return top.path;
-  }
-
-  void Charge(const Cost& cost) {
-    nodes_left_ -= cost.nodes;
-    bytes_left_ -= cost.bytes;
-    if (nodes_left_ < 0) {
-      throw Refusal{
-          FieldError("", fmt::format("expands to more than {} values (too many, or aliases repeated "
-                                     "too often)",
-                                     limits_.max_yaml_nodes))};
-    }
-    if (bytes_left_ < 0) {
-      throw Refusal{
-          FieldError("", fmt::format("expands to more than {} bytes of text (aliases repeated too often?)",
-                                     limits_.max_yaml_scalar_bytes))};
-    }
-  }
-
-  void SetKey(const std::string& key) {
-    Frame& top = Top();
-    const std::string path = IsPathSafeKey(key) ? FieldPath(top.path, key) : top.path;
-    if (top.value.contains(key)) {
-      throw Refusal{
-          FieldError(path, IsPathSafeKey(key) ? "duplicate field" : "duplicate field " + Quote(key))};
-    }
-    top.key = key;
-  }
-
-  // Adds a finished value at the current position. `charged`: an alias expansion already paid for.
-  void Add(Json value, YAML::anchor_t anchor, const Cost& cost, bool charged = false) {
-    if (!charged) Charge(cost);
-    if (anchor != YAML::NullAnchor) anchors_[anchor] = Anchored{value, cost};
-    if (stack_.empty()) {
-      root_ = std::move(value);
-      has_root_ = true;
-      return;
-    }
-    Frame& top = Top();
-    top.cost.nodes += cost.nodes;
-    top.cost.bytes += cost.bytes;
-    if (top.value.is_array()) {
-      top.value.push_back(std::move(value));
-    } else {
-      top.value.emplace(*top.key, std::move(value));
-      top.key.reset();
-    }
-  }
-
-  void Open(Json empty, const std::string& tag, std::string_view own_tag, YAML::anchor_t anchor) {
-    if (ExpectingKey()) throw Refusal{FieldError(Top().path, "a member name must be a plain string")};
-    const std::string path = ChildPath();
-    if (static_cast<int>(stack_.size()) >= limits_.max_depth) {
-      throw Refusal{FieldError(path, fmt::format("nested deeper than {} levels", limits_.max_depth))};
-    }
-    if (!(tag.empty() || tag == "?" || tag == "!" || tag == own_tag)) {
-      throw Refusal{FieldError(path, fmt::format("unsupported YAML tag {}", Quote(tag)))};
-    }
-    Charge(Cost{1, 0});
-    stack_.push_back(Frame{std::move(empty), path, anchor, Cost{1, 0}, std::nullopt});
-  }
-
-  void Close() {
-    Frame done = std::move(stack_.back());
-    stack_.pop_back();
-    // Its values were charged as they came; pass the cost up without charging twice.
-    Add(std::move(done.value), done.anchor, done.cost, /*charged=*/true);
-  }
-
-  const JobSpecLimits& limits_;
-  int64_t nodes_left_;
-  int64_t bytes_left_;
-  std::vector<Frame> stack_;
-  std::map<YAML::anchor_t, Anchored> anchors_;
-  Json root_;
-  bool has_root_ = false;
-};
-
-constexpr std::string_view kMoreDocuments =
-    "has a second YAML document, or text after the first; send one job";
-
-// Refuses any document after the first without reading it.
-class MoreDocuments : public YAML::EventHandler {
- public:
-  struct Found {};
-  void OnDocumentStart(const YAML::Mark& /*mark*/) override { throw Found{}; }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {}
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
-  }
-  void OnMapEnd() override {}
-};
-
-Result<Json> ParseYamlText(std::string_view text, const JobSpecLimits& limits) {
-  try {
-    std::istringstream in{std::string(text)};
-    YAML::Parser parser(in);
-    YamlTreeBuilder builder(limits);
-    if (!parser.HandleNextDocument(builder) || !builder.has_root()) return FieldError("", "is empty");
-    // One more call at most: the parser may report empty documents without end on broken input.
-    MoreDocuments more;
-    try {
-      if (parser.HandleNextDocument(more)) return FieldError("", kMoreDocuments);
-    } catch (const MoreDocuments::Found&) {
-      return FieldError("", kMoreDocuments);
-    }
-    return builder.TakeRoot();
-  } catch (const Refusal& r) {
-    return r.status;
-  } catch (const YAML::Exception& e) {
-    if (e.mark.is_null()) return FieldError("", fmt::format("malformed YAML: {}", PrintableUtf8(e.msg)));
-    return FieldError("", fmt::format("malformed YAML at line {}, column {}: {}", e.mark.line + 1,
-                                      e.mark.column + 1, PrintableUtf8(e.msg)));
-  } catch (const std::exception& e) {
-    return FieldError("", fmt::format("malformed YAML: {}", PrintableUtf8(e.what())));
-  }
-}
-
 // ---- tree -> Job ----------------------------------------------------------------------------
 
 constexpr int kMinPriority = -1000000;
@@ -450,6 +56,7 @@ constexpr size_t kMaxGpuModelBytes = 128;
 constexpr size_t kMaxEnvNameBytes = 256;
 constexpr size_t kMaxLabelKeyBytes = 253 + 1 + 63;  // DNS prefix, '/', name
 constexpr size_t kMaxLabelValueBytes = 63;
+constexpr size_t kMaxVolumes = 32;
 
 // Environment variable names, as Kubernetes allows them: [-._a-zA-Z][-._a-zA-Z0-9]*.
 bool IsEnvName(std::string_view s) {
@@ -660,11 +267,88 @@ Status CheckIsolation(const TaskGroup& g, const std::string& path) {
   return Status::Ok();
 }
 
+// A path a mount lands on: absolute and in its simplest spelling (no "//", ".", ".." or trailing
+// "/"), so that two spellings of one place are seen as one, and none of the container's own.
+Result<std::string> ReadMountPath(const Json& v, const std::string& path, const JobSpecLimits& limits) {
+  ASSIGN_OR_RETURN(std::string s, ReadAbsolutePath(v, path, limits));
+  if (s == "/") return FieldError(path, "must not be the container's root");
+  if (s.back() == '/' || s.find("//") != std::string::npos || s.find("/./") != std::string::npos ||
+      s.find("/../") != std::string::npos || s.ends_with("/.") || s.ends_with("/.."))
+    return FieldError(path, fmt::format("must be a normalised path (no '//', '.', '..' or trailing '/'), got {}",
+                                        Quote(s)));
+  for (const char* own : {"/proc", "/sys", "/dev"}) {
+    const std::string_view o(own);
+    if (s == o || (s.starts_with(o) && s[o.size()] == '/'))
+      return FieldError(path, fmt::format("must not be under {}: the runtime mounts it", own));
+  }
+  return s;
+}
+
+// Whether one of two normalised paths is the other or lies under it.
+bool Nested(std::string_view a, std::string_view b) {
+  if (a.size() > b.size()) std::swap(a, b);
+  return b.starts_with(a) && (b.size() == a.size() || b[a.size()] == '/');
+}
+
+// volumes: [{mountPath, hostPath, readOnly} | {mountPath, scratch: {medium, sizeLimit}}]. Containers
+// only: a process task sees the host's files where they are.
+Status ReadVolumes(const Json& v, const std::string& path, const JobSpecLimits& limits, TaskExec* exec) {
+  ASSIGN_OR_RETURN(const Json::array_t* list, ReadArray(v, path, kMaxVolumes));
+  if (!list->empty() && exec->image.empty() && exec->bundle.empty() && exec->rootfs.empty())
+    return FieldError(path, "need a container (image, rootfs or bundle): a process task sees the host's files");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string vpath = IndexPath(path, i);
+    ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read((*list)[i], vpath, {"mountPath", "hostPath", "readOnly",
+                                                                            "scratch"}));
+    Volume vol;
+    if (f.Has("hostPath") == f.Has("scratch")) return FieldError(vpath, "takes one of hostPath or scratch");
+    if (const Json* host = f.Get("hostPath")) {
+      ASSIGN_OR_RETURN(vol.host_path, ReadMountPath(*host, f.Path("hostPath"), limits));
+      vol.mount_path = vol.host_path;
+      if (const Json* ro = f.Get("readOnly")) {
+        ASSIGN_OR_RETURN(vol.read_only, ReadBool(*ro, f.Path("readOnly")));
+      }
+    } else {
+      if (f.Has("readOnly")) return FieldError(f.Path("readOnly"), "is for hostPath volumes (scratch is writable)");
+      vol.read_only = false;
+      ASSIGN_OR_RETURN(ObjectFields sc, ObjectFields::Read(*f.Get("scratch"), f.Path("scratch"),
+                                                           {"medium", "sizeLimit"}));
+      if (const Json* medium = sc.Get("medium")) {
+        ASSIGN_OR_RETURN(std::string m, ReadString(*medium, sc.Path("medium"), 16));
+        if (m != "disk" && m != "memory") return FieldError(sc.Path("medium"), "must be disk or memory");
+        vol.memory = m == "memory";
+      }
+      if (const Json* size = sc.Get("sizeLimit")) {
+        if (!vol.memory) return FieldError(sc.Path("sizeLimit"), "is for medium: memory (disk scratch has no quota)");
+        ASSIGN_OR_RETURN(MiB mib, ReadMemory(*size, sc.Path("sizeLimit"), MiB(limits.max_memory_mib)));
+        if (mib.units() < 1) return FieldError(sc.Path("sizeLimit"), "must be at least 1Mi");
+        vol.size_bytes = mib.units() * 1024 * 1024;
+      } else if (vol.memory) {
+        return FieldError(sc.Path("sizeLimit"), "is required for medium: memory");
+      }
+      if (!f.Has("mountPath")) return FieldError(f.Path("mountPath"), "is required for scratch");
+    }
+    if (const Json* mount = f.Get("mountPath")) {
+      ASSIGN_OR_RETURN(vol.mount_path, ReadMountPath(*mount, f.Path("mountPath"), limits));
+    }
+    if (!exec->checkpoint.dir.empty() && Nested(vol.mount_path, exec->checkpoint.dir))
+      return FieldError(f.Path("mountPath"), fmt::format("{} overlaps the checkpoint directory {} (mounted by gpupool)",
+                                                         Quote(vol.mount_path), Quote(exec->checkpoint.dir)));
+    for (const Volume& other : exec->volumes) {
+      if (other.mount_path == vol.mount_path)
+        return FieldError(f.Path("mountPath"), fmt::format("{} is mounted twice", Quote(vol.mount_path)));
+    }
+    exec->volumes.push_back(std::move(vol));
+  }
+  return Status::Ok();
+}
+
 Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobSpecLimits& limits,
                 TaskGroup* g) {
   ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(v, path,
                                                       {"name", "replicas", "resources", "isolation",
-                                                       "command", "env", "workingDir", "container", "checkpoint"}));
+                                                       "command", "env", "workingDir", "container", "checkpoint",
+                                                       "volumes"}));
   const Json* name = f.Get("name");
   if (name == nullptr) return FieldError(f.Path("name"), "is required");
   ASSIGN_OR_RETURN(g->name, ReadName(*name, f.Path("name"), limits.max_name_bytes));
@@ -770,6 +454,9 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
     if (g->exec.checkpoint.interval_seconds > 0 && g->exec.checkpoint.dir.empty()) {
       return FieldError(c.Path("dir"), "is required when intervalSeconds is set");
     }
+  }
+  if (const Json* volumes = f.Get("volumes")) {
+    RETURN_IF_ERROR(ReadVolumes(*volumes, f.Path("volumes"), limits, &g->exec));
   }
   return Status::Ok();
 }
@@ -1057,10 +744,36 @@ Json TaskJson(const TaskGroup& g) {
     task["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
                           {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
   }
+  if (!g.exec.volumes.empty()) task["volumes"] = VolumesToJson(g.exec.volumes);
   return task;
 }
 
 }  // namespace
+
+Json VolumesToJson(const std::vector<Volume>& volumes) {
+  Json out = Json::array();
+  for (const Volume& v : volumes) {
+    Json j = {{"mountPath", v.mount_path}};
+    if (!v.host_path.empty()) {
+      j["hostPath"] = v.host_path;
+      j["readOnly"] = v.read_only;
+    } else if (v.memory) {
+      j["scratch"] = {{"medium", "memory"}, {"sizeLimit", FormatMemory(MiB(v.size_bytes >> 20))}};
+    } else {
+      j["scratch"] = {{"medium", "disk"}};
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+Result<std::vector<Volume>> ParseVolumes(const Json& v, const std::string& path, const TaskExec& exec,
+                                         const JobSpecLimits& limits) {
+  TaskExec copy = exec;
+  copy.volumes.clear();
+  RETURN_IF_ERROR(ReadVolumes(v, path, limits, &copy));
+  return std::move(copy.volumes);
+}
 
 Result<Job> ParseJobSpec(std::string_view text, SpecFormat format, const JobSpecLimits& limits) {
   if (text.size() > limits.max_bytes) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "model/workload.h"
@@ -64,6 +65,14 @@ Result<Job> ParseJobSpec(std::string_view text, SpecFormat format, const JobSpec
 // REQUIRES: a job ParseJobSpec could return; a request the spec cannot express (several GPUs
 // each with a partial share) is written as a share of one GPU.
 nlohmann::json JobSpecToJson(const Job& job);
+
+// A task's `volumes` as the spec writes them; the server hands them to the agent in this form.
+nlohmann::json VolumesToJson(const std::vector<Volume>& volumes);
+// Reads `volumes` for a task whose container and checkpoint `exec` already holds (exec's own
+// volumes are ignored); the agent checks an assignment's with it too. Errors name the field under
+// `path` ("tasks[0].volumes[1].mountPath: ...").
+Result<std::vector<Volume>> ParseVolumes(const nlohmann::json& v, const std::string& path, const TaskExec& exec,
+                                         const JobSpecLimits& limits = {});
 
 // True when the two jobs agree on every field a spec carries (all but the id).
 bool SameJobSpec(const Job& a, const Job& b);

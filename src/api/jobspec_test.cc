@@ -305,6 +305,21 @@ TEST(JobSpec, TimeLimitsInSecondsOrDurations) {
   }
 }
 
+TEST(JobSpec, VolumesParseToTheirMeaning) {
+  auto job = ParseJobSpec(
+      "name: v\ntasks: [{name: t, container: {rootfs: /r}, volumes: [{hostPath: /srv/data},"
+      " {hostPath: /srv/out, mountPath: /out, readOnly: false}, {scratch: {}, mountPath: /s},"
+      " {scratch: {medium: memory, sizeLimit: 512Mi}, mountPath: /m}]}]",
+      SpecFormat::kYaml);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  const auto& v = job->groups[0].exec.volumes;
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[0], (Volume{"/srv/data", "/srv/data", true, false, 0}));  // mounted where it is, read-only
+  EXPECT_EQ(v[1], (Volume{"/out", "/srv/out", false, false, 0}));
+  EXPECT_EQ(v[2], (Volume{"/s", "", false, false, 0}));
+  EXPECT_EQ(v[3], (Volume{"/m", "", false, true, int64_t{512} << 20}));
+}
+
 TEST(JobSpec, BaseSpecIsValid) {
   EXPECT_TRUE(ParseJobSpec(BaseSpec().dump(), SpecFormat::kJson).ok());
 }
@@ -314,7 +329,8 @@ TEST(JobSpec, BadInputsNameTheirField) {
       // Unknown fields at each level.
       {"unknown top", [](Json& j) { j["nmae"] = "x"; }, "nmae", "unknown field (known: name, tenant"},
       {"unknown task", [](Json& j) { j["tasks"][0]["resoures"] = Json::object(); }, "tasks[0].resoures",
-       "unknown field (known: name, replicas, resources, isolation, command, env, workingDir, container, checkpoint)"},
+       "unknown field (known: name, replicas, resources, isolation, command, env, workingDir, container, checkpoint, "
+       "volumes)"},
       {"unknown resource", [](Json& j) { j["tasks"][0]["resources"]["gpus"] = 1; }, "tasks[0].resources.gpus",
        "unknown field"},
       {"unknown gang", [](Json& j) { j["gang"]["min"] = 1; }, "gang.min",
@@ -325,6 +341,66 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "affinity.nodeAffinity[0].op", "unknown field"},
       {"unknown container", [](Json& j) { j["tasks"][0]["container"]["imag"] = "x"; },
        "tasks[0].container.imag", "unknown field (known: image, bundle, rootfs, network, runtimeClass)"},
+      // Volumes: the shapes a hostile tenant tries.
+      {"volumes not a list", [](Json& j) { j["tasks"][0]["volumes"] = "/etc"; }, "tasks[0].volumes", "expected"},
+      {"volumes too many", [](Json& j) {
+         for (int i = 0; i < 33; ++i) j["tasks"][0]["volumes"].push_back({{"hostPath", "/d" + std::to_string(i)}});
+       }, "tasks[0].volumes", "33"},
+      {"volume on a process task", [](Json& j) {
+         j["tasks"][0].erase("container");
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/data"}}});
+       }, "tasks[0].volumes", "need a container"},
+      {"volume neither", [](Json& j) { j["tasks"][0]["volumes"] = Json::array({{{"mountPath", "/d"}}}); },
+       "tasks[0].volumes[0]", "takes one of hostPath or scratch"},
+      {"volume both", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/d"}, {"scratch", Json::object()}}});
+       }, "tasks[0].volumes[0]", "takes one of hostPath or scratch"},
+      {"volume relative", [](Json& j) { j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "data"}}}); },
+       "tasks[0].volumes[0].hostPath", "must be an absolute path"},
+      {"volume dotdot", [](Json& j) { j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/srv/../etc"}}}); },
+       "tasks[0].volumes[0].hostPath", "normalised"},
+      {"volume double slash", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/srv"}, {"mountPath", "/a//b"}}});
+       }, "tasks[0].volumes[0].mountPath", "normalised"},
+      {"volume trailing slash", [](Json& j) { j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/srv/"}}}); },
+       "tasks[0].volumes[0].hostPath", "normalised"},
+      {"volume root", [](Json& j) { j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/"}}}); },
+       "tasks[0].volumes[0].hostPath", "must not be the container's root"},
+      {"volume over dev", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/srv"}, {"mountPath", "/dev/nvidia0"}}});
+       }, "tasks[0].volumes[0].mountPath", "must not be under /dev"},
+      {"volume over the checkpoint", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/srv"}, {"mountPath", "/c"}}});
+       }, "tasks[0].volumes[0].mountPath", "overlaps the checkpoint directory"},
+      {"volume under the checkpoint", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/srv"}, {"mountPath", "/c/x"}}});
+       }, "tasks[0].volumes[0].mountPath", "overlaps the checkpoint directory"},
+      {"volume twice", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/a"}, {"mountPath", "/d"}},
+                                                 {{"scratch", Json::object()}, {"mountPath", "/d"}}});
+       }, "tasks[0].volumes[1].mountPath", "is mounted twice"},
+      {"volume readOnly type", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"hostPath", "/a"}, {"readOnly", "no"}}});
+       }, "tasks[0].volumes[0].readOnly", "expected"},
+      {"scratch readOnly", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", Json::object()}, {"mountPath", "/s"}, {"readOnly", true}}});
+       }, "tasks[0].volumes[0].readOnly", "is for hostPath volumes"},
+      {"scratch without mountPath", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", Json::object()}}});
+       }, "tasks[0].volumes[0].mountPath", "is required for scratch"},
+      {"scratch medium", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"medium", "nvme"}}}, {"mountPath", "/s"}}});
+       }, "tasks[0].volumes[0].scratch.medium", "must be disk or memory"},
+      {"scratch memory without size", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"medium", "memory"}}}, {"mountPath", "/s"}}});
+       }, "tasks[0].volumes[0].scratch.sizeLimit", "is required for medium: memory"},
+      {"scratch disk with size", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"sizeLimit", "1Gi"}}}, {"mountPath", "/s"}}});
+       }, "tasks[0].volumes[0].scratch.sizeLimit", "disk scratch has no quota"},
+      {"scratch size huge", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"medium", "memory"}, {"sizeLimit", "9999Pi"}}},
+                                                  {"mountPath", "/s"}}});
+       }, "tasks[0].volumes[0].scratch.sizeLimit", ""},
       {"runtime class", [](Json& j) { j["tasks"][0]["container"]["runtimeClass"] = "docker"; },
        "tasks[0].container.runtimeClass", "must be runc, crun, runsc or kata"},
       {"runtime class long", [](Json& j) { j["tasks"][0]["container"]["runtimeClass"] = std::string(40, 'r'); },
@@ -812,6 +888,11 @@ TEST(JobSpec, RoundTripOverSpecs) {
       {"name: c\ntasks: [{name: t, checkpoint: {dir: /c}}]", SpecFormat::kYaml},
       {"name: w\ntasks: [{name: t, workingDir: /data/run-1, command: [./train]}]", SpecFormat::kYaml},
       {"name: l\ntimeLimit: 2d\ntasks: [{name: t}]", SpecFormat::kYaml},
+      {"name: v\ntasks: [{name: t, container: {image: 'oci:/srv/i:1'}, checkpoint: {dir: /ck},\n"
+       "  volumes: [{hostPath: /srv/data}, {hostPath: /srv/out, mountPath: /out, readOnly: false},\n"
+       "            {scratch: {}, mountPath: /scratch}, {scratch: {medium: memory, sizeLimit: 2Gi}, mountPath: /m},\n"
+       "            {scratch: {medium: disk}, mountPath: /ck2}]}]",
+       SpecFormat::kYaml},
       {"name: d\ndependsOn: [{job: j-000000000007}, {job: j-8, condition: ended}]\ntasks: [{name: t}]",
        SpecFormat::kYaml},
       {"name: n\ntasks: [{name: t, resources: {gpu: 4, gpuInterconnect: nvlink}}]", SpecFormat::kYaml},
@@ -960,6 +1041,18 @@ class JobGenerator {
     if (!g.exec.image.empty() || !g.exec.bundle.empty() || !g.exec.rootfs.empty())
       g.exec.runtime_class = std::vector<std::string>{"", "crun", "runsc", "kata"}[static_cast<size_t>(Int(0, 3))];
     if (Coin()) g.exec.checkpoint = {"/ckpt/" + Text(), Int(0, 86400)};
+    if (!g.exec.image.empty() || !g.exec.bundle.empty() || !g.exec.rootfs.empty()) {
+      for (int i = Int(0, 3); i > 0; --i) {
+        Volume v;
+        v.mount_path = "/vol/" + std::to_string(i) + From("abc019_-", Int(0, 6));
+        switch (Int(0, 2)) {
+          case 0: v.host_path = "/srv/" + From("abc019_-.", 1) + "x"; v.read_only = Coin(); break;
+          case 1: v.read_only = false; break;
+          default: v.read_only = false; v.memory = true; v.size_bytes = Int(1, 4096) * (int64_t{1} << 20); break;
+        }
+        g.exec.volumes.push_back(std::move(v));
+      }
+    }
     return g;
   }
 

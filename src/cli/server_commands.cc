@@ -328,6 +328,8 @@ struct UpFlags {
   int log_keep = 1;
   std::vector<std::string> container_roots;
   std::vector<std::string> checkpoint_roots;
+  std::vector<std::string> volume_roots;
+  std::vector<std::string> volume_roots_rw;
   std::string image_cache;
   std::string image_cache_max = "50Gi";
   std::vector<std::string> image_registries;
@@ -377,6 +379,9 @@ int RunUp(UpFlags flags) {
     o.container_roots.insert(o.container_roots.end(), flags.container_roots.begin(), flags.container_roots.end());
     o.checkpoint_roots = {server.config.data_dir + "/checkpoints"};
     o.checkpoint_roots.insert(o.checkpoint_roots.end(), flags.checkpoint_roots.begin(), flags.checkpoint_roots.end());
+    o.volume_roots = flags.volume_roots;
+    o.volume_roots_rw = flags.volume_roots_rw;
+    o.scratch_root = server.config.data_dir + "/scratch/" + o.node;
     // Each node its own image cache (two caches never share a directory).
     if (!flags.image_cache.empty()) o.image_cache_dir = flags.image_cache + "/" + o.node;
     o.image_cache_max_bytes = image_cache_max;
@@ -479,6 +484,13 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--checkpoint-root", agent->options.checkpoint_roots,
                         "A directory tasks' checkpoint directories may lie under (repeatable; default "
                         "/var/lib/gpupool/checkpoints)");
+  agent_cmd->add_option("--volume-root", agent->options.volume_roots,
+                        "A host directory hostPath volumes may lie under, mounted read-only (repeatable; default "
+                        "none)");
+  agent_cmd->add_option("--volume-root-rw", agent->options.volume_roots_rw,
+                        "A host directory hostPath volumes may lie under, writable when the job asks (repeatable)");
+  agent_cmd->add_option("--scratch-root", agent->options.scratch_root,
+                        "Where disk scratch volumes live while their task runs (default /var/lib/gpupool/scratch)");
   agent_cmd->add_option("--task-pids-max", agent->options.task_pids_max,
                         "The most processes and threads one task may have at once (its cgroup's pids.max; "
                         "0: no limit; default 8192)")
@@ -528,6 +540,10 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   up_cmd->add_option("--checkpoint-root", up->checkpoint_roots,
                      "Another directory checkpoint directories may lie under (repeatable; <data dir>/checkpoints "
                      "always)");
+  up_cmd->add_option("--volume-root", up->volume_roots,
+                     "A host directory hostPath volumes may lie under, mounted read-only (repeatable; default none)");
+  up_cmd->add_option("--volume-root-rw", up->volume_roots_rw,
+                     "A host directory hostPath volumes may lie under, writable when the job asks (repeatable)");
   up_cmd->add_option("--image-cache", up->image_cache,
                      "Where container images are unpacked, <dir>/<node> per node (default "
                      "/var/lib/gpupool/image-cache/<node>; every directory above it must let others pass)");

@@ -92,6 +92,19 @@ struct CheckpointPolicy {
   bool operator==(const CheckpointPolicy&) const = default;
 };
 
+// A directory mounted into a container task (docs/jobspec.md#volumes): a host directory the node's
+// admin allows (the agent's --volume-root, read-only, or --volume-root-rw), or a scratch directory
+// of the task's own that lives as long as its run (on disk under the agent's --scratch-root, or
+// in memory: a tmpfs of size_bytes charged to the task's memory limit).
+struct Volume {
+  std::string mount_path;  // absolute, in the container
+  std::string host_path;   // a host directory; empty: scratch
+  bool read_only = true;   // host directories only
+  bool memory = false;     // scratch: a tmpfs instead of a directory on disk
+  int64_t size_bytes = 0;  // memory scratch: its size (required)
+  bool operator==(const Volume&) const = default;
+};
+
 // How a task runs. The scheduler ignores all of it; the agent needs it.
 struct TaskExec {
   IsolationMode isolation = IsolationMode::kExclusive;
@@ -113,6 +126,7 @@ struct TaskExec {
   // the task's own private directory (process), the bundle's cwd or / (container).
   std::string working_dir;
   CheckpointPolicy checkpoint;
+  std::vector<Volume> volumes;  // containers only
   bool operator==(const TaskExec&) const = default;
 };
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 
+#include "api/jobspec.h"
 #include "api/node_codec.h"
 #include "common/image_source.h"
 #include "config/profile_yaml.h"
@@ -286,6 +287,7 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
     if (json r = RendezvousJson(state_, *j, index); !r.is_null()) a["rendezvous"] = std::move(r);
     a["checkpoint"] = {{"dir", g.exec.checkpoint.dir},
                        {"intervalSeconds", g.exec.checkpoint.interval_seconds}};
+    if (!g.exec.volumes.empty()) a["volumes"] = VolumesToJson(g.exec.volumes);
     a["restarts"] = ts.restarts;
     a["runId"] = ts.run_id;
     json p = PlacementToJson(ts.placement, state_.ledger);

@@ -74,7 +74,9 @@ class Pool:
                "--node", node, "--simulate", "1xA100-80GB", "--state-dir", os.path.join(self.work, "agents", node),
                "--metrics-listen", "127.0.0.1:0", "--cpu", "4", "--memory", "8Gi",
                "--container-root", os.path.join(s, "images"), "--checkpoint-root", os.path.join(s, "ckpt"),
-               "--image-cache", os.path.join(s, "cache", node), "--image-registry", "registry.gpupool.invalid"]
+               "--image-cache", os.path.join(s, "cache", node), "--image-registry", "registry.gpupool.invalid",
+               "--volume-root", os.path.join(s, "data-ro"), "--volume-root-rw", os.path.join(s, "data-rw"),
+               "--scratch-root", os.path.join(s, "scratch", node)]
         log = open(os.path.join(self.work, "agent-%s.log" % node), "a")
         self.agents[node] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -125,6 +127,68 @@ def task(image, command=None, **extra):
     return t
 
 
+def volumes(api, tenant, image, shared):
+    """Host directories from the agent's allowed roots only, read-only unless allowed; scratch per run."""
+    ro, rw = os.path.join(shared, "data-ro", "ds"), os.path.join(shared, "data-rw", "out")
+    script = ("cat /data/hello; touch /data/x 2>/dev/null || echo DATA-RO; echo w > /out/f && echo OUT-RW; "
+              "echo s > /scratch/f && stat -c 'scratch %u %a' /scratch; "
+              "dd if=/dev/zero of=/mem/f bs=1024 count=2048 2>/dev/null || echo MEM-FULL")
+    j = submit(tenant, {"name": "volumes", "tasks": [task(image, ["/bin/sh", "-c", script], volumes=[
+        {"hostPath": ro, "mountPath": "/data"},
+        {"hostPath": rw, "mountPath": "/out", "readOnly": False},
+        {"mountPath": "/scratch", "scratch": {}},
+        {"mountPath": "/mem", "scratch": {"medium": "memory", "sizeLimit": "1Mi"}}])]})
+    job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
+    out = logs(api, j)
+    detail = json.dumps(job)[:600] + out
+    check("a hostPath volume under --volume-root is mounted, read-only", "hello-data" in out and "DATA-RO" in out,
+          detail)
+    check("... one under --volume-root-rw with readOnly: false is writable, as the tenant's uid",
+          "OUT-RW" in out and owner(os.path.join(rw, "f")) >= 200000, detail)
+    check("disk scratch is the task's own (its root, mode 700)", "scratch 0 700" in out, detail)
+    check("memory scratch stops at its sizeLimit", "MEM-FULL" in out and job["state"] == "succeeded", detail)
+    def left():  # the runs' scratch directories still on either node
+        root = os.path.join(shared, "scratch")
+        return [os.path.join(n, r) for n in os.listdir(root) for r in os.listdir(os.path.join(root, n))]
+    made = left()
+    deadline = time.time() + 20
+    while time.time() < deadline and left():
+        time.sleep(0.2)
+    check("... and disk scratch is removed once the run is over (%s)" % (made or "gone already"), not left(), left())
+
+    refused = [
+        ("a host path outside the volume roots", {"hostPath": "/etc", "mountPath": "/data"},
+         "is not under an allowed volume root"),
+        ("a link out of the volume roots", {"hostPath": os.path.join(shared, "data-ro", "etc-link")},
+         "(/etc) is not under an allowed volume root"),
+        ("a writable mount of a read-only root", {"hostPath": ro, "mountPath": "/data", "readOnly": False},
+         "may only be mounted read-only"),
+        ("a host path that does not exist", {"hostPath": os.path.join(shared, "outside", "none")},
+         "is not a directory"),
+    ]
+    for name, vol, needle in refused:
+        j = submit(tenant, {"name": "bad-volume", "tasks": [task(image, ["true"], volumes=[vol])]})
+        job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
+        text = json.dumps(job)
+        check("refused at start: %s (%s)" % (name, needle), job["state"] == "failed" and needle in text, text[:800])
+    at_submission = [
+        ("volumes on a process task", {"name": "p", "command": ["true"], "volumes": [{"hostPath": ro}]},
+         "tasks[0].volumes", "need a container"),
+        ("a volume over the checkpoint directory",
+         task(image, ["true"], checkpoint={"dir": "/ck/a"}, volumes=[{"hostPath": ro, "mountPath": "/ck"}]),
+         "tasks[0].volumes[0].mountPath", "overlaps the checkpoint directory"),
+        ("a volume under /proc", task(image, ["true"], volumes=[{"hostPath": ro, "mountPath": "/proc/sys"}]),
+         "tasks[0].volumes[0].mountPath", "must not be under /proc"),
+        ("a path with '..'", task(image, ["true"], volumes=[{"hostPath": ro + "/../../../etc"}]),
+         "tasks[0].volumes[0].hostPath", "normalised"),
+    ]
+    for name, t, field, needle in at_submission:
+        code, body = tenant.call("POST", "/api/v1/jobs", {"name": "bad", "tasks": [t]})
+        text = json.dumps(body)
+        check("refused at submission: %s (400, %s)" % (name, field), code == 400 and field in text and needle in text,
+              "%d %s" % (code, text[:600]))
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -142,8 +206,12 @@ def main():
     # Images, caches and checkpoints where any uid may pass (docs/agent.md).
     shared = tempfile.mkdtemp(prefix="gpupool-image-e2e-")
     os.chmod(shared, 0o755)
-    for d in ("images", "ckpt", "cache"):
+    for d in ("images", "ckpt", "cache", "data-ro/ds", "data-rw/out", "outside"):
         os.makedirs(os.path.join(shared, d))
+    with open(os.path.join(shared, "data-ro", "ds", "hello"), "w") as f:
+        f.write("hello-data\n")
+    os.chmod(os.path.join(shared, "data-rw", "out"), 0o1777)
+    os.symlink("/etc", os.path.join(shared, "data-ro", "etc-link"))
     layout = os.path.join(shared, "images", "busybox")
     digest = build_image(layout, work)
     archive = os.path.join(shared, "images", "busybox-docker.tar")
@@ -233,6 +301,8 @@ def main():
         code, body = tenant.call("POST", "/api/v1/jobs", {"name": "bad", "tasks": [task("oci:/srv/../etc/shadow")]})
         check("a malformed image source is refused at submission (400, naming the field)",
               code == 400 and "tasks[0].container.image" in json.dumps(body), "%d %s" % (code, body))
+
+        volumes(api, tenant, image, shared)
 
         # Training in the image: checkpoints, its node dies, it resumes on the other node.
         ckpt = os.path.join(shared, "ckpt", "train")
