@@ -5,6 +5,9 @@ add_library(gpupool_agent_gpu
   src/agent/inventory.cc
   src/agent/nvml.cc
   src/agent/gpu_metrics.cc
+  src/agent/cdi.cc
+  src/agent/cdi_load.cc
+  src/agent/cdi_generate.cc
 )
 target_link_libraries(gpupool_agent_gpu
   PUBLIC gpupool_api gpupool_model gpupool_common nlohmann_json::nlohmann_json
@@ -36,6 +39,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/agent/inventory_test.cc
     src/agent/nvml_test.cc
     src/agent/gpu_metrics_test.cc
+    src/agent/cdi_test.cc
   )
   # dl: a test reads the fake's own counter of GPM samples through dlopen.
   target_link_libraries(agent_gpu_test PRIVATE gpupool_agent_gpu gpupool_api nlohmann_json::nlohmann_json

@@ -147,6 +147,8 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
     if (!inv.ok()) return inv.status().WithContext("--simulate");
     agent->inventory_ = std::move(inv).value();
   }
+  agent->LoadCdi();
+  if (!agent->cdi_note_.empty()) agent->summary_ += "; " + agent->cdi_note_;
   if (!o.sim_faults.empty() && !agent->inventory_.simulated)
     return Status::InvalidArgument("--sim-faults: only simulated GPUs take injected faults (add --simulate)");
   agent->lease_path_ = o.state_dir + "/lease";

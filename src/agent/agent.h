@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/cdi.h"
 #include "agent/image_cache.h"
 #include "agent/inventory.h"
 #include "agent/mps.h"
@@ -87,6 +88,11 @@ struct AgentOptions {
   std::vector<std::string> volume_roots;
   std::vector<std::string> volume_roots_rw;
   std::string scratch_root = "/var/lib/gpupool/scratch";
+  // GPUs in containers (docs/agent.md#gpus-in-containers): the CDI spec directories read at start
+  // (later ones win, as the CDI specification orders them) and, where none describes
+  // nvidia.com/gpu, the root under which the driver's files are looked for to generate one.
+  std::vector<std::string> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
+  std::string driver_root = "/";
   // The most processes and threads one task may have at once (its cgroup's pids.max, where the
   // host has the pids controller); 0: no limit. One task's fork bomb then cannot take the host's
   // pid space from the other tenants' tasks and from the agent.
@@ -193,6 +199,10 @@ class Agent {
   Status EnsureMps(LocalTask& t);
   Status SandboxTask(const Assignment& a, LaunchSpec* spec);
   Status MountVolumes(const Assignment& a, LaunchSpec* spec);
+  // agent_cdi.cc: the CDI specs for this node's GPUs, read or generated once at start, and what
+  // they give a container task's GPUs.
+  void LoadCdi();
+  Status ApplyCdi(const Assignment& a, LaunchSpec* spec);
   void RemoveScratch(const Assignment& a);
   // The task no longer uses its GPUs' MPS daemons (the last user stops one). REQUIRES: mu_ held.
   void ReleaseMps(LocalTask& t);
@@ -224,6 +234,8 @@ class Agent {
   Inventory inventory_;
   std::unique_ptr<Nvml> nvml_;
   std::string summary_;
+  std::vector<CdiSpec> cdi_specs_;  // nvidia.com/gpu specs; empty: containers get device nodes only
+  std::string cdi_note_;            // where they came from, said at start
   std::unique_ptr<ApiClient> client_;       // the bootstrap (agent) token: registration
   std::unique_ptr<ApiClient> node_client_;  // the node credential; null: none yet
   std::string cluster_id_;                  // the pool this node belongs to; "": none yet

@@ -344,6 +344,9 @@ void Agent::StartTask(LocalTask& t) {
       spec.devices.insert(spec.devices.end(), caps->begin(), caps->end());
     }
   }
+  if (!inventory_.simulated && (!a.bundle.empty() || !a.rootfs.empty() || image)) {
+    if (Status st = ApplyCdi(a, &spec); !st.ok()) return fail(st);
+  }
   if (Status st = SandboxTask(a, &spec); !st.ok()) return fail(st);
   // Recorded before the start: whatever runs under this id afterwards is this placement's.
   if (!a.placement_run.empty()) {

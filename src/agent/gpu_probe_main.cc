@@ -1,7 +1,7 @@
 // gpu_probe: prints what GPU discovery finds on this machine (NVML loaded at run time) as JSON,
 // then the /metrics text the agent would serve. For scripts/gpu-smoke.sh on a real NVIDIA machine.
 //
-//   gpu_probe [--library PATH] [--node NAME] [--simulate SPEC] [--interval-ms N]
+//   gpu_probe [--library PATH] [--node NAME] [--simulate SPEC] [--interval-ms N] [--cdi]
 //
 // The metrics come from a second sample taken N ms (default 1000) after a first one, as a scrape
 // after an earlier scrape would: the GPM ratios (graphics engine, tensor pipe, DRAM active) are
@@ -9,6 +9,10 @@
 //
 // Without NVML it says why and exits 2, unless --simulate SPEC is given ("8xH100-80GB",
 // "dgx-h100", a YAML machine spec), which shows that simulated inventory instead.
+//
+// --cdi prints only the CDI spec the agent would generate for this machine (agent/cdi.h: the GPUs
+// and MIG instances found, the driver files under /), as JSON, and samples nothing; compare it
+// with `nvidia-ctk cdi generate` on a real NVIDIA machine.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -16,11 +20,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
+#include "agent/cdi.h"
 #include "agent/gpu_metrics.h"
 #include "agent/inventory.h"
 #include "agent/nvml.h"
@@ -64,6 +70,23 @@ nlohmann::json InventoryJson(const gpupool::Inventory& inv) {
   return j;
 }
 
+// The text of /proc/driver/nvidia-caps/mig-minors (a few KiB; read no more than 1 MiB), empty
+// where the driver has no MIG caps.
+std::string MigMinorsText() {
+  std::ifstream in("/proc/driver/nvidia-caps/mig-minors", std::ios::binary);
+  std::string text(1 << 20, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text;
+}
+
+int PrintCdiSpec(const gpupool::Inventory& inv) {
+  const gpupool::CdiSpec spec =
+      gpupool::GenerateNvidiaCdiSpec(inv, gpupool::FindDriverFiles("/"), "/", MigMinorsText());
+  std::cout << gpupool::CdiSpecToJson(spec).dump(2) << "\n";
+  return 0;
+}
+
 std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
@@ -77,6 +100,7 @@ int main(int argc, char** argv) {
   std::string simulate;
   std::string node = HostName();
   long interval_ms = 1000;
+  bool cdi = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -100,8 +124,11 @@ int main(int argc, char** argv) {
         std::cerr << "gpu_probe: --interval-ms wants 0..60000, not '" << text << "'\n";
         return 64;
       }
+    } else if (arg == "--cdi") {
+      cdi = true;
     } else if (arg == "-h" || arg == "--help") {
-      std::cout << "usage: gpu_probe [--library PATH] [--node NAME] [--simulate SPEC] [--interval-ms N]\n";
+      std::cout
+          << "usage: gpu_probe [--library PATH] [--node NAME] [--simulate SPEC] [--interval-ms N] [--cdi]\n";
       return 0;
     } else {
       std::cerr << "gpu_probe: unknown argument '" << arg << "' (see --help)\n";
@@ -124,6 +151,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     inv = std::move(discovered).value();
+    if (cdi) return PrintCdiSpec(inv);
     if (interval_ms > 0) {
       auto warmup = (*nvml)->Sample();  // the baseline for the GPM ratios
       if (!warmup.ok()) {
@@ -145,6 +173,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     inv = std::move(simulated).value();
+    if (cdi) return PrintCdiSpec(inv);  // no GPU devices (no device nodes): the driver files only
   }
 
   const long pages = sysconf(_SC_PHYS_PAGES);

@@ -125,6 +125,18 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
                       {"source", "tmpfs"},
                       {"options", {"nosuid", "nodev", "mode=0700", fmt::format("size={}", t.size_bytes)}}});
   }
+  for (const auto& m : spec.mounts) {
+    const bool bind = m.type.empty() || m.type == "bind";
+    if ((bind && (m.source.empty() || m.source[0] != '/')) || m.destination.empty() || m.destination[0] != '/')
+      return Status::InvalidArgument(fmt::format("task {}: a mount needs absolute paths ('{}' -> '{}')", spec.id,
+                                                 m.source, m.destination));
+    json opts = m.options;
+    if (bind && std::none_of(m.options.begin(), m.options.end(),
+                             [](const std::string& o) { return o == "bind" || o == "rbind"; }))
+      opts.push_back("rbind");
+    mounts.push_back({{"destination", m.destination}, {"type", bind ? "bind" : m.type}, {"source", m.source},
+                      {"options", opts}});
+  }
   for (const auto& path : spec.readonly_binds) {
     if (path.empty() || path[0] != '/' || !PathExists(path)) continue;  // absent on this host
     mounts.push_back({{"destination", path},
@@ -136,12 +148,26 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
   // Device cgroup: deny everything, runc adds its defaults (null, zero, tty, ...), we allow GPUs.
   json device_rules = json::array({{{"allow", false}, {"access", "rwm"}}});
   json devices = json::array();
-  for (const auto& path : spec.devices) {
+  std::vector<LaunchSpec::Device> nodes;
+  for (const auto& path : spec.devices) nodes.push_back({path, path});
+  nodes.insert(nodes.end(), spec.container_devices.begin(), spec.container_devices.end());
+  for (const auto& [host_path, path] : nodes) {
     struct stat st;
-    if (path.empty() || ::stat(path.c_str(), &st) != 0) continue;  // absent on this host
+    if (path.empty() || path[0] != '/' || host_path.empty() || ::stat(host_path.c_str(), &st) != 0)
+      continue;  // absent on this host
     if (!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode)) continue;
     const char* type = S_ISCHR(st.st_mode) ? "c" : "b";
     int64_t major_n = major(st.st_rdev), minor_n = minor(st.st_rdev);
+    device_rules.push_back({{"allow", true}, {"type", type}, {"major", major_n}, {"minor", minor_n}, {"access", "rwm"}});
+    if (host_path != path) {
+      // Elsewhere on the host (a CDI spec's hostPath): bound in, as runc itself does for every
+      // device in a user namespace, where it may not make device nodes; the cgroup rule above holds.
+      mounts.push_back({{"destination", path},
+                        {"type", "bind"},
+                        {"source", host_path},
+                        {"options", {"bind", "nosuid", "noexec"}}});
+      continue;
+    }
     devices.push_back({{"path", path},
                        {"type", type},
                        {"major", major_n},
@@ -149,7 +175,6 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
                        {"fileMode", st.st_mode & 07777},
                        {"uid", 0},
                        {"gid", 0}});
-    device_rules.push_back({{"allow", true}, {"type", type}, {"major", major_n}, {"minor", minor_n}, {"access", "rwm"}});
   }
 
   json resources = {{"devices", device_rules}};
@@ -182,6 +207,14 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
     linux_section["uidMappings"] = json::array({{{"containerID", 0}, {"hostID", spec.uid}, {"size", 1}}});
     linux_section["gidMappings"] = json::array({{{"containerID", 0}, {"hostID", gid}, {"size", 1}}});
   }
+  json hooks = json::object();
+  for (const auto& h : spec.hooks) {
+    json hook = {{"path", h.path}};
+    if (!h.args.empty()) hook["args"] = h.args;
+    if (!h.env.empty()) hook["env"] = h.env;
+    if (h.timeout_seconds > 0) hook["timeout"] = h.timeout_seconds;
+    hooks[h.stage].push_back(std::move(hook));
+  }
   json config = {
       {"ociVersion", "1.0.2"},
       {"process", process},
@@ -190,10 +223,11 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
       {"mounts", mounts},
       {"linux", linux_section},
   };
+  if (!hooks.empty()) config["hooks"] = std::move(hooks);
   return config.dump(2) + "\n";
 }
 
-Status MakeDirsBeneath(const std::string& root, const std::string& path) {
+Status MakeDirsBeneath(const std::string& root, const std::string& path, bool file) {
   int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Status::IoError(fmt::format("the image root {}: {}", root, ErrnoText(errno)));
   std::string walked;
@@ -208,6 +242,19 @@ Status MakeDirsBeneath(const std::string& root, const std::string& path) {
     walked += "/" + part;
     if (part == "..") {
       result = Status::InvalidArgument(fmt::format("the mountpoint {} holds '..'", path));
+      break;
+    }
+    if (file && path.find_first_not_of('/', end) == std::string::npos) {
+      // A file's mountpoint (a driver library, a binary): an empty file, never through a link.
+      const int made = ::openat(fd, part.c_str(), O_CREAT | O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+      if (made < 0) {
+        const int err = errno;
+        result = Status::FailedPrecondition(fmt::format(
+            "the image's {} is {}: {} cannot be mounted there", walked,
+            err == ELOOP ? "a link" : err == EISDIR ? "a directory" : ErrnoText(err), path));
+      } else {
+        ::close(made);
+      }
       break;
     }
     if (::mkdirat(fd, part.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -302,8 +349,16 @@ class RuncRuntime final : public SupervisedRuntime {
       for (const auto& b : spec.binds) points.push_back(b.destination);
       for (const auto& t : spec.tmpfs) points.push_back(t.destination);
       if (!spec.workdir.empty()) points.push_back(spec.workdir);
-      for (const auto& p : points) {
-        Status made = MakeDirsBeneath(rootfs_abs, p);
+      std::vector<std::pair<std::string, bool>> made_points;
+      for (const auto& p : points) made_points.push_back({p, false});
+      for (const auto& m : spec.mounts) {
+        struct stat st;
+        const bool file = (m.type.empty() || m.type == "bind") && ::stat(m.source.c_str(), &st) == 0 &&
+                          !S_ISDIR(st.st_mode);
+        made_points.push_back({m.destination, file});
+      }
+      for (const auto& [p, file] : made_points) {
+        Status made = MakeDirsBeneath(rootfs_abs, p, file);
         if (!made.ok() && !spec.image_rootfs.empty()) return made.WithContext("task " + spec.id);
       }
     }

@@ -73,6 +73,29 @@ struct LaunchSpec {
     int64_t size_bytes = 0;
   };
   std::vector<Tmpfs> tmpfs;
+  // runc: what a CDI spec gives the task's GPUs (agent/cdi.h): device nodes (looked up at
+  // host_path, made at path in the container), mounts as the spec writes them (a bind of a file or
+  // a directory when type is empty or "bind"), and OCI hooks by stage (createContainer, ...).
+  struct Device {
+    std::string host_path;
+    std::string path;
+  };
+  std::vector<Device> container_devices;
+  struct Mount {
+    std::string source;
+    std::string destination;
+    std::string type;  // empty: bind
+    std::vector<std::string> options;
+  };
+  std::vector<Mount> mounts;
+  struct Hook {
+    std::string stage;
+    std::string path;
+    std::vector<std::string> args;
+    std::vector<std::string> env;
+    int timeout_seconds = 0;
+  };
+  std::vector<Hook> hooks;
 };
 
 enum class RunState { kRunning, kExited, kUnknown };

@@ -283,7 +283,8 @@ class SupervisedRuntime : public Runtime {
 
 // Creates `path` (absolute, inside the container) under `root` as directories, mode 0755, never
 // following a link: an image whose /var is a link to / gets an error, not a directory on the host.
-Status MakeDirsBeneath(const std::string& root, const std::string& path);
+// `file`: the last part is an empty file (the mountpoint of a file's bind mount).
+Status MakeDirsBeneath(const std::string& root, const std::string& path, bool file = false);
 
 // Exposed for tests: the OCI config.json the runc runtime writes for a spec around `rootfs`.
 // `cgroup_parent`: where runc puts the task's group, "/gpupool/<scope>" (see CgroupScope).

@@ -678,6 +678,65 @@ TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {
   EXPECT_EQ(agent_internal::BuildOciConfig(spec, "/srv/rootfs", "/gpupool/agent-0123456789abcdef").status().code(), StatusCode::kInvalidArgument);
 }
 
+// What a CDI spec gives a container (agent/cdi.h): a device elsewhere on the host is bound in
+// with its cgroup rule, a file or directory mount keeps its options (a bind gains rbind when it
+// names neither), tmpfs scratch has its size, and hooks land under their stage.
+TEST(RuncRuntime, ConfigJsonCarriesCdiDevicesMountsHooksAndScratch) {
+  LaunchSpec spec;
+  spec.id = "cdi";
+  spec.argv = {"true"};
+  spec.container_devices = {{"/dev/null", "/dev/nvidia3"}, {"/dev/zero", "/dev/zero"}, {"/nonexistent", "/dev/x"}};
+  spec.mounts = {{"/usr/bin/env", "/usr/bin/nvidia-smi", "", {"ro", "nosuid", "nodev", "bind"}},
+                 {"/usr/lib", "/usr/lib/driver", "", {"ro"}},
+                 {"none", "/run/x", "tmpfs", {"size=1m"}}};
+  spec.hooks = {{"createContainer", "/usr/bin/nvidia-ctk", {"nvidia-ctk", "hook", "update-ldcache"}, {}, 5},
+                {"createContainer", "/bin/true", {}, {"A=b"}, 0}};
+  spec.tmpfs = {{"/scratch", int64_t{64} << 20}};
+  auto text = agent_internal::BuildOciConfig(spec, "/srv/rootfs", "/gpupool/agent-0123456789abcdef");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  auto j = nlohmann::json::parse(*text);
+  std::map<std::string, nlohmann::json> mounts;
+  for (const auto& m : j["mounts"]) mounts[m["destination"]] = m;
+  ASSERT_TRUE(mounts.count("/dev/nvidia3")) << j["mounts"].dump();
+  EXPECT_EQ(mounts["/dev/nvidia3"]["source"], "/dev/null");
+  EXPECT_EQ(mounts["/dev/nvidia3"]["type"], "bind");
+  EXPECT_FALSE(mounts.count("/dev/x"));  // absent on this host
+  ASSERT_EQ(j["linux"]["devices"].size(), 1u);  // the one at its own path
+  EXPECT_EQ(j["linux"]["devices"][0]["path"], "/dev/zero");
+  const auto& rules = j["linux"]["resources"]["devices"];
+  ASSERT_EQ(rules.size(), 3u);  // deny all, then /dev/null's 1:3 and /dev/zero's 1:5
+  EXPECT_EQ(rules[1]["minor"], 3);
+  EXPECT_EQ(rules[2]["minor"], 5);
+  EXPECT_EQ(mounts["/usr/bin/nvidia-smi"]["options"], nlohmann::json({"ro", "nosuid", "nodev", "bind"}));
+  EXPECT_EQ(mounts["/usr/lib/driver"]["options"], nlohmann::json({"ro", "rbind"}));
+  EXPECT_EQ(mounts["/run/x"]["type"], "tmpfs");
+  EXPECT_EQ(mounts["/scratch"]["type"], "tmpfs");
+  EXPECT_EQ(mounts["/scratch"]["options"], nlohmann::json({"nosuid", "nodev", "mode=0700", "size=67108864"}));
+  ASSERT_EQ(j["hooks"]["createContainer"].size(), 2u);
+  EXPECT_EQ(j["hooks"]["createContainer"][0]["args"], nlohmann::json({"nvidia-ctk", "hook", "update-ldcache"}));
+  EXPECT_EQ(j["hooks"]["createContainer"][0]["timeout"], 5);
+  EXPECT_EQ(j["hooks"]["createContainer"][1]["env"], nlohmann::json({"A=b"}));
+
+  spec.mounts = {{"relative", "/x", "", {}}};
+  EXPECT_EQ(agent_internal::BuildOciConfig(spec, "/srv/rootfs", "/gpupool/agent-0123456789abcdef").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A file's mountpoint is an empty file, made never through a link.
+TEST(RuncRuntime, FileMountpointsAreFilesAndNeverLinks) {
+  TempDir root;
+  ASSERT_TRUE(agent_internal::MakeDirsBeneath(root.path(), "/usr/bin/nvidia-smi", true).ok());
+  struct stat st;
+  ASSERT_EQ(::lstat((root.path() + "/usr/bin/nvidia-smi").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  ASSERT_EQ(::symlink("/etc/passwd", (root.path() + "/usr/bin/link").c_str()), 0);
+  auto linked = agent_internal::MakeDirsBeneath(root.path(), "/usr/bin/link", true);
+  EXPECT_FALSE(linked.ok());
+  EXPECT_NE(linked.message().find("a link"), std::string::npos) << linked.ToString();
+  ASSERT_EQ(::mkdir((root.path() + "/usr/lib").c_str(), 0755), 0);
+  EXPECT_FALSE(agent_internal::MakeDirsBeneath(root.path(), "/usr/lib", true).ok());
+}
+
 class RuncTest : public ::testing::Test {
  protected:
   void SetUp() override {

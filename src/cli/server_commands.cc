@@ -491,6 +491,13 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                         "A host directory hostPath volumes may lie under, writable when the job asks (repeatable)");
   agent_cmd->add_option("--scratch-root", agent->options.scratch_root,
                         "Where disk scratch volumes live while their task runs (default /var/lib/gpupool/scratch)");
+  agent_cmd->add_option("--cdi-spec-dir", agent->options.cdi_spec_dirs,
+                        "A directory of CDI specs for the GPUs (repeatable, later ones win; default /etc/cdi "
+                        "/var/run/cdi); where none describes nvidia.com/gpu the agent generates one")
+      ->take_all();
+  agent_cmd->add_option("--driver-root", agent->options.driver_root,
+                        "Where the NVIDIA driver's libraries, binaries and device nodes are looked for when the agent "
+                        "generates its CDI spec (default /)");
   agent_cmd->add_option("--task-pids-max", agent->options.task_pids_max,
                         "The most processes and threads one task may have at once (its cgroup's pids.max; "
                         "0: no limit; default 8192)")

@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -68,10 +69,10 @@ class Pool:
                                         "--listen", "127.0.0.1:%d" % self.port, "--config", self.config],
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start_agent(self, node):
+    def start_agent(self, node, gpus=("--simulate", "1xA100-80GB")):
         s = self.shared
         cmd = [self.binary, "agent", "--server", self.url, "--token-file", os.path.join(self.work, "agent.token"),
-               "--node", node, "--simulate", "1xA100-80GB", "--state-dir", os.path.join(self.work, "agents", node),
+               "--node", node] + list(gpus) + ["--state-dir", os.path.join(self.work, "agents", node),
                "--metrics-listen", "127.0.0.1:0", "--cpu", "4", "--memory", "8Gi",
                "--container-root", os.path.join(s, "images"), "--checkpoint-root", os.path.join(s, "ckpt"),
                "--image-cache", os.path.join(s, "cache", node), "--image-registry", "registry.gpupool.invalid",
@@ -189,6 +190,109 @@ def volumes(api, tenant, image, shared):
               "%d %s" % (code, text[:600]))
 
 
+def fake_driver(root):
+    """A driver tree as NVIDIA's installer leaves one: libraries (a link by soname), nvidia-smi, and
+    device nodes (char 1:3, /dev/null's, so that opening them works)."""
+    lib, bindir, dev = (os.path.join(root, d) for d in ("usr/lib/x86_64-linux-gnu", "usr/bin", "dev"))
+    for d in (lib, bindir, dev):
+        os.makedirs(d)
+    for name in ("libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15", "libnvidia-ptxjitcompiler.so.550.54.15"):
+        with open(os.path.join(lib, name), "w") as f:
+            f.write("fake %s\n" % name)
+        os.symlink(name, os.path.join(lib, name.split(".so.")[0] + ".so.1"))
+    with open(os.path.join(lib, "libunrelated.so.1"), "w") as f:
+        f.write("not the driver's\n")
+    with open(os.path.join(bindir, "nvidia-smi"), "w") as f:
+        f.write("#!/bin/sh\necho nvidia-smi sees: $(ls /dev | grep nvidia | tr '\\n' ' ')\n")
+    os.chmod(os.path.join(bindir, "nvidia-smi"), 0o755)
+    for name in ["nvidia%d" % i for i in range(4)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        os.mknod(os.path.join(dev, name), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(os.path.join(dev, name), 0o666)  # as the driver's are (mknod's mode went through the umask)
+
+
+def gpus_in_containers(pool, image, shared):
+    """A node whose GPUs NVML reports (the fake library: 4 x H100) gives a container task exactly its
+    GPUs' device nodes and the driver's files, from a CDI spec it generates or one the toolkit left."""
+    fake_nvml = os.path.join(os.path.dirname(pool.binary), "fake_nvml", "libnvidia-ml.so.1")
+    if not os.path.exists(fake_nvml):
+        print("image_e2e: %s missing: the GPU-in-container checks are skipped" % fake_nvml, flush=True)
+        return
+    driver = os.path.join(shared, "driver")
+    fake_driver(driver)
+    cdi_dir = os.path.join(shared, "cdi")
+    os.makedirs(cdi_dir)
+    api, tenant = pool.api, pool.tenant
+    script = ("ls /dev | grep nvidia | tr '\\n' ' '; echo; nvidia-smi; cat /usr/lib/x86_64-linux-gnu/libcuda.so.1; "
+              "echo LD=$LD_LIBRARY_PATH; echo VISIBLE=$CUDA_VISIBLE_DEVICES; echo TOOLKIT=$FROM_TOOLKIT_SPEC; "
+              "ls /usr/lib/x86_64-linux-gnu/libunrelated.so.1 2>/dev/null || echo NO-UNRELATED; "
+              "echo x > /dev/nvidia0 && echo DEV-WRITABLE")
+
+    def gpu_job(name):
+        t = task(image, ["/bin/sh", "-c", script])
+        t["resources"]["gpu"] = 2
+        j = submit(tenant, {"name": name, "tasks": [t], "affinity": {"nodeSelector": {"gpupool.io/gpu-source": "nvml"}}})
+        job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
+        return job, logs(api, j)
+
+    def restart_gpu_node():
+        if pool.agents.get("img-gpu") is not None:
+            pool.agents["img-gpu"].send_signal(signal.SIGTERM)
+            pool.agents["img-gpu"].wait(timeout=20)
+        pool.start_agent("img-gpu", ["--nvml", fake_nvml, "--driver-root", driver, "--cdi-spec-dir", cdi_dir])
+        pool.wait_nodes(["img-gpu"])
+
+    try:
+        restart_gpu_node()
+        job, out = gpu_job("cdi-generated")
+        detail = json.dumps(job)[:600] + out
+        first = out.split("\n")[0].split()
+        own = [d for d in first if d[len("nvidia"):].isdigit()]
+        check("a container on an NVML node sees exactly its 2 GPUs' device nodes and the control nodes (%s)" % first,
+              job["state"] == "succeeded" and len(own) == 2 and "nvidiactl" in first and "nvidia-uvm" in first,
+              detail)
+        check("... runs the driver's nvidia-smi, mounted from the host, which sees the same",
+              ("nvidia-smi sees: " + out.split("\n")[0].strip()) in out, detail)
+        check("... reads the driver's libcuda.so.1 at the host's path, on LD_LIBRARY_PATH",
+              "fake libcuda.so.550.54.15" in out and "LD=/usr/lib/x86_64-linux-gnu" in out, detail)
+        check("... and nothing else of the host's library directory", "NO-UNRELATED" in out, detail)
+        check("... and its device nodes work", "DEV-WRITABLE" in out, detail)
+        generated = os.path.join(pool.work, "agents", "img-gpu", "cdi", "nvidia.com-gpu.json")
+        check("the agent keeps the CDI spec it generated for the admin to read", os.path.exists(generated) and
+              json.load(open(generated)).get("kind") == "nvidia.com/gpu", generated)
+
+        # A spec of the toolkit's in the CDI directory is used instead: its env and hooks too.
+        marker = os.path.join(shared, "hook-ran")
+        spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+                "devices": [{"name": "GPU-fa6e0000-0000-4000-8000-%012d" % i,
+                             "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia%d" % i,
+                                                                 "hostPath": os.path.join(driver, "dev", "nvidia%d" % i)}]}}
+                            for i in range(4)],
+                "containerEdits": {
+                    "env": ["FROM_TOOLKIT_SPEC=yes", "CUDA_VISIBLE_DEVICES=all"],
+                    "deviceNodes": [{"path": "/dev/nvidiactl", "hostPath": os.path.join(driver, "dev", "nvidiactl")}],
+                    "mounts": [{"hostPath": os.path.join(driver, "usr/bin/nvidia-smi"), "containerPath": "/usr/bin/nvidia-smi",
+                                "options": ["ro", "nosuid", "nodev", "bind"]}],
+                    "hooks": [{"hookName": "createRuntime", "path": "/bin/sh",
+                               "args": ["sh", "-c", "echo hooked > %s" % marker]}]}}
+        with open(os.path.join(cdi_dir, "nvidia.yaml"), "w") as f:
+            json.dump(spec, f)  # JSON is YAML
+        restart_gpu_node()
+        job, out = gpu_job("cdi-toolkit")
+        detail = json.dumps(job)[:600] + out
+        first = out.split("\n")[0].split()
+        check("with the toolkit's spec: the task's 2 GPUs and nvidiactl, as that spec says (%s)" % first,
+              job["state"] == "succeeded" and len([d for d in first if d[len("nvidia"):].isdigit()]) == 2 and
+              "nvidiactl" in first and "nvidia-uvm" not in first, detail)
+        check("... its env, under gpupool's own CUDA_VISIBLE_DEVICES",
+              "TOOLKIT=yes" in out and "VISIBLE=all" not in out and "VISIBLE=GPU-fa6e" in out, detail)
+        check("... and its hook ran", os.path.exists(marker), detail)
+    finally:
+        if pool.agents.get("img-gpu") is not None:
+            pool.agents["img-gpu"].send_signal(signal.SIGTERM)
+            pool.agents["img-gpu"].wait(timeout=20)
+            pool.agents["img-gpu"] = None
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -303,6 +407,7 @@ def main():
               code == 400 and "tasks[0].container.image" in json.dumps(body), "%d %s" % (code, body))
 
         volumes(api, tenant, image, shared)
+        gpus_in_containers(pool, image, shared)
 
         # Training in the image: checkpoints, its node dies, it resumes on the other node.
         ckpt = os.path.join(shared, "ckpt", "train")
