@@ -62,9 +62,11 @@ def make_jobs(rootfs, ckpt_root):
     return jobs
 
 
-# The GPU side of each example in examples/jobs must hold on the simulated pool: the commands,
-# containers and CPU/memory sizes are for real clusters, so they are replaced by an env dump and
-# small sizes; GPUs, shares, isolation, interconnect and gangs are submitted as written.
+# The GPU side of each example in examples/jobs must hold on the simulated pool: the commands and
+# CPU/memory sizes are for real clusters, so they are replaced by an env dump (and a write into the
+# checkpoint directory) and small sizes; GPUs, shares, isolation, interconnect, gangs, containers
+# and checkpoints are submitted as written, the containers' roots and the checkpoint directories
+# under this run's roots (a busybox root filesystem for every image the examples name).
 EXAMPLES = ["hello-gpu", "resnet50-mps", "bert-large-train", "video-pipeline", "llama-finetune-nvlink",
             "chat-serve-guaranteed", "finetune-besteffort"]
 
@@ -92,17 +94,34 @@ def task_env(api, job_id, index):
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def run_examples(api, binary, ckpt_root):
+def run_examples(api, binary, ckpt_root, rootfs):
+    in_containers = 0
     for name in EXAMPLES:
         spec = yaml.safe_load(open(os.path.join(ROOT, "examples", "jobs", name + ".yaml")))
         if spec["name"] != name:
             fail("examples/jobs/%s.yaml names its job %s" % (name, spec["name"]))
         spec.pop("queue", None)
+        checkpointed = []
         for task in spec["tasks"]:
-            task["command"] = ["/bin/sh", "-c", "env; sleep 0.3"]
-            task.pop("container", None)
+            # The checkpoint directory must be there, writable, at the path the task is told, in a
+            # container as in a process (before, a container's was missing: 'nonexistent directory').
+            task["command"] = ["/bin/sh", "-c", 'env; if [ -n "$GPUPOOL_CHECKPOINT_DIR" ]; then '
+                               'echo ok > "$GPUPOOL_CHECKPOINT_DIR/e2e-$GPUPOOL_TASK_INDEX" || exit 7; fi; sleep 0.3']
+            container = task.get("container")
+            if container and rootfs is None:
+                task.pop("container")
+            elif container:
+                for key in ("rootfs", "bundle"):
+                    if key in container:  # /var/lib/gpupool/images/X -> <this run's images>/X
+                        path = os.path.join(os.path.dirname(rootfs), os.path.basename(container[key]))
+                        if not os.path.exists(path):
+                            os.symlink(rootfs, path)
+                        container.pop(key)
+                        container["rootfs"] = path
+                in_containers += 1
             if "checkpoint" in task:  # under this run's checkpoint root, as the examples are under the default one
                 task["checkpoint"]["dir"] = os.path.join(ckpt_root, os.path.basename(task["checkpoint"]["dir"]))
+                checkpointed.append(task["checkpoint"]["dir"])
             task["resources"]["cpu"] = "0.1"
             task["resources"]["memory"] = "64Mi"
         code, body = api.call("POST", "/api/v1/jobs", spec)
@@ -117,6 +136,9 @@ def run_examples(api, binary, ckpt_root):
         job = wait_done(api, body["id"])
         if job["state"] != "succeeded":
             fail("example %s ended %s: %s" % (name, job["state"], job.get("reason")))
+        for d in checkpointed:
+            if not os.path.exists(os.path.join(d, "e2e-0")):
+                fail("example %s: nothing written into its checkpoint directory %s" % (name, d))
         envs = [task_env(api, job["id"], t["index"]) for t in job["tasks"]]
         places = [(e["GPUPOOL_NODE"], e.get("GPUPOOL_GPU_INDICES", "")) for e in envs]
         isolations = [e["GPUPOOL_ISOLATION"] for e in envs]
@@ -141,6 +163,8 @@ def run_examples(api, binary, ckpt_root):
             if any(e.get("GPUPOOL_QOS") != "best-effort" or "PYTORCH_CUDA_ALLOC_CONF" not in e for e in envs):
                 fail("finetune-besteffort: %s" % [(e.get("GPUPOOL_QOS"), e.get("PYTORCH_CUDA_ALLOC_CONF")) for e in envs])
         print("up_e2e: example %s: %d task(s) on %s (%s)" % (name, len(envs), sorted(set(places)), ",".join(sorted(set(isolations)))), flush=True)
+    print("up_e2e: the examples ran with their containers (%d task groups in runc) and checkpoint directories"
+          % in_containers if rootfs else "up_e2e: the examples ran without their containers (no runc here)", flush=True)
 
 
 def check_run(binary, url, data):
@@ -359,7 +383,7 @@ def main():
             if e.code != 401:
                 fail("an agent answered %d to a log request without a token" % e.code)
 
-        run_examples(api, binary, ckpt_root)
+        run_examples(api, binary, ckpt_root, rootfs)
         check_run(binary, url, data)
 
         # Every /metrics endpoint passes promtool.
