@@ -2,7 +2,7 @@
 add_library(gpupool_agent
   src/agent/agent.cc
   src/agent/agent_tasks.cc
-  src/agent/agent_cdi.cc
+  src/agent/agent_mounts.cc
   src/agent/agent_health.cc
   src/agent/agent_watch.cc
   src/agent/child_exits.cc

@@ -367,7 +367,7 @@ Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
   const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
   if (!sandbox_) {
     if (container && !a.checkpoint_dir.empty()) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
-    return Status::Ok();
+    return MountVolumes(a, spec);
   }
   spec->no_new_privs = true;
   if (!a.run_as_root) {
@@ -394,64 +394,6 @@ Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
     if (container) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
   }
   return MountVolumes(a, spec);
-}
-
-// The task's volumes (docs/jobspec.md#volumes): a host directory only from under the admin's
-// roots, its links resolved first (a link in an allowed tree pointing out of it is refused), and
-// read-only unless both the job and the root say otherwise; scratch made for this run alone.
-// REQUIRES: mu_ held.
-Status Agent::MountVolumes(const Assignment& a, LaunchSpec* spec) {
-  for (size_t i = 0; i < a.volumes.size(); ++i) {
-    const Volume& v = a.volumes[i];
-    if (v.host_path.empty() && v.memory) {
-      spec->tmpfs.push_back({v.mount_path, v.size_bytes});
-      continue;
-    }
-    if (v.host_path.empty()) {
-      // Owned by the task's uid, 0700, never through a link; removed with the run (Forget).
-      const std::string dir = fmt::format("{}/{}/{}", options_.scratch_root, a.run_id(), i);
-      const int64_t uid = a.run_as_root || !sandbox_ ? 0 : a.uid, gid = a.run_as_root || !sandbox_ ? 0 : a.gid;
-      RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder({options_.scratch_root}, dir, uid, gid)
-                          .WithContext(fmt::format("volume {} (scratch; the agent's --scratch-root)", v.mount_path)));
-      spec->binds.push_back({dir, v.mount_path, false});
-      continue;
-    }
-    std::error_code ec;
-    const std::string real = std::filesystem::canonical(v.host_path, ec).string();
-    if (ec || !std::filesystem::is_directory(real, ec))
-      return Status::InvalidArgument(fmt::format("volume {}: host path {} is not a directory on node {}{}", v.mount_path,
-                                                 v.host_path, options_.node, ec ? ": " + ec.message() : ""));
-    auto under = [&real](const std::vector<std::string>& roots) {
-      return std::any_of(roots.begin(), roots.end(), [&real](const std::string& root) {
-        std::error_code rec;
-        const std::string r = std::filesystem::canonical(root, rec).string();
-        return !rec && (r == "/" || real == r || (real.starts_with(r) && real[r.size()] == '/'));
-      });
-    };
-    const bool writable = under(options_.volume_roots_rw);
-    if (!writable && !under(options_.volume_roots))
-      return Status::PermissionDenied(fmt::format(
-          "volume {}: host path {}{} is not under an allowed volume root of node {} (the agent's --volume-root, "
-          "--volume-root-rw)",
-          v.mount_path, v.host_path, real == v.host_path ? "" : " (" + real + ")", options_.node));
-    if (!v.read_only && !writable)
-      return Status::PermissionDenied(fmt::format(
-          "volume {}: host path {} may only be mounted read-only on node {} (writable ones lie under the agent's "
-          "--volume-root-rw)",
-          v.mount_path, v.host_path, options_.node));
-    spec->binds.push_back({real, v.mount_path, v.read_only});
-  }
-  return Status::Ok();
-}
-
-// REQUIRES: mu_ held.
-void Agent::RemoveScratch(const Assignment& a) {
-  bool disk = false;
-  for (const Volume& v : a.volumes) disk = disk || (v.host_path.empty() && !v.memory);
-  if (!disk) return;
-  const std::string dir = options_.scratch_root + "/" + a.run_id();
-  if (Status st = agent_internal::RemoveTree(dir); !st.ok())
-    std::cerr << fmt::format("gpupool agent {}: scratch of task {}: {}\n", options_.node, a.run_id(), st.ToString());
 }
 
 // REQUIRES: mu_ held.

@@ -270,6 +270,19 @@ Result<std::vector<Assignment>> ParseAssignments(const json& body) {
   return out;
 }
 
+std::string MpiHostfile(const Assignment::Rendezvous& z) {
+  std::string out;
+  for (const std::string& h : z.hosts) {
+    // "addr:tasks"; the address may hold ':' itself (IPv6).
+    const size_t colon = h.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == h.size() ||
+        h.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+      continue;
+    out += fmt::format("{} slots={}\n", h.substr(0, colon), h.substr(colon + 1));
+  }
+  return out;
+}
+
 Result<MigInstanceInfo> FindMigInstance(const AssignedGpu& g, const Inventory& inv, const std::string& node) {
   if (g.index < 0 || static_cast<size_t>(g.index) >= inv.gpus.size())
     return Status::InvalidArgument(

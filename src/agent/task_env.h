@@ -106,6 +106,10 @@ struct TaskEnvOptions {
 Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, const Inventory& inv,
                                                            const TaskEnvOptions& options);
 
+// The MPI hostfile of a job of several tasks: one "addr slots=N" line per node, in node-rank
+// order (Open MPI's form; MPICH's hydra reads "addr:N", and GPUPOOL_HOSTS has that).
+std::string MpiHostfile(const Assignment::Rendezvous& z);
+
 // The MIG instance of `g` (isolation mig) on this node. Real GPUs: the existing instance on GPU
 // `g.index` whose GPU-instance profile (by id when both sides know it, else by name) and placement
 // start match the assignment; of several compute instances in that GPU instance, the lowest compute

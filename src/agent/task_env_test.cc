@@ -474,5 +474,14 @@ TEST(TaskEnvTest, AHostileRendezvousIsRefusedNamingTheField) {
   }
 }
 
+TEST(TaskEnvTest, TheMpiHostfileHasOneLinePerNodeInRankOrder) {
+  Assignment::Rendezvous z;
+  z.hosts = {"10.0.0.7:2", "fe80::1:4", "node-c:1"};
+  EXPECT_EQ(MpiHostfile(z), "10.0.0.7 slots=2\nfe80::1 slots=4\nnode-c slots=1\n");
+  // Nothing that is not "addr:count" reaches the file.
+  z.hosts = {":3", "a:", "b:x", "c", "d:2"};
+  EXPECT_EQ(MpiHostfile(z), "d slots=2\n");
+}
+
 }  // namespace
 }  // namespace gpupool

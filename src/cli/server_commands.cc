@@ -330,6 +330,7 @@ struct UpFlags {
   std::vector<std::string> checkpoint_roots;
   std::vector<std::string> volume_roots;
   std::vector<std::string> volume_roots_rw;
+  std::string scratch_root = "/var/lib/gpupool/scratch";
   std::string image_cache;
   std::string image_cache_max = "50Gi";
   std::vector<std::string> image_registries;
@@ -381,7 +382,9 @@ int RunUp(UpFlags flags) {
     o.checkpoint_roots.insert(o.checkpoint_roots.end(), flags.checkpoint_roots.begin(), flags.checkpoint_roots.end());
     o.volume_roots = flags.volume_roots;
     o.volume_roots_rw = flags.volume_roots_rw;
-    o.scratch_root = server.config.data_dir + "/scratch/" + o.node;
+    // Not under the data dir: that is 0700 (the admin token), and a container mounts its scratch
+    // as the task's uid, which must pass every directory above it.
+    o.scratch_root = flags.scratch_root + "/" + o.node;
     // Each node its own image cache (two caches never share a directory).
     if (!flags.image_cache.empty()) o.image_cache_dir = flags.image_cache + "/" + o.node;
     o.image_cache_max_bytes = image_cache_max;
@@ -551,6 +554,9 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                      "A host directory hostPath volumes may lie under, mounted read-only (repeatable; default none)");
   up_cmd->add_option("--volume-root-rw", up->volume_roots_rw,
                      "A host directory hostPath volumes may lie under, writable when the job asks (repeatable)");
+  up_cmd->add_option("--scratch-root", up->scratch_root,
+                     "Disk scratch and MPI hostfiles of running tasks, <dir>/<node> per node (default "
+                     "/var/lib/gpupool/scratch; every directory above it must let others pass)");
   up_cmd->add_option("--image-cache", up->image_cache,
                      "Where container images are unpacked, <dir>/<node> per node (default "
                      "/var/lib/gpupool/image-cache/<node>; every directory above it must let others pass)");

@@ -53,7 +53,9 @@ def make_jobs(rootfs, ckpt_root):
             "replicas": 2 if i % 7 == 0 else 1,
             "resources": dict({"cpu": "0.1", "memory": "64Mi"}, **gpu),
             "isolation": isolation,
-            "command": ["/bin/sh", "-c", "env; echo E2E_PID1=$(cat /proc/1/comm); sleep " + sleep],
+            "command": ["/bin/sh", "-c", "env; echo E2E_PID1=$(cat /proc/1/comm); "
+                        'if [ -n "$GPUPOOL_HOSTFILE" ]; then h=; while read l; do h="$h$l;"; done < "$GPUPOOL_HOSTFILE"; '
+                        'echo E2E_HOSTFILE="$h"; fi; sleep ' + sleep],
             "checkpoint": {"dir": os.path.join(ckpt_root, "e2e-%d" % i), "intervalSeconds": 60},
         }
         if container:
@@ -247,7 +249,8 @@ def main():
     up = subprocess.Popen([binary, "up", "--data-dir", data, "--listen", "127.0.0.1:%d" % api_port,
                            "--simulate", "4xA100-80GB", "--nodes", "2", "--heartbeat-interval", "0.2",
                            "--metrics-listen", "127.0.0.1:%d" % metrics_port,
-                           "--container-root", os.path.join(shared, "images"), "--checkpoint-root", ckpt_root],
+                           "--container-root", os.path.join(shared, "images"), "--checkpoint-root", ckpt_root,
+                           "--scratch-root", os.path.join(shared, "scratch")],
                           stdout=log, stderr=subprocess.STDOUT)
     prom = None
     try:
@@ -326,7 +329,7 @@ def main():
             for index in range(task["replicas"]):
                 env = task_env(api, job_id, index)
                 rendezvous.append({k: env.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-                                                           "NODE_RANK", "GPUPOOL_HOSTS")})
+                                                           "NODE_RANK", "GPUPOOL_HOSTS", "E2E_HOSTFILE")})
                 node = env.get("GPUPOOL_NODE")
                 if node not in node_names or env.get("GPUPOOL_JOB_ID") != job_id or env.get("GPUPOOL_TASK_INDEX") != str(index):
                     fail("%s.%d: identity variables wrong: %s" % (job_id, index, {k: v for k, v in env.items() if k.startswith("GPUPOOL_")}))
@@ -369,11 +372,15 @@ def main():
                         [r["RANK"] for r in rendezvous] != [str(i) for i in range(task["replicas"])] or \
                         rendezvous[0]["WORLD_SIZE"] != str(task["replicas"]) or not rendezvous[0]["MASTER_PORT"]:
                     fail("%s: inconsistent rendezvous %s" % (job_id, rendezvous))
+                # The MPI hostfile each task reads at $GPUPOOL_HOSTFILE: one "addr slots=N" per node.
+                want = "".join("%s slots=%s;" % tuple(h.rsplit(":", 1)) for h in rendezvous[0]["GPUPOOL_HOSTS"].split(","))
+                if any(r["E2E_HOSTFILE"] != want for r in rendezvous):
+                    fail("%s: hostfiles %s, want %s" % (job_id, [r["E2E_HOSTFILE"] for r in rendezvous], want))
                 gangs += 1
             elif rendezvous[0]["MASTER_ADDR"] is not None:
                 fail("%s: a job of one task has a rendezvous %s" % (job_id, rendezvous[0]))
         print("up_e2e: environment matches the allocation for %d tasks (%d in runc containers); %d gangs share one "
-              "rendezvous" % (checked, containers, gangs), flush=True)
+              "rendezvous and hostfile" % (checked, containers, gangs), flush=True)
 
         # The agents serve logs only to callers with a token.
         try:

@@ -1,0 +1,226 @@
+// What a task gets mounted besides its root: its volumes (docs/jobspec.md#volumes), the MPI
+// hostfile of a job of several tasks, and, in a container, its GPUs through the Container Device
+// Interface (docs/agent.md#gpus-in-containers): the agent reads the nvidia.com/gpu CDI specs NVIDIA's container toolkit left on the node, or
+// generates one from NVML's inventory and the driver's files, and gives a container task what the
+// spec says its GPUs need: their device nodes, the driver's libraries and binaries, hooks, env.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <set>
+
+#include "agent/agent.h"
+#include "agent/runtime_internal.h"
+
+namespace gpupool {
+
+namespace {
+
+constexpr const char* kGpuKind = "nvidia.com/gpu";
+
+// Writes `name` afresh in `dir` (a directory the task's uid owns: a link or file it left there is
+// removed, never followed), mode 0444.
+Status WriteNewFileIn(const std::string& dir, const std::string& name, const std::string& content) {
+  const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (d < 0) return Status::IoError(fmt::format("cannot open {}: {}", dir, agent_internal::ErrnoText(errno)));
+  (void)::unlinkat(d, name.c_str(), 0);
+  const int f = ::openat(d, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+  const int err = errno;
+  ::close(d);
+  if (f < 0) return Status::IoError(fmt::format("cannot create {}/{}: {}", dir, name, agent_internal::ErrnoText(err)));
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(f, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int werr = errno;
+      ::close(f);
+      return Status::IoError(fmt::format("cannot write {}/{}: {}", dir, name, agent_internal::ErrnoText(werr)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(f);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void Agent::LoadCdi() {
+  if (inventory_.simulated) return;  // no device nodes, no driver: nothing to give
+  std::vector<std::string> warnings;
+  auto specs = LoadCdiSpecs(options_.cdi_spec_dirs, &warnings);
+  for (const auto& w : warnings) std::cerr << fmt::format("gpupool agent {}: CDI: {}\n", options_.node, w);
+  if (!specs.ok()) {
+    std::cerr << fmt::format("gpupool agent {}: CDI: {}\n", options_.node, specs.status().ToString());
+  } else {
+    std::vector<std::string> sources;
+    for (CdiSpec& s : *specs) {
+      if (s.kind != kGpuKind) continue;
+      sources.push_back(s.source);
+      cdi_specs_.push_back(std::move(s));
+    }
+    if (!cdi_specs_.empty()) {
+      cdi_note_ = fmt::format("GPUs in containers as the CDI spec(s) {} say", fmt::join(sources, ", "));
+      return;
+    }
+  }
+  // None from the toolkit: one generated from what NVML found and the driver's files on disk.
+  const std::string root = options_.driver_root.empty() ? "/" : options_.driver_root;
+  const DriverFiles files = FindDriverFiles(root);
+  std::string mig_minors;
+  if (auto text = agent_internal::ReadFile((root == "/" ? "" : root) + "/proc/driver/nvidia-caps/mig-minors");
+      text.ok() && text->size() <= (1 << 20))
+    mig_minors = *text;
+  CdiSpec spec = GenerateNvidiaCdiSpec(inventory_, files, root, mig_minors);
+  const std::string path = options_.state_dir + "/cdi/nvidia.com-gpu.json";
+  if (Status st = agent_internal::MakeDirs(options_.state_dir + "/cdi"); st.ok()) {
+    (void)agent_internal::WriteFileAtomic(path, CdiSpecToJson(spec).dump(2) + "\n", /*sync=*/false);
+  }
+  if (spec.devices.empty()) {
+    cdi_note_ = "no GPU device nodes known to NVML: containers get no GPUs";
+    return;
+  }
+  cdi_note_ = fmt::format("GPUs in containers by a CDI spec generated from NVML and the driver under {} ({} "
+                          "libraries, {} binaries{}; {})",
+                          root, files.libraries.size(), files.binaries.size(),
+                          files.libraries.empty() ? ": no driver libraries found, images must carry them" : "", path);
+  cdi_specs_.push_back(std::move(spec));
+}
+
+// REQUIRES: mu_ held; a container task of a node with GPUs from NVML.
+Status Agent::ApplyCdi(const Assignment& a, LaunchSpec* spec) {
+  if (cdi_specs_.empty() || a.gpus.empty()) return Status::Ok();
+  std::vector<std::string> names;
+  for (const AssignedGpu& g : a.gpus) {
+    if (g.index < 0 || static_cast<size_t>(g.index) >= inventory_.gpus.size())
+      return Status::InvalidArgument(fmt::format("gpus: no GPU {} on node {}", g.index, options_.node));
+    if (a.isolation == "mig") {
+      ASSIGN_OR_RETURN(const MigInstanceInfo inst, FindMigInstance(g, inventory_, options_.node));
+      names.push_back(inst.uuid);
+    } else {
+      names.push_back(inventory_.gpus[static_cast<size_t>(g.index)].uuid);
+    }
+  }
+  auto edits = ResolveCdiDevices(cdi_specs_, kGpuKind, names);
+  if (!edits.ok()) return edits.status().WithContext("CDI");
+  // The spec's device nodes replace the agent's own list (they hold the control nodes too).
+  spec->devices.clear();
+  for (const CdiDeviceNode& d : edits->device_nodes)
+    spec->container_devices.push_back({d.host_path.empty() ? d.path : d.host_path, d.path});
+  bool generated = false;
+  for (const CdiSpec& s : cdi_specs_) generated = generated || s.source == "generated";
+  std::set<std::string> library_dirs, binary_dirs;
+  for (const CdiMount& m : edits->mounts) {
+    spec->mounts.push_back({m.host_path, m.container_path, m.type, m.options});
+    const size_t slash = m.container_path.rfind('/');
+    const std::string dir = m.container_path.substr(0, std::max<size_t>(slash, 1));
+    if (!generated) continue;
+    if (m.container_path.compare(slash + 1, 3, "lib") == 0) {
+      library_dirs.insert(dir);
+    } else if (m.container_path.compare(slash + 1, 6, "nvidia") == 0) {
+      binary_dirs.insert(dir);
+    }
+  }
+  for (const CdiHook& h : edits->hooks)
+    spec->hooks.push_back({h.hook_name, h.path, h.args, h.env, h.timeout});
+  // The spec's environment under the task's: CUDA_VISIBLE_DEVICES and the rest stay gpupool's.
+  for (const std::string& kv : edits->env) {
+    const size_t eq = kv.find('=');
+    spec->env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  if (!library_dirs.empty()) {
+    // Mounted at the host's paths: an image whose loader searches elsewhere finds them here.
+    std::string& path = spec->env["LD_LIBRARY_PATH"];
+    for (const std::string& dir : library_dirs) path += (path.empty() ? "" : ":") + dir;
+  }
+  if (!binary_dirs.empty()) {
+    // nvidia-smi and the rest where the image's PATH does not look.
+    auto [it, added] = spec->env.emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    std::string& path = it->second;
+    for (const std::string& dir : binary_dirs) {
+      if ((":" + path + ":").find(":" + dir + ":") == std::string::npos) path += (path.empty() ? "" : ":") + dir;
+    }
+  }
+  return Status::Ok();
+}
+
+// The task's volumes (docs/jobspec.md#volumes): a host directory only from under the admin's
+// roots, its links resolved first (a link in an allowed tree pointing out of it is refused), and
+// read-only unless both the job and the root say otherwise; scratch made for this run alone.
+// REQUIRES: mu_ held.
+Status Agent::MountVolumes(const Assignment& a, LaunchSpec* spec) {
+  // Whose the run's own directories are: the task's, or the agent's own without the sandbox.
+  const int64_t uid = !sandbox_ ? ::geteuid() : a.run_as_root ? 0 : a.uid;
+  const int64_t gid = !sandbox_ ? ::getegid() : a.run_as_root ? 0 : a.gid;
+  const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
+  if (a.rendezvous && !a.rendezvous->hosts.empty()) {
+    // The MPI hostfile of a job of several tasks ("addr slots=N" per node, in node-rank order),
+    // read-only in a container.
+    const std::string dir = fmt::format("{}/{}/rendezvous", options_.scratch_root, a.run_id());
+    RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder({options_.scratch_root}, dir, uid, gid)
+                        .WithContext("the MPI hostfile (the agent's --scratch-root)"));
+    RETURN_IF_ERROR(WriteNewFileIn(dir, "hostfile", MpiHostfile(*a.rendezvous)).WithContext("the MPI hostfile"));
+    if (container) {
+      spec->binds.push_back({dir, "/etc/gpupool", true});
+      spec->env["GPUPOOL_HOSTFILE"] = "/etc/gpupool/hostfile";
+    } else {
+      spec->keep_paths.push_back(dir);
+      spec->env["GPUPOOL_HOSTFILE"] = dir + "/hostfile";
+    }
+  }
+  for (size_t i = 0; i < a.volumes.size(); ++i) {
+    const Volume& v = a.volumes[i];
+    if (v.host_path.empty() && v.memory) {
+      spec->tmpfs.push_back({v.mount_path, v.size_bytes});
+      continue;
+    }
+    if (v.host_path.empty()) {
+      // Owned by the task's uid, 0700, never through a link; removed with the run (Forget).
+      const std::string dir = fmt::format("{}/{}/{}", options_.scratch_root, a.run_id(), i);
+      RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder({options_.scratch_root}, dir, uid, gid)
+                          .WithContext(fmt::format("volume {} (scratch; the agent's --scratch-root)", v.mount_path)));
+      spec->binds.push_back({dir, v.mount_path, false});
+      continue;
+    }
+    std::error_code ec;
+    const std::string real = std::filesystem::canonical(v.host_path, ec).string();
+    if (ec || !std::filesystem::is_directory(real, ec))
+      return Status::InvalidArgument(fmt::format("volume {}: host path {} is not a directory on node {}{}", v.mount_path,
+                                                 v.host_path, options_.node, ec ? ": " + ec.message() : ""));
+    auto under = [&real](const std::vector<std::string>& roots) {
+      return std::any_of(roots.begin(), roots.end(), [&real](const std::string& root) {
+        std::error_code rec;
+        const std::string r = std::filesystem::canonical(root, rec).string();
+        return !rec && (r == "/" || real == r || (real.starts_with(r) && real[r.size()] == '/'));
+      });
+    };
+    const bool writable = under(options_.volume_roots_rw);
+    if (!writable && !under(options_.volume_roots))
+      return Status::PermissionDenied(fmt::format(
+          "volume {}: host path {}{} is not under an allowed volume root of node {} (the agent's --volume-root, "
+          "--volume-root-rw)",
+          v.mount_path, v.host_path, real == v.host_path ? "" : " (" + real + ")", options_.node));
+    if (!v.read_only && !writable)
+      return Status::PermissionDenied(fmt::format(
+          "volume {}: host path {} may only be mounted read-only on node {} (writable ones lie under the agent's "
+          "--volume-root-rw)",
+          v.mount_path, v.host_path, options_.node));
+    spec->binds.push_back({real, v.mount_path, v.read_only});
+  }
+  return Status::Ok();
+}
+
+// REQUIRES: mu_ held.
+void Agent::RemoveScratch(const Assignment& a) {
+  bool disk = a.rendezvous && !a.rendezvous->hosts.empty();
+  for (const Volume& v : a.volumes) disk = disk || (v.host_path.empty() && !v.memory);
+  if (!disk) return;
+  const std::string dir = options_.scratch_root + "/" + a.run_id();
+  if (Status st = agent_internal::RemoveTree(dir); !st.ok())
+    std::cerr << fmt::format("gpupool agent {}: scratch of task {}: {}\n", options_.node, a.run_id(), st.ToString());
+}
+
+}  // namespace gpupool
