@@ -93,16 +93,26 @@ void Agent::LoadCdi() {
 // REQUIRES: mu_ held; a container task of a node with GPUs from NVML.
 Status Agent::ApplyCdi(const Assignment& a, LaunchSpec* spec) {
   if (cdi_specs_.empty() || a.gpus.empty()) return Status::Ok();
+  // A device by its UUID where a spec names it so, else by its index: `nvidia-ctk cdi generate`
+  // names devices by index ("0", and "0:1" for a GPU's second MIG device) unless told otherwise.
+  auto provided = [this](const std::string& name) {
+    return std::any_of(cdi_specs_.begin(), cdi_specs_.end(),
+                       [&name](const CdiSpec& s) { return s.devices.count(name) > 0; });
+  };
   std::vector<std::string> names;
   for (const AssignedGpu& g : a.gpus) {
     if (g.index < 0 || static_cast<size_t>(g.index) >= inventory_.gpus.size())
       return Status::InvalidArgument(fmt::format("gpus: no GPU {} on node {}", g.index, options_.node));
+    const GpuInfo& info = inventory_.gpus[static_cast<size_t>(g.index)];
+    std::string uuid = info.uuid, by_index = std::to_string(g.index);
     if (a.isolation == "mig") {
       ASSIGN_OR_RETURN(const MigInstanceInfo inst, FindMigInstance(g, inventory_, options_.node));
-      names.push_back(inst.uuid);
-    } else {
-      names.push_back(inventory_.gpus[static_cast<size_t>(g.index)].uuid);
+      uuid = inst.uuid;
+      const auto at = std::find_if(info.mig_instances.begin(), info.mig_instances.end(),
+                                   [&inst](const MigInstanceInfo& m) { return m.uuid == inst.uuid; });
+      by_index += fmt::format(":{}", at - info.mig_instances.begin());
     }
+    names.push_back(!provided(uuid) && provided(by_index) ? by_index : uuid);
   }
   auto edits = ResolveCdiDevices(cdi_specs_, kGpuKind, names);
   if (!edits.ok()) return edits.status().WithContext("CDI");

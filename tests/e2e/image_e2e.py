@@ -263,7 +263,8 @@ def gpus_in_containers(pool, image, shared):
         # A spec of the toolkit's in the CDI directory is used instead: its env and hooks too.
         marker = os.path.join(shared, "hook-ran")
         spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-                "devices": [{"name": "GPU-fa6e0000-0000-4000-8000-%012d" % i,
+                # Named by index, as nvidia-ctk names them by default.
+                "devices": [{"name": str(i),
                              "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia%d" % i,
                                                                  "hostPath": os.path.join(driver, "dev", "nvidia%d" % i)}]}}
                             for i in range(4)],
