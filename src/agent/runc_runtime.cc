@@ -109,6 +109,7 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
     mounts.push_back({{"destination", "/sys/fs/cgroup"}, {"type", "cgroup"}, {"source", "cgroup"},
                       {"options", {"nosuid", "noexec", "nodev", "relatime", "ro"}}});
   }
+  const size_t runtime_mounts = mounts.size();  // /proc, /dev, /sys, /tmp, ...: before everything else
   for (const auto& b : spec.binds) {
     if (b.source.empty() || b.source[0] != '/' || b.destination.empty() || b.destination[0] != '/')
       return Status::InvalidArgument(fmt::format("task {}: a bind needs absolute paths ('{}' -> '{}')", spec.id,
@@ -207,6 +208,16 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
     linux_section["uidMappings"] = json::array({{{"containerID", 0}, {"hostID", spec.uid}, {"size", 1}}});
     linux_section["gidMappings"] = json::array({{{"containerID", 0}, {"hostID", gid}, {"size", 1}}});
   }
+  // runc mounts in order: an outer mount after an inner one would hide it (a tmpfs at /mem over a
+  // volume at /mem/data). Fewer path parts first; the order given among equals.
+  std::stable_sort(mounts.begin() + static_cast<std::ptrdiff_t>(runtime_mounts), mounts.end(),
+                   [](const json& x, const json& y) {
+                     const auto depth = [](const json& m) {
+                       const std::string& d = m["destination"].get_ref<const std::string&>();
+                       return std::count(d.begin(), d.end(), '/');
+                     };
+                     return depth(x) < depth(y);
+                   });
   json hooks = json::object();
   for (const auto& h : spec.hooks) {
     json hook = {{"path", h.path}};

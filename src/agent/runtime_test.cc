@@ -712,6 +712,14 @@ TEST(RuncRuntime, ConfigJsonCarriesCdiDevicesMountsHooksAndScratch) {
   EXPECT_EQ(mounts["/run/x"]["type"], "tmpfs");
   EXPECT_EQ(mounts["/scratch"]["type"], "tmpfs");
   EXPECT_EQ(mounts["/scratch"]["options"], nlohmann::json({"nosuid", "nodev", "mode=0700", "size=67108864"}));
+  // Outer mounts before inner ones, whatever order they came in (the tmpfs /scratch came last).
+  std::vector<std::string> order;
+  for (const auto& m : j["mounts"]) order.push_back(m["destination"]);
+  const auto at = [&order](const std::string& d) { return std::find(order.begin(), order.end(), d) - order.begin(); };
+  EXPECT_LT(at("/scratch"), at("/run/x"));
+  EXPECT_LT(at("/run/x"), at("/usr/lib/driver"));
+  EXPECT_LT(at("/usr/bin/nvidia-smi"), at("/usr/lib/driver"));  // equals keep the order given
+  EXPECT_LT(at("/proc"), at("/scratch"));  // the runtime's own first
   ASSERT_EQ(j["hooks"]["createContainer"].size(), 2u);
   EXPECT_EQ(j["hooks"]["createContainer"][0]["args"], nlohmann::json({"nvidia-ctk", "hook", "update-ldcache"}));
   EXPECT_EQ(j["hooks"]["createContainer"][0]["timeout"], 5);

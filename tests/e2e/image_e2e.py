@@ -133,8 +133,11 @@ def volumes(api, tenant, image, shared):
     ro, rw = os.path.join(shared, "data-ro", "ds"), os.path.join(shared, "data-rw", "out")
     script = ("cat /data/hello; touch /data/x 2>/dev/null || echo DATA-RO; echo w > /out/f && echo OUT-RW; "
               "echo s > /scratch/f && stat -c 'scratch %u %a' /scratch; "
-              "dd if=/dev/zero of=/mem/f bs=1024 count=2048 2>/dev/null || echo MEM-FULL")
+              "dd if=/dev/zero of=/mem/f bs=1024 count=2048 2>/dev/null || echo MEM-FULL; "
+              "cat /mem/data/hello && echo NESTED-AFTER-ITS-PARENT")
     j = submit(tenant, {"name": "volumes", "tasks": [task(image, ["/bin/sh", "-c", script], volumes=[
+        # Inside the memory scratch and listed before it: mounted after it all the same.
+        {"hostPath": ro, "mountPath": "/mem/data"},
         {"hostPath": ro, "mountPath": "/data"},
         {"hostPath": rw, "mountPath": "/out", "readOnly": False},
         {"mountPath": "/scratch", "scratch": {}},
@@ -148,6 +151,8 @@ def volumes(api, tenant, image, shared):
           "OUT-RW" in out and owner(os.path.join(rw, "f")) >= 200000, detail)
     check("disk scratch is the task's own (its root, mode 700)", "scratch 0 700" in out, detail)
     check("memory scratch stops at its sizeLimit", "MEM-FULL" in out and job["state"] == "succeeded", detail)
+    check("a volume inside another is mounted after it, whatever the job's order", "NESTED-AFTER-ITS-PARENT" in out,
+          detail)
     def left():  # the runs' scratch directories still on either node
         root = os.path.join(shared, "scratch")
         return [os.path.join(n, r) for n in os.listdir(root) for r in os.listdir(os.path.join(root, n))]
