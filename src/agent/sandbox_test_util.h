@@ -1,0 +1,113 @@
+// What the sandbox tests share: a runtime's task run to its end, and real containers (runc and a
+// busybox root filesystem built for the test). Needs root; as another user the tests skip.
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "agent/runtime.h"
+#include "agent/runtime_internal.h"
+
+namespace gpupool::sandbox_test {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+inline std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::string UniqueId(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
+
+// Real containers: runc and a busybox root filesystem built here.
+class RuncSandboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "the sandbox needs root";
+    if (::access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "/bin/busybox is not installed";
+    char tmpl[] = "/tmp/gpupool-rsb-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+    roots_ = dir_ + "/images";
+    rootfs_ = roots_ + "/busybox";
+    for (const char* d : {"", "/bin", "/proc", "/dev", "/sys", "/tmp", "/etc", "/srv"})
+      ASSERT_TRUE(agent_internal::MakeDirs(rootfs_ + d).ok()) << d;
+    {
+      std::ifstream src("/bin/busybox", std::ios::binary);
+      std::ofstream dst(rootfs_ + "/bin/busybox", std::ios::binary);
+      dst << src.rdbuf();
+    }
+    ASSERT_EQ(::chmod((rootfs_ + "/bin/busybox").c_str(), 0755), 0);
+    for (const char* tool : {"sh", "cat", "id", "ls", "grep", "nc", "tr", "echo", "touch", "stat", "mount", "unshare"})
+      ASSERT_EQ(::symlink("busybox", (rootfs_ + "/bin/" + tool).c_str()), 0) << tool;
+    RuntimeOptions opts;
+    opts.state_dir = dir_ + "/state";
+    opts.container_roots = {roots_};
+    Configure(opts);
+    auto rt = MakeRuncRuntime(opts);
+    if (!rt.ok()) GTEST_SKIP() << rt.status().ToString();
+    rt_ = std::move(rt).value();
+  }
+  // Another runtime class with runc's command line (crun, runsc).
+  virtual void Configure(RuntimeOptions&) {}
+  void TearDown() override {
+    if (rt_) {
+      for (const auto& id : rt_->List()) {
+        (void)rt_->Stop(id, 0s);
+        Wait(id);
+        (void)rt_->Remove(id);
+      }
+    }
+    rt_.reset();
+    if (!dir_.empty()) (void)agent_internal::RemoveTree(dir_);
+  }
+  LaunchSpec Spec(const std::string& id, const std::string& script) {
+    LaunchSpec s;
+    s.id = UniqueId(id);
+    s.argv = {"sh", "-c", script};
+    s.env = {{"PATH", "/bin"}};
+    s.rootfs = rootfs_;
+    s.uid = 20101;
+    s.gid = 20101;
+    s.no_new_privs = true;
+    return s;
+  }
+  TaskStatusInfo Wait(const std::string& id) {
+    auto deadline = Clock::now() + 15s;
+    TaskStatusInfo info;
+    while (Clock::now() < deadline) {
+      auto r = rt_->Poll(id);
+      if (!r.ok()) return info;
+      info = *r;
+      if (info.state != RunState::kRunning) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    return info;
+  }
+  std::string Run(const LaunchSpec& spec) {
+    Status st = rt_->Start(spec);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    if (!st.ok()) return "";
+    TaskStatusInfo info = Wait(spec.id);
+    EXPECT_EQ(info.state, RunState::kExited) << info.message;
+    return ReadText(rt_->StdoutPath(spec.id)) + "--stderr--\n" + ReadText(rt_->StderrPath(spec.id));
+  }
+
+  std::string dir_, roots_, rootfs_;
+  std::unique_ptr<Runtime> rt_;
+};
+
+}  // namespace gpupool::sandbox_test
