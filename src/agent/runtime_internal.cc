@@ -172,7 +172,11 @@ Result<std::string> ReadFile(const std::string& path) {
 Status WriteFileAtomic(const std::string& path, const std::string& content, bool sync) {
   std::string tmp = path + ".tmp";
   {
-    FdCloser fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    // A stale temporary (an earlier crash) is removed, never written through: a link planted at
+    // its name makes the open fail rather than write wherever it points.
+    if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+      return Status::IoError(fmt::format("cannot remove {}: {}", tmp, ErrnoText(errno)));
+    FdCloser fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (fd.get() < 0) return Status::IoError(fmt::format("cannot create {}: {}", tmp, ErrnoText(errno)));
     size_t off = 0;
     while (off < content.size()) {

@@ -971,5 +971,22 @@ TEST(Spawn, TheTaskRunsOnlyAfterItsRecordIsWritten) {
   ::waitpid(ok->supervisor, &status, 0);
 }
 
+TEST(WriteFileAtomic, ALinkPlantedAtTheTemporaryNameIsRemovedNotWrittenThrough) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string victim = dir.path() + "/victim", path = dir.path() + "/state.json";
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(victim, "precious\n").ok());
+  ASSERT_EQ(::symlink(victim.c_str(), (path + ".tmp").c_str()), 0);
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(path, "{}\n").ok());
+  std::ifstream v(victim), p(path);
+  std::string vt((std::istreambuf_iterator<char>(v)), {}), pt((std::istreambuf_iterator<char>(p)), {});
+  EXPECT_EQ(vt, "precious\n");
+  EXPECT_EQ(pt, "{}\n");
+  struct stat st;
+  EXPECT_NE(::lstat((path + ".tmp").c_str(), &st), 0) << "the temporary name is gone after the rename";
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
 }  // namespace
 }  // namespace gpupool
