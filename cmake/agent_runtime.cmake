@@ -10,6 +10,7 @@ add_library(gpupool_agent_runtime
   src/agent/runc_runtime.cc
   src/agent/image_cache.cc
   src/agent/image_layout.cc
+  src/agent/pod_network.cc
 )
 target_link_libraries(gpupool_agent_runtime
   PUBLIC gpupool_common
@@ -37,7 +38,7 @@ set_source_files_properties(src/agent/runtime_internal.cc PROPERTIES
 if(GPUPOOL_BUILD_TESTS)
   # Starts real processes and (when runc and /bin/busybox are installed) containers.
   gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc src/agent/supervisor_test.cc
-    src/agent/sandbox_test.cc src/agent/container_sandbox_test.cc)
+    src/agent/sandbox_test.cc src/agent/container_sandbox_test.cc src/agent/pod_network_test.cc)
   target_link_libraries(runtime_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
   # Builds small busybox images with umoci and pulls them through skopeo (no network); skips
   # when either or /bin/busybox is absent.

@@ -14,6 +14,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   runc busybox-static prometheus
   skopeo umoci crun runsc
+  iproute2 iptables
 )
 
 missing=()

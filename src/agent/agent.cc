@@ -178,6 +178,17 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (!agent->sandbox_)
     std::cerr << fmt::format("gpupool agent {}: not running as root: tasks run as this agent's uid, without the task "
                              "sandbox (docs/agent.md#the-task-sandbox)\n", o.node);
+  if (!o.pod_network.empty()) {
+    PodNetworkOptions po;
+    po.cidr = o.pod_network;
+    po.bridge = o.pod_bridge;
+    po.nat = o.pod_nat;
+    po.deny = o.pod_deny;
+    auto pods = PodNetwork::Create(std::move(po));
+    if (!pods.ok()) return pods.status();
+    agent->pod_network_ = std::move(pods).value();
+    agent->summary_ += "; " + agent->pod_network_->Describe();
+  }
   auto process = MakeProcessRuntime(ro);
   if (!process.ok()) return process.status().WithContext("the process runtime");
   agent->process_runtime_ = std::move(process).value();

@@ -21,6 +21,7 @@
 #include "agent/image_cache.h"
 #include "agent/inventory.h"
 #include "agent/mps.h"
+#include "agent/pod_network.h"
 #include "agent/nvml.h"
 #include "agent/runtime.h"
 #include "agent/task_env.h"
@@ -93,6 +94,13 @@ struct AgentOptions {
   // nvidia.com/gpu, the root under which the driver's files are looked for to generate one.
   std::vector<std::string> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
   std::string driver_root = "/";
+  // The pod network (docs/agent.md#pod-network) for containers asking for `network: pod`: an IPv4
+  // subnet ("10.88.0.0/24"; empty: none, such tasks fail to start saying so), the bridge it lives
+  // on, whether the pods' traffic leaves through NAT, and destinations pods may not reach.
+  std::string pod_network;
+  std::string pod_bridge = "gpupool0";
+  bool pod_nat = true;
+  std::vector<std::string> pod_deny;
   // The most processes and threads one task may have at once (its cgroup's pids.max, where the
   // host has the pids controller); 0: no limit. One task's fork bomb then cannot take the host's
   // pid space from the other tenants' tasks and from the agent.
@@ -204,6 +212,8 @@ class Agent {
   void LoadCdi();
   Status ApplyCdi(const Assignment& a, LaunchSpec* spec);
   void RemoveScratch(const Assignment& a);
+  // network: pod: the run's namespace on the agent's bridge, and the host's resolv.conf.
+  Status AttachPodNetwork(const Assignment& a, LaunchSpec* spec);
   // The task no longer uses its GPUs' MPS daemons (the last user stops one). REQUIRES: mu_ held.
   void ReleaseMps(LocalTask& t);
   // Lease bookkeeping after a register/heartbeat attempt that began at `start_ms` (BootTimeMs).
@@ -255,6 +265,8 @@ class Agent {
   std::string image_error_;
   bool sandbox_ = false;  // the agent runs as root: tasks get their identities and namespaces
   std::unique_ptr<MpsDaemons> mps_;  // real GPUs only; simulated ones get the variables alone
+  std::unique_ptr<PodNetwork> pod_network_;  // null: none on this node
+  bool pods_pruned_ = false;  // the namespaces of runs an earlier agent left were removed
 
   std::mutex mu_;  // guards tasks_ and counters
   std::map<std::string, LocalTask> tasks_;

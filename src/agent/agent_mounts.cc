@@ -1,9 +1,11 @@
-// What a task gets mounted besides its root: its volumes (docs/jobspec.md#volumes), the MPI
+// The task's sandbox (SandboxTask: identity, hidden paths, devices, checkpoint directory, network)
+// and what it gets mounted besides its root: its volumes (docs/jobspec.md#volumes), the MPI
 // hostfile of a job of several tasks, and, in a container, its GPUs through the Container Device
 // Interface (docs/agent.md#gpus-in-containers): the agent reads the nvidia.com/gpu CDI specs NVIDIA's container toolkit left on the node, or
 // generates one from NVML's inventory and the driver's files, and gives a container task what the
 // spec says its GPUs need: their device nodes, the driver's libraries and binaries, hooks, env.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -231,6 +233,61 @@ void Agent::RemoveScratch(const Assignment& a) {
   const std::string dir = options_.scratch_root + "/" + a.run_id();
   if (Status st = agent_internal::RemoveTree(dir); !st.ok())
     std::cerr << fmt::format("gpupool agent {}: scratch of task {}: {}\n", options_.node, a.run_id(), st.ToString());
+}
+
+// The sandbox of one task (docs/agent.md#the-task-sandbox): its identity, what it may not see, its
+// devices, its checkpoint directory and network. An agent that is not root cannot switch
+// identities: its tasks run as the agent does (said once at start).
+// REQUIRES: mu_ held.
+Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
+  spec->network = a.network;
+  if (a.network == "pod") RETURN_IF_ERROR(AttachPodNetwork(a, spec));
+  const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
+  if (!sandbox_) {
+    if (container && !a.checkpoint_dir.empty()) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
+    return MountVolumes(a, spec);
+  }
+  spec->no_new_privs = true;
+  if (!a.run_as_root) {
+    spec->uid = a.uid;
+    spec->gid = a.gid;
+  }
+  spec->hide_paths = {options_.state_dir};
+  if (!options_.log_dir.empty()) spec->hide_paths.push_back(options_.log_dir);
+  spec->hide_paths.insert(spec->hide_paths.end(), options_.hide.begin(), options_.hide.end());
+  spec->private_dev = true;
+  if (a.isolation == "mps") {
+    for (const AssignedGpu& g : a.gpus) {
+      if (g.index >= 0 && static_cast<size_t>(g.index) < inventory_.gpus.size())
+        spec->keep_paths.push_back(options_.state_dir + "/mps/" + inventory_.gpus[static_cast<size_t>(g.index)].uuid);
+    }
+  }
+  if (!a.checkpoint_dir.empty()) {
+    // Created for the task, its uid's, where the admin allows (never at a path of the tenant's
+    // choosing elsewhere on the host); at the same path inside a container.
+    if (!a.run_as_root)
+      RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder(options_.checkpoint_roots, a.checkpoint_dir, a.uid, a.gid)
+                          .WithContext("the checkpoint directory"));
+    spec->keep_paths.push_back(a.checkpoint_dir);
+    if (container) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
+  }
+  return MountVolumes(a, spec);
+}
+
+// REQUIRES: mu_ held.
+Status Agent::AttachPodNetwork(const Assignment& a, LaunchSpec* spec) {
+  if (!pod_network_)
+    return Status::FailedPrecondition(fmt::format(
+        "network: pod: node {} has no pod network (its agent runs without --pod-network; docs/agent.md#pod-network)",
+        options_.node));
+  ASSIGN_OR_RETURN(const PodNetwork::Attachment at, pod_network_->Attach(a.run_id()));
+  spec->netns_path = at.netns_path;
+  spec->env["GPUPOOL_POD_IP"] = at.address;
+  // Names resolve as on the host, where its resolver is reachable from a pod (not a loopback one).
+  struct stat st;
+  if (::stat("/etc/resolv.conf", &st) == 0 && S_ISREG(st.st_mode))
+    spec->mounts.push_back({"/etc/resolv.conf", "/etc/resolv.conf", "bind", {"ro", "nosuid", "nodev", "noexec"}});
+  return Status::Ok();
 }
 
 }  // namespace gpupool

@@ -195,6 +195,14 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
     }
     ++it;
   }
+  // Once the first list is applied, the pod namespaces of runs that nobody will ask for again (an
+  // earlier agent's, ended while none watched) are removed, and their addresses freed.
+  if (pod_network_ && !pods_pruned_) {
+    pods_pruned_ = true;
+    std::vector<std::string> keep;
+    for (const auto& [id, t] : tasks_) keep.push_back(id);
+    pod_network_->Prune(keep);
+  }
   return true;
 }
 
@@ -209,6 +217,10 @@ void Agent::Forget(const std::string& id, LocalTask& t) {
   }
   ReleaseMps(t);
   if (images_) images_->Release(id);
+  if (pod_network_) {
+    if (Status st = pod_network_->Detach(id); !st.ok())
+      std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
+  }
   if (t.runtime != nullptr && t.runtime->Remove(id).ok()) {
     RemovePlacementRun(options_.state_dir, id);
     RemoveScratch(t.assignment);
@@ -268,6 +280,7 @@ void Agent::StartTask(LocalTask& t) {
   const std::string id = a.run_id();
   auto fail = [&](const Status& st) {
     ReleaseMps(t);
+    if (pod_network_) (void)pod_network_->Detach(a.run_id());
     ++start_failures_;
     t.exited = true;
     t.final_state = "failed";
@@ -356,44 +369,6 @@ void Agent::StartTask(LocalTask& t) {
   if (options_.wake_on_child_exit) ChildExits::Get().ChildStarted();
   ++starts_;
   t.started = true;
-}
-
-// The sandbox of one task (docs/agent.md#the-task-sandbox): its identity, what it may not see, its
-// devices, its checkpoint directory and network. An agent that is not root cannot switch
-// identities: its tasks run as the agent does (said once at start).
-// REQUIRES: mu_ held.
-Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
-  spec->network = a.network;
-  const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
-  if (!sandbox_) {
-    if (container && !a.checkpoint_dir.empty()) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
-    return MountVolumes(a, spec);
-  }
-  spec->no_new_privs = true;
-  if (!a.run_as_root) {
-    spec->uid = a.uid;
-    spec->gid = a.gid;
-  }
-  spec->hide_paths = {options_.state_dir};
-  if (!options_.log_dir.empty()) spec->hide_paths.push_back(options_.log_dir);
-  spec->hide_paths.insert(spec->hide_paths.end(), options_.hide.begin(), options_.hide.end());
-  spec->private_dev = true;
-  if (a.isolation == "mps") {
-    for (const AssignedGpu& g : a.gpus) {
-      if (g.index >= 0 && static_cast<size_t>(g.index) < inventory_.gpus.size())
-        spec->keep_paths.push_back(options_.state_dir + "/mps/" + inventory_.gpus[static_cast<size_t>(g.index)].uuid);
-    }
-  }
-  if (!a.checkpoint_dir.empty()) {
-    // Created for the task, its uid's, where the admin allows (never at a path of the tenant's
-    // choosing elsewhere on the host); at the same path inside a container.
-    if (!a.run_as_root)
-      RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder(options_.checkpoint_roots, a.checkpoint_dir, a.uid, a.gid)
-                          .WithContext("the checkpoint directory"));
-    spec->keep_paths.push_back(a.checkpoint_dir);
-    if (container) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
-  }
-  return MountVolumes(a, spec);
 }
 
 // REQUIRES: mu_ held.

@@ -256,12 +256,7 @@ TEST_F(RuncSandboxTest, AnImagesMountpointsAreMadeForItAndNeverThroughALink) {
 // served by gVisor's own kernel, not the host's.
 class RunscSandboxTest : public RuncSandboxTest {
  protected:
-  void Configure(RuntimeOptions& opts) override {
-    opts.runtime_class = "runsc";
-    opts.runc_binary = "runsc";
-    opts.global_flags = {"--platform=ptrace", "--oci-seccomp"};
-    opts.network_flag = true;
-  }
+  void Configure(RuntimeOptions& opts) override { ConfigureRunsc(opts); }
 };
 
 TEST_F(RunscSandboxTest, ATaskRunsUnderGvisorAsItsUidWithoutNetworkAndWritesItsCheckpoint) {

@@ -360,12 +360,7 @@ TEST_F(PodNetworkTest, ASubnetRunsOutOfAddressesWithAClearError) {
 // run with network enabled in root network namespace"): the task fails at start, saying so.
 class RunscPodNetworkTest : public PodNetworkTest {
  protected:
-  void Configure(RuntimeOptions& opts) override {
-    opts.runtime_class = "runsc";
-    opts.runc_binary = "runsc";
-    opts.global_flags = {"--platform=ptrace", "--oci-seccomp"};
-    opts.network_flag = true;
-  }
+  void Configure(RuntimeOptions& opts) override { ConfigureRunsc(opts); }
 };
 
 TEST_F(RunscPodNetworkTest, APodUnderGvisorIsRefusedSayingSo) {

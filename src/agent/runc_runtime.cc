@@ -67,6 +67,11 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
                                   "CAP_SETFCAP", "CAP_SETPCAP",      "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
                                   "CAP_KILL",    "CAP_AUDIT_WRITE"};
   const bool host_network = spec.network == "host";
+  const bool pod_network = spec.network == "pod";
+  if (pod_network && (spec.netns_path.empty() || spec.netns_path.front() != '/'))
+    return Status::InvalidArgument(fmt::format("task {}: network pod needs the path of its network namespace", spec.id));
+  if (!host_network && !pod_network && spec.network != "none" && !spec.network.empty())
+    return Status::InvalidArgument(fmt::format("task {}: network must be none, pod or host", spec.id));
   json process = {
       {"terminal", false},
       {"user", {{"uid", 0}, {"gid", 0}}},
@@ -97,8 +102,9 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
       {{"destination", "/tmp"}, {"type", "tmpfs"}, {"source", "tmpfs"}, {"options", {"nosuid", "nodev", "mode=1777"}}},
   });
   // sysfs needs a network namespace of the container's own when it has a user namespace; with the
-  // host's network, the host's /sys read-only. The cgroup tree is not the task's business then.
-  if (userns && host_network) {
+  // host's network or a pod's (the agent's namespace, not the container's), the host's /sys
+  // read-only. The cgroup tree is not the task's business then.
+  if (userns && (host_network || pod_network)) {
     mounts.push_back({{"destination", "/sys"}, {"type", "bind"}, {"source", "/sys"},
                       {"options", {"rbind", "nosuid", "noexec", "nodev", "ro"}}});
   } else {
@@ -190,7 +196,12 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
   // server's and the agent's included); "host": the host's (needs a queue the admin allows it
   // for: NCCL and RDMA over the host's NICs).
   json namespaces = json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}}});
-  if (!host_network) namespaces.push_back({{"type", "network"}});
+  // "pod": the namespace the agent made, with an interface on its bridge (agent/pod_network.h).
+  if (pod_network) {
+    namespaces.push_back({{"type", "network"}, {"path", spec.netns_path}});
+  } else if (!host_network) {
+    namespaces.push_back({{"type", "network"}});
+  }
   if (userns) namespaces.push_back({{"type", "user"}});
   json linux_section = {
       {"namespaces", namespaces},
@@ -330,6 +341,12 @@ class RuncRuntime final : public SupervisedRuntime {
     std::lock_guard<std::mutex> lock(mu_);
     LaunchSpec spec = given;
     RETURN_IF_ERROR(ValidateTaskId(spec.id));
+    // Debian's runsc (20221219) starts its sandbox outside a namespace the spec names ("cannot run
+    // with network enabled in root network namespace"): a pod's network is for runc and crun.
+    if (network_flag_ && spec.network == "pod")
+      return Status::FailedPrecondition(fmt::format(
+          "task {}: runtime class {} cannot join a pod network (its sandbox starts outside the pod's namespace); "
+          "use runc or crun, or network: none", spec.id, name()));
     // A bundle is read for its command, environment, working directory and root, and nothing else:
     // the agent writes the configuration every container runs with (identity, namespaces, mounts,
     // devices, limits), whatever the bundle's says.

@@ -51,7 +51,8 @@ struct LaunchSpec {
   //                 own state and log directories whenever a uid is set); keep_paths are brought
   //                 back (the working directory always).
   //   private_dev   process runtime: /dev holds the standard nodes and `devices` only.
-  //   network       runc: "none" (a network namespace of its own: loopback only) or "host".
+  //   network       runc: "none" (a network namespace of its own: loopback only), "host", or
+  //                 "pod": the namespace at netns_path (agent/pod_network.h), made by the agent.
   //   binds         runc: host directories mounted into the container (checkpoints, volumes).
   int64_t uid = -1;
   int64_t gid = -1;
@@ -60,6 +61,7 @@ struct LaunchSpec {
   std::vector<std::string> keep_paths;
   bool private_dev = false;
   std::string network = "none";
+  std::string netns_path;
   struct Bind {
     std::string source;       // absolute host path, an existing directory
     std::string destination;  // absolute path in the container

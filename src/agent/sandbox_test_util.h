@@ -110,4 +110,12 @@ class RuncSandboxTest : public ::testing::Test {
   std::unique_ptr<Runtime> rt_;
 };
 
+// gVisor (Debian's runsc) on the ptrace platform, as the agent runs it.
+inline void ConfigureRunsc(RuntimeOptions& opts) {
+  opts.runtime_class = "runsc";
+  opts.runc_binary = "runsc";
+  opts.global_flags = {"--platform=ptrace", "--oci-seccomp"};
+  opts.network_flag = true;
+}
+
 }  // namespace gpupool::sandbox_test

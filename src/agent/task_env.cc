@@ -96,7 +96,10 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
     return Bad(where + ".runtimeClass", "must be runc, crun, runsc or kata");
   ASSIGN_OR_RETURN(out.network, Str(a, "network", where, false));
   if (out.network.empty()) out.network = "none";
-  if (out.network != "none" && out.network != "host") return Bad(where + ".network", "must be none or host");
+  if (out.network != "none" && out.network != "host" && out.network != "pod")
+    return Bad(where + ".network", "must be none, pod or host");
+  if (out.network != "none" && out.bundle.empty() && out.rootfs.empty() && out.image.empty())
+    return Bad(where + ".network", "is for containers (bundle, rootfs or image) only");
   ASSIGN_OR_RETURN(out.working_dir, Str(a, "workingDir", where, false));
   if (!out.working_dir.empty() && (out.working_dir.front() != '/' || out.working_dir.size() > 4096 ||
                                    out.working_dir.find('\0') != std::string::npos))

@@ -47,7 +47,7 @@ struct Assignment {
   std::string rootfs;
   std::string image;             // a container image source (common/image_source.h); "": none
   std::string runtime_class;     // containers: runc (also ""), crun, runsc or kata
-  std::string network = "none";  // containers: none or host
+  std::string network = "none";  // containers: none, pod or host
   std::string working_dir;       // "": the runtime's default
   // The task's identity (runAs): a uid and gid, or root in a queue the admin allows it for.
   int64_t uid = 65534;

@@ -344,7 +344,15 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
   ckpt_volume["rootfs"] = "/srv/r";
   ckpt_volume["checkpoint"] = {{"dir", "/ck/job"}};
   ckpt_volume["volumes"] = json::array({{{"hostPath", "/srv/x"}, {"mountPath", "/ck"}}});
+  // The network: a container's, one of three.
+  json process_pod = RunAssignment("mps", json::array());
+  process_pod["network"] = "pod";
+  json bridge = RunAssignment("mps", json::array());
+  bridge["rootfs"] = "/srv/r";
+  bridge["network"] = "bridge";
   const std::vector<Case> cases = {
+      {{{"assignments", {process_pod}}}, "assignments[0].network: is for containers (bundle, rootfs or image) only"},
+      {{{"assignments", {bridge}}}, "assignments[0].network: must be none, pod or host"},
       {{{"assignments", {process_volume}}}, "assignments[0].volumes: need a container"},
       {{{"assignments", {sneaky_volume}}}, "assignments[0].volumes[0].hostPath: must be a normalised path"},
       {{{"assignments", {ckpt_volume}}}, "assignments[0].volumes[0].mountPath: '/ck' overlaps the checkpoint"},
@@ -364,6 +372,10 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
     ASSERT_FALSE(r.ok()) << c.body.dump();
     EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().ToString();
   }
+  json pod = RunAssignment("mps", json::array());
+  pod["image"] = "oci:/srv/i:v1";
+  pod["network"] = "pod";
+  EXPECT_EQ(ParseSingle(pod).network, "pod");
   // A stop needs only its identity and grace period.
   auto stop = ParseAssignments(
       json{{"assignments", {{{"jobId", "j-1"}, {"index", 0}, {"desired", "stop"}, {"gracePeriodSeconds", 7}}}}});

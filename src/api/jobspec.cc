@@ -430,8 +430,8 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
     }
     if (const Json* network = c.Get("network")) {
       ASSIGN_OR_RETURN(std::string n, ReadString(*network, c.Path("network"), 16));
-      if (n != "none" && n != "host") return FieldError(c.Path("network"), "must be none or host");
-      if (n == "host") g->exec.network = n;
+      if (n != "none" && n != "host" && n != "pod") return FieldError(c.Path("network"), "must be none, pod or host");
+      if (n != "none") g->exec.network = n;
     }
     if (const Json* bundle = c.Get("bundle")) {
       ASSIGN_OR_RETURN(g->exec.bundle, ReadAbsolutePath(*bundle, c.Path("bundle"), limits));

@@ -334,6 +334,9 @@ struct UpFlags {
   std::string image_cache;
   std::string image_cache_max = "50Gi";
   std::vector<std::string> image_registries;
+  std::string pod_network;
+  std::string pod_bridge = "gpupod";
+  std::vector<std::string> pod_deny;
 };
 
 int RunUp(UpFlags flags) {
@@ -389,6 +392,17 @@ int RunUp(UpFlags flags) {
     if (!flags.image_cache.empty()) o.image_cache_dir = flags.image_cache + "/" + o.node;
     o.image_cache_max_bytes = image_cache_max;
     o.image_registries = flags.image_registries;
+    // The pod network: each node its own share of the subnet, on a bridge of its own.
+    if (!flags.pod_network.empty()) {
+      auto subnet = PodSubnet(flags.pod_network, i, flags.nodes);
+      if (!subnet.ok()) {
+        server.Stop();
+        return Fail(subnet.status().WithContext("--pod-network"));
+      }
+      o.pod_network = *subnet;
+      o.pod_bridge = fmt::format("{}{}", flags.pod_bridge, i);
+      o.pod_deny = flags.pod_deny;
+    }
     o.hide = {server.config.data_dir};
     if (!flags.server.config.empty()) o.hide.push_back(flags.server.config);
     if (Status st = MakeDirs(o.state_dir); !st.ok()) {
@@ -498,6 +512,14 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                         "A directory of CDI specs for the GPUs (repeatable, later ones win; default /etc/cdi "
                         "/var/run/cdi); where none describes nvidia.com/gpu the agent generates one")
       ->take_all();
+  agent_cmd->add_option("--pod-network", agent->options.pod_network,
+                        "An IPv4 subnet for containers with network: pod (e.g. 10.88.0.0/24; default none: such "
+                        "tasks fail to start)");
+  agent_cmd->add_option("--pod-bridge", agent->options.pod_bridge, "The pod network's bridge (default gpupool0)");
+  agent_cmd->add_flag("--no-pod-nat", [agent](int64_t) { agent->options.pod_nat = false; },
+                      "Pods' traffic leaves with their own addresses (the admin routes the subnet) instead of NAT");
+  agent_cmd->add_option("--pod-deny", agent->options.pod_deny,
+                        "A destination pods may not reach, such as the cluster's own network (repeatable; a CIDR or an address)");
   agent_cmd->add_option("--driver-root", agent->options.driver_root,
                         "Where the NVIDIA driver's libraries, binaries and device nodes are looked for when the agent "
                         "generates its CDI spec (default /)");
@@ -564,6 +586,10 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                      "Per node: size above which unused images are evicted (default 50Gi)");
   up_cmd->add_option("--image-registry", up->image_registries,
                      "A registry docker:// images may come from (repeatable; default: any)");
+  up_cmd->add_option("--pod-network", up->pod_network,
+                     "An IPv4 subnet for containers with network: pod, split evenly between the nodes (default none)");
+  up_cmd->add_option("--pod-bridge", up->pod_bridge, "The nodes' pod bridges are named <this><node index> (default gpupod)");
+  up_cmd->add_option("--pod-deny", up->pod_deny, "A destination pods may not reach (repeatable; CIDR or address)");
   up_cmd->add_flag("--no-watch", up->no_watch,
                    "Agents poll for assignments instead of waiting on the server's push (a long poll)");
 

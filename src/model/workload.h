@@ -119,7 +119,8 @@ struct TaskExec {
   // the guest's system calls served by a user-space kernel) or "kata"; the agent maps each to a
   // binary, the admin may keep a class to some queues (docs/server.md#the-task-sandbox).
   std::string runtime_class;
-  // Containers: "" (a network namespace of its own, loopback only) or "host" (the host's network;
+  // Containers: "" (a network namespace of its own, loopback only), "pod" (loopback and an interface
+  // on the agent's pod network: outbound only) or "host" (the host's network;
   // only in a queue the admin allows it for).
   std::string network;
   // Where the command starts (an absolute path; inside the container for a container task). Empty:

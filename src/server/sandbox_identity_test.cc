@@ -117,12 +117,18 @@ TEST_F(SandboxIdentityTest, TheHostsNetworkOnlyInTheQueuesTheAdminAllowsItFor) {
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   auto none = Submit(kVision, "", ", container: {rootfs: /var/lib/gpupool/images/x, network: none}");
   ASSERT_TRUE(none.ok()) << none.status().ToString();
+  // A pod's network needs no permission: out only, never to the host (docs/agent.md#pod-network).
+  auto pod = Submit(kVision, "", ", container: {rootfs: /var/lib/gpupool/images/x, network: pod}");
+  ASSERT_TRUE(pod.ok()) << pod.status().ToString();
   service_->RunCycle();
   auto a = service_->Assignments("n1");
   ASSERT_TRUE(a.ok());
   for (const auto& item : (*a)["assignments"])
-    EXPECT_EQ(item["network"], item["jobId"] == (*ok)["id"] ? "host" : "none") << item.dump();
-  EXPECT_FALSE(Submit(kVision, "queue: hpc\n", ", container: {rootfs: /x, network: bridge}").ok());
+    EXPECT_EQ(item["network"], item["jobId"] == (*ok)["id"] ? "host" : item["jobId"] == (*pod)["id"] ? "pod" : "none")
+        << item.dump();
+  auto bridge = Submit(kVision, "queue: hpc\n", ", container: {rootfs: /x, network: bridge}");
+  ASSERT_FALSE(bridge.ok());
+  EXPECT_NE(bridge.status().message().find("must be none, pod or host"), std::string::npos) << bridge.status().ToString();
   EXPECT_FALSE(Submit(kVision, "", ", container: {network: none}").ok()) << "a container needs a rootfs or bundle";
 }
 

@@ -23,15 +23,17 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oci_image import build_image  # noqa: E402
-from pool_api import Api, free_port, logs, submit, wait_state  # noqa: E402
+from pool_api import Api, free_port, logs, remove_pod_networks, submit, wait_state  # noqa: E402
 
 TENANT = "vision-" + "v" * 24
 failures = []
@@ -69,7 +71,7 @@ class Pool:
                                         "--listen", "127.0.0.1:%d" % self.port, "--config", self.config],
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start_agent(self, node, gpus=("--simulate", "1xA100-80GB")):
+    def start_agent(self, node, gpus=("--simulate", "1xA100-80GB"), extra=()):
         s = self.shared
         cmd = [self.binary, "agent", "--server", self.url, "--token-file", os.path.join(self.work, "agent.token"),
                "--node", node] + list(gpus) + ["--state-dir", os.path.join(self.work, "agents", node),
@@ -77,7 +79,7 @@ class Pool:
                "--container-root", os.path.join(s, "images"), "--checkpoint-root", os.path.join(s, "ckpt"),
                "--image-cache", os.path.join(s, "cache", node), "--image-registry", "registry.gpupool.invalid",
                "--volume-root", os.path.join(s, "data-ro"), "--volume-root-rw", os.path.join(s, "data-rw"),
-               "--scratch-root", os.path.join(s, "scratch", node)]
+               "--scratch-root", os.path.join(s, "scratch", node)] + list(extra)
         log = open(os.path.join(self.work, "agent-%s.log" % node), "a")
         self.agents[node] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -193,6 +195,87 @@ def volumes(api, tenant, image, shared):
         text = json.dumps(body)
         check("refused at submission: %s (400, %s)" % (name, field), code == 400 and field in text and needle in text,
               "%d %s" % (code, text[:600]))
+
+
+# Each node its pod network, on a bridge of its own (two agents share this host).
+POD_NETS = {"img-a": ("10.253.1.0/28", "gpie-a"), "img-b": ("10.253.2.0/28", "gpie-b")}
+
+
+def pod_flags(node):
+    cidr, bridge = POD_NETS[node]
+    return ["--pod-network", cidr, "--pod-bridge", bridge]
+
+
+def host_address():
+    """An address of this host's other than loopback (where a host service listens for everyone)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) > 3 and not f[1].startswith("gpie-"):
+            return f[3].split("/")[0]
+    return ""
+
+
+def pod_network(api, tenant, image):
+    """network: pod: an address of the node's subnet, the host's services (on every address) and
+    another pod out of reach, the namespace removed with the run."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("0.0.0.0", 0))
+    listener.listen(8)
+    hport = listener.getsockname()[1]
+    def serve():
+        while True:
+            try:
+                c, _ = listener.accept()
+            except OSError:
+                return
+            c.sendall(b"HTTP/1.0 200 OK\r\n\r\nhost-service\n")
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    hip = host_address()
+    try:
+        probes = ["echo POD_IP=$GPUPOOL_POD_IP", "ip -4 -o addr show dev eth0", "ip route | grep default",
+                  "cat /etc/resolv.conf | grep -c . | sed 's/^/RESOLV-LINES=/'"]
+        for name, addr in (("GATEWAY", "$(ip route | grep default | cut -d' ' -f3)"), ("HOSTIP", hip)):
+            if addr:
+                probes.append("nc -w 2 %s %d </dev/null | grep -q host-service && echo %s-REACHED || echo %s-UNREACHABLE"
+                              % (addr, hport, name, name))
+        t = task(image, ["/bin/sh", "-c", "; ".join(probes)])
+        t["container"]["network"] = "pod"
+        j = submit(tenant, {"name": "pod", "tasks": [t]})
+        job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
+        out = logs(api, j)
+        detail = json.dumps(job)[:600] + out
+        pod_ip = [l.split("=", 1)[1] for l in out.splitlines() if l.startswith("POD_IP=")]
+        # Which node's subnet (a /28 at .0 of its /24 here) the address is of.
+        node = [n for n, (c, _) in POD_NETS.items() if pod_ip and pod_ip[0].startswith(c.rsplit(".", 1)[0] + ".")]
+        node = node[0] if node else ""
+        cidr = POD_NETS.get(node, ("", ""))[0]
+        prefix = cidr.rsplit(".", 1)[0] + "." if cidr else "?"
+        check("a network: pod container gets an address of its node's subnet (%s: %s)" % (node, pod_ip),
+              job["state"] == "succeeded" and pod_ip and pod_ip[0].startswith(prefix) and
+              ("inet %s/28" % pod_ip[0]) in out, detail)
+        check("... a default route through its node's bridge", "default via %s1 dev eth0" % prefix in out, detail)
+        check("... cannot reach a host service on the bridge's address", "GATEWAY-UNREACHABLE" in out, detail)
+        if hip:
+            check("... nor on the host's own address (%s)" % hip, "HOSTIP-UNREACHABLE" in out, detail)
+        reached = subprocess.run(["sh", "-c", "busybox nc -w 2 %s %d </dev/null" % (hip or "127.0.0.1", hport)],
+                                 capture_output=True, text=True).stdout
+        check("... which answers the host itself (the probes could tell)", "host-service" in reached, reached)
+        bridge = POD_NETS.get(node, ("", "none"))[1]
+        deadline = time.time() + 20
+        left = lambda: [n for n in os.listdir("/run/netns") if n.startswith(bridge + "-")] \
+            if os.path.isdir("/run/netns") else []
+        while time.time() < deadline and left():
+            time.sleep(0.2)
+        check("... and its network namespace is removed once the run is over", not left(), left())
+    finally:
+        listener.close()
+    code, body = tenant.call("POST", "/api/v1/jobs", {"name": "bad", "tasks": [dict(
+        task(image, ["true"]), container={"image": image, "network": "bridge"})]})
+    check("network: bridge is refused at submission (400, naming the field)",
+          code == 400 and "tasks[0].container.network" in json.dumps(body), "%d %s" % (code, body))
 
 
 def fake_driver(root):
@@ -333,8 +416,9 @@ def main():
 
     pool = Pool(binary, work, shared)
     try:
+        remove_pod_networks(POD_NETS.values())
         for node in ("img-a", "img-b"):
-            pool.start_agent(node)
+            pool.start_agent(node, extra=pod_flags(node))
         pool.wait_nodes(["img-a", "img-b"])
         api, tenant = pool.api, pool.tenant
 
@@ -413,6 +497,7 @@ def main():
               code == 400 and "tasks[0].container.image" in json.dumps(body), "%d %s" % (code, body))
 
         volumes(api, tenant, image, shared)
+        pod_network(api, tenant, image)
         gpus_in_containers(pool, image, shared)
 
         # Training in the image: checkpoints, its node dies, it resumes on the other node.
@@ -456,6 +541,7 @@ def main():
               os.listdir(os.path.join(shared, "cache")))
     finally:
         pool.stop()
+        remove_pod_networks(POD_NETS.values())
         shutil.rmtree(shared, ignore_errors=True)
     if failures:
         print("image_e2e: %d check(s) failed: %s" % (len(failures), ", ".join(failures)), flush=True)

@@ -19,7 +19,7 @@ def build_image(layout, work):
     for d in ("bin", "app", "etc"):
         os.makedirs(os.path.join(rootfs, d), exist_ok=True)
     shutil.copy("/bin/busybox", os.path.join(rootfs, "bin", "busybox"))
-    for tool in ("sh", "cat", "echo", "id", "pwd", "sleep", "mv", "touch", "ls", "nc", "env", "test", "[", "dd", "stat", "grep", "tr"):
+    for tool in ("sh", "cat", "echo", "id", "pwd", "sleep", "mv", "touch", "ls", "nc", "env", "test", "[", "dd", "stat", "grep", "tr", "ip", "sed", "cut"):
         os.symlink("busybox", os.path.join(rootfs, "bin", tool))
     with open(os.path.join(rootfs, "app", "hello.txt"), "w") as f:
         f.write("hello from the image\n")

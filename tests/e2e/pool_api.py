@@ -2,7 +2,9 @@
 a free local port, and a client of gpupool's REST API that returns (status, body) instead of
 raising on HTTP errors."""
 import json
+import os
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -76,3 +78,25 @@ def submit(api, spec):
     if code != 201:
         raise RuntimeError("submit %s: %d %s" % (spec["name"], code, body))
     return body["id"]
+
+
+def remove_pod_networks(nets):
+    """What agents made for their pod networks, given as (cidr, bridge) pairs (they leave it behind
+    for the runs a restarted agent may adopt): namespaces, rules and chains, bridges."""
+    def quiet(*cmd):
+        return subprocess.run(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    for cidr, bridge in nets:
+        for ns in os.listdir("/run/netns") if os.path.isdir("/run/netns") else []:
+            if ns.startswith(bridge + "-"):
+                quiet("ip", "netns", "del", ns)
+        chains = {"in": "GPUPOOL-IN-" + bridge, "fwd": "GPUPOOL-FWD-" + bridge, "nat": "GPUPOOL-NAT-" + bridge}
+        for rule in (["-t", "filter", "-D", "INPUT", "-i", bridge, "-j", chains["in"]],
+                     ["-t", "filter", "-D", "FORWARD", "-i", bridge, "-j", chains["fwd"]],
+                     ["-t", "filter", "-D", "FORWARD", "-o", bridge, "-j", chains["fwd"]],
+                     ["-t", "nat", "-D", "POSTROUTING", "-s", cidr, "-j", chains["nat"]]):
+            while quiet("iptables", "-w", "5", *rule):
+                pass
+        for table, chain in (("filter", chains["in"]), ("filter", chains["fwd"]), ("nat", chains["nat"])):
+            quiet("iptables", "-w", "5", "-t", table, "-F", chain)
+            quiet("iptables", "-w", "5", "-t", table, "-X", chain)
+        quiet("ip", "link", "del", bridge)

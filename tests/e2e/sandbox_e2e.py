@@ -22,10 +22,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pool_api import Api, free_port, logs, submit, wait_state  # noqa: E402
+from pool_api import Api, free_port, logs, remove_pod_networks, submit, wait_state  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ADMIN, VISION, NLP = "admin-" + "a" * 24, "vision-" + "v" * 24, "nlp-" + "n" * 24
+# `gpupool up --pod-network` for its one node: the subnet and the bridge it makes (prefix + "0").
+POD_NET = ("10.252.0.0/26", "gpse0")
 failures = []
 
 
@@ -114,7 +116,8 @@ def main():
     log = open(os.path.join(work, "up.log"), "w")
     up = subprocess.Popen([binary, "up", "--data-dir", data, "--listen", "127.0.0.1:%d" % port, "--config", config,
                            "--simulate", "4xA100-80GB", "--metrics-listen", "127.0.0.1:0",
-                           "--container-root", images, "--checkpoint-root", ckpt],
+                           "--container-root", images, "--checkpoint-root", ckpt] +
+                          (["--pod-network", POD_NET[0], "--pod-bridge", POD_NET[1][:-1]] if rootfs else []),
                           stdout=log, stderr=subprocess.STDOUT)
     try:
         url = "http://127.0.0.1:%d" % port
@@ -217,6 +220,21 @@ def main():
             code, body = nlp.call("POST", "/api/v1/jobs", {"name": "host-net", "tasks": [{
                 "name": "t", "resources": {"cpu": "100m"}, "container": {"rootfs": rootfs, "network": "host"},
                 "command": ["true"]}]})
+            # network: pod: an address of the node's share of `up --pod-network`, and still nothing
+            # of the host's (the server's port on the pod's own loopback is the pod's).
+            pod = submit(nlp, {"name": "net-pod", "tasks": [{
+                "name": "t", "resources": {"cpu": "100m", "memory": "64Mi"},
+                "container": {"rootfs": rootfs, "network": "pod"},
+                "command": ["/bin/sh", "-c", reach_http + "; echo; echo POD_IP=$GPUPOOL_POD_IP; "
+                            "gw=$(ip route | grep default | cut -d' ' -f3); echo GW=$gw; "
+                            "nc -w 2 $gw %d </dev/null >/dev/null 2>&1 && echo GW-REACHED || echo GW-UNREACHABLE" % port]}]})
+            job = wait_state(admin, pod, ("succeeded", "failed"))
+            out = logs(admin, pod)
+            check("a network: pod container gets an address of the node's pod subnet (%s) and eth0" % POD_NET[0],
+                  job["state"] == "succeeded" and "POD_IP=10.252.0." in out and "eth0" in out,
+                  json.dumps(job)[:400] + out)
+            check("... and reaches neither the server's port nor the host through its gateway",
+                  "HTTP/" not in out and "GW=10.252.0.1" in out and "GW-UNREACHABLE" in out, out)
             check("network: host outside an allowed queue is refused (403)", code == 403 and
                   "hostNetworkQueues" in json.dumps(body), "%d %s" % (code, body))
             # A rootfs outside the allowed roots: the whole host, read-only, before the sandbox.
@@ -234,6 +252,7 @@ def main():
             up.wait(timeout=30)
         except subprocess.TimeoutExpired:
             up.kill()
+        remove_pod_networks([POD_NET])
         shutil.rmtree(shared, ignore_errors=True)
     if failures:
         print("sandbox_e2e: %d check(s) failed: %s" % (len(failures), ", ".join(failures)), flush=True)
