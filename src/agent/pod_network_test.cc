@@ -11,6 +11,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -179,6 +180,11 @@ class PodNetworkTest : public RuncSandboxTest {
     for (const char* tool : {"ip", "bridge", "iptables"}) {
       if (!Sh({tool, "-V"})) GTEST_SKIP() << tool << " is not installed";
     }
+    // One at a time on this host (ctest runs tests in parallel processes, and every one of them
+    // gives the host 100.127.253.1 on its link to "outside").
+    lock_ = ::open("/tmp/gpupool-pod-network-test.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    ASSERT_GE(lock_, 0);
+    ASSERT_EQ(::flock(lock_, LOCK_EX), 0);
     const int tag = ::getpid() % 100000;
     options_.bridge = "gpt" + std::to_string(tag);
     options_.cidr = "10.254." + std::to_string(tag % 250) + ".0/28";
@@ -205,6 +211,7 @@ class PodNetworkTest : public RuncSandboxTest {
       (void)Sh({"ip", "link", "del", ext_veth_});
     }
     if (!options_.bridge.empty()) PodNetwork::Teardown(options_);
+    if (lock_ >= 0) ::close(lock_);  // and with it the lock
   }
   LaunchSpec PodSpec(const std::string& id, const PodNetwork::Attachment& at, const std::string& script) {
     LaunchSpec s = Spec(id, script);
@@ -250,6 +257,7 @@ class PodNetworkTest : public RuncSandboxTest {
 
   PodNetworkOptions options_;
   std::string ext_ns_, ext_veth_;
+  int lock_ = -1;
 };
 
 TEST_F(PodNetworkTest, APodReachesOutThroughNatButNotTheHostAnotherPodOrADeniedDestination) {
