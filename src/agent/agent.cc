@@ -30,6 +30,7 @@
 #include "agent/gpu_metrics.h"
 #include "agent/node_identity.h"
 #include "agent/runtime_internal.h"
+#include "model/node.h"
 #include "client/api_client.h"
 #include "common/quantity.h"
 
@@ -215,6 +216,15 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
     } else {
       agent->container_errors_[cls] = made.status().message();
     }
+  }
+  // What this node offers containers, for the scheduler to place on (model/node.h): the classes
+  // that could be made, the pod network. An admin's own label of that name is overridden.
+  for (const auto& [cls, rt] : agent->containers_) o.labels[kRuntimeClassLabelPrefix + cls] = "true";
+  for (const auto& [cls, why] : agent->container_errors_) o.labels.erase(kRuntimeClassLabelPrefix + cls);
+  if (agent->pod_network_) {
+    o.labels[kPodNetworkLabel] = "true";
+  } else {
+    o.labels.erase(kPodNetworkLabel);
   }
   ImageCacheOptions io;
   io.dir = o.image_cache_dir.empty() ? "/var/lib/gpupool/image-cache/" + o.node : o.image_cache_dir;

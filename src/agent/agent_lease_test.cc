@@ -62,7 +62,11 @@ json Task(const std::string& job, const std::string& script, int share_milli = 5
 class LeaseServer {
  public:
   LeaseServer(json assignments, double timeout_s) : assignments_(std::move(assignments)), timeout_s_(timeout_s) {
-    srv_.Post("/api/v1/agent/register", [this](const httplib::Request&, httplib::Response& res) {
+    srv_.Post("/api/v1/agent/register", [this](const httplib::Request& req, httplib::Response& res) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        registration_ = json::parse(req.body, nullptr, false);
+      }
       res.set_content(json{{"heartbeatIntervalSeconds", 0.2}, {"heartbeatTimeoutSeconds", timeout_s_}}.dump(),
                       "application/json");
     });
@@ -128,6 +132,10 @@ class LeaseServer {
     for (const json& st : statuses_) n += st["job"] == job && st.value("runId", "") == run ? 1 : 0;
     return n;
   }
+  json Registration() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return registration_;
+  }
   json LastHeartbeat() {
     std::lock_guard<std::mutex> lock(mu_);
     return heartbeats_.empty() ? json(nullptr) : heartbeats_.back();
@@ -138,6 +146,7 @@ class LeaseServer {
   std::thread thread_;
   int port_ = 0;
   std::mutex mu_;
+  json registration_ = json::object();
   json assignments_;
   std::string version_;  // the lists' "version"; empty: none (a server of before watches)
   double timeout_s_;
@@ -401,6 +410,24 @@ TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {
   std::this_thread::sleep_for(4500ms);
   EXPECT_EQ(ExitJson("j-000000000003"), "") << "the task still runs";
   EXPECT_TRUE(agent->LeaseValid());
+}
+
+TEST_F(AgentLeaseTest, RegistrationAdvertisesTheContainerClassesItCanRunAndNoPodNetworkItLacks) {
+  LeaseServer server(json::array(), 30);
+  AgentOptions o = Opts(server.url());
+  o.labels["gpupool.io/network-pod"] = "true";   // an admin's label cannot promise what is not there
+  o.labels["gpupool.io/runtime-kata"] = "true";  // nor a class without a binary
+  o.runtime_classes["kata"] = "/nonexistent/kata-runtime";
+  o.labels["zone"] = "a";
+  Agent* agent = Create(o);
+  ASSERT_NE(agent, nullptr);
+  ASSERT_TRUE(agent->Start(5s).ok());
+  const json labels = server.Registration().value("labels", json::object());
+  EXPECT_EQ(labels.value("zone", ""), "a");
+  EXPECT_FALSE(labels.contains("gpupool.io/network-pod")) << labels.dump();
+  EXPECT_FALSE(labels.contains("gpupool.io/runtime-kata")) << labels.dump();
+  const bool have_runc = agent_internal::FindExecutable("runc", agent_internal::DefaultPath()).ok();
+  EXPECT_EQ(labels.value("gpupool.io/runtime-runc", ""), have_runc ? "true" : "") << labels.dump();
 }
 
 TEST_F(AgentLeaseTest, HeartbeatCarriesSimulatedGpuLoad) {

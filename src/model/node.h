@@ -25,6 +25,11 @@ struct GpuDevice {
   bool mig_enabled = false;  // MIG mode on: the GPU serves MIG requests only
 };
 
+// What a node's agent offers its containers, advertised as labels (value "true") at registration
+// (docs/agent.md#runtime-classes): each container runtime class it can run, and a pod network.
+inline constexpr const char* kRuntimeClassLabelPrefix = "gpupool.io/runtime-";
+inline constexpr const char* kPodNetworkLabel = "gpupool.io/network-pod";
+
 struct NodeSpec {
   std::string name;
   MilliCpu cpu{0};

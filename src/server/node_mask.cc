@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "server/service_internal.h"
 
 namespace gpupool {
@@ -22,6 +24,22 @@ std::vector<uint8_t> NodesHeldFrom(const PoolState& st, const PoolJob& j) {
     for (size_t i = 0; i < p.nominated_nodes.size(); ++i) held[i] |= p.nominated_nodes[i];
   }
   return held;
+}
+
+std::vector<std::pair<std::string, std::string>> ContainerNeeds(const Job& job) {
+  std::vector<std::pair<std::string, std::string>> needs;  // in the job's order, once each
+  const auto add = [&](std::string label, std::string what) {
+    if (std::none_of(needs.begin(), needs.end(), [&](const auto& n) { return n.first == label; }))
+      needs.emplace_back(std::move(label), std::move(what));
+  };
+  for (const TaskGroup& g : job.groups) {
+    const TaskExec& e = g.exec;
+    if (e.bundle.empty() && e.rootfs.empty() && e.image.empty()) continue;
+    if (!e.runtime_class.empty() && e.runtime_class != "runc")
+      add(kRuntimeClassLabelPrefix + e.runtime_class, "runtime class " + e.runtime_class);
+    if (e.network == "pod") add(kPodNetworkLabel, "a pod network");
+  }
+  return needs;
 }
 
 bool ComputeNodeMask(const PoolState& st, const PoolJob& j, NodeMask& mask) {
@@ -50,6 +68,27 @@ bool ComputeNodeMask(const PoolState& st, const PoolJob& j, NodeMask& mask) {
     if (held[i] && mask.reason[i] == 0) {
       mask.reason[i] = 6;
       any = true;
+    }
+  }
+  // What the job's containers need of the node's agent (runc itself and no network, or none, every
+  // agent offers).
+  const auto needs = ContainerNeeds(j.job);
+  if (!needs.empty()) {
+    std::string what;
+    for (const auto& [label, name] : needs) what += (what.empty() ? "" : " and ") + name;
+    mask.reasons.push_back(fmt::format("its agent does not offer {} (the job's containers need it)", what));
+    const auto code = static_cast<uint8_t>(mask.reasons.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (mask.reason[i] != 0) continue;
+      const auto& labels = st.ledger.spec(static_cast<NodeIndex>(i)).labels;
+      for (const auto& [label, name] : needs) {
+        auto it = labels.find(label);
+        if (it == labels.end() || it->second != "true") {
+          mask.reason[i] = code;
+          any = true;
+          break;
+        }
+      }
     }
   }
   const Affinity& aff = j.job.affinity;

@@ -13,6 +13,10 @@ namespace gpupool {
 // the pool or empty where none is): `j` is best-effort and one of them could evict it.
 std::vector<uint8_t> NodesHeldFrom(const PoolState& st, const PoolJob& j);
 
+// The node labels the job's containers need (label, what it means): a runtime class other than
+// runc, a pod network (model/node.h).
+std::vector<std::pair<std::string, std::string>> ContainerNeeds(const Job& job);
+
 // Fills `mask` for job `j`; false when no node is masked (the scheduler may skip the mask).
 bool ComputeNodeMask(const PoolState& st, const PoolJob& j, NodeMask& mask);
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "server/config.h"
+#include "server/node_mask.h"
 #include "server/service.h"
 #include "server/service_test_util.h"
 
@@ -40,8 +41,11 @@ class SandboxIdentityTest : public ::testing::Test {
     config_.sandbox.runtime_class_queues["kata"] = {"hpc"};
     config_.sandbox.queue_runtime_class["secure"] = "runsc";
     Open();
+    // Its agent offers runc, runsc and kata and a pod network (not crun).
     json body = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"},
-                 {"gpus", json::array({{{"index", 0}, {"model", "A100-80GB"}}})}};
+                 {"gpus", json::array({{{"index", 0}, {"model", "A100-80GB"}}})},
+                 {"labels", {{"gpupool.io/runtime-runc", "true"}, {"gpupool.io/runtime-runsc", "true"},
+                             {"gpupool.io/runtime-kata", "true"}, {"gpupool.io/network-pod", "true"}}}};
     ASSERT_TRUE(service_->RegisterNode(body).ok());
     for (const char* q : {"ops", "hpc", "secure"}) ASSERT_TRUE(service_->CreateQueue({{"name", q}}).ok());
   }
@@ -169,6 +173,55 @@ TEST_F(SandboxIdentityTest, RuntimeClassesAreKeptToTheirQueuesAndAQueueMayForceO
   EXPECT_EQ(cls((*gvisor)["id"]), "runsc");
   EXPECT_EQ(cls((*plain)["id"]), "runc");
   EXPECT_EQ(cls((*forced)["id"]), "runsc");
+}
+
+TEST_F(SandboxIdentityTest, ContainersGoOnlyWhereTheAgentOffersTheirClassAndNetwork) {
+  const std::string rootfs = ", container: {rootfs: /var/lib/gpupool/images/x";
+  // n1 offers no crun: a crun job waits and says why; a runsc job with a pod network runs there.
+  // (The pod job first: a job that cannot be placed holds the ones behind it in its queue.)
+  auto pod = Submit(kVision, "", rootfs + ", runtimeClass: runsc, network: pod}");
+  ASSERT_TRUE(pod.ok()) << pod.status().ToString();
+  auto crun = Submit(kVision, "", rootfs + ", runtimeClass: crun}");
+  ASSERT_TRUE(crun.ok()) << crun.status().ToString();
+  service_->RunCycle();
+  auto job = service_->GetJob(kAdmin, (*crun)["id"]);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ((*job)["state"], "pending");
+  auto ev = service_->JobEvents(kAdmin, (*crun)["id"], 0, 100);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ((*ev)["pending"]["nodes"]["n1"], "its agent does not offer runtime class crun (the job's containers need it)")
+      << ev->dump();
+  job = service_->GetJob(kAdmin, (*pod)["id"]);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ((*job)["state"], "running") << job->dump();
+  // A node whose agent offers crun (and no pod network) takes the crun job; a pod job needing crun
+  // finds no node offering both.
+  json n2 = {{"name", "n2"}, {"cpu", "64"}, {"memory", "512Gi"},
+             {"gpus", json::array({{{"index", 0}, {"model", "A100-80GB"}}})},
+             {"labels", {{"gpupool.io/runtime-crun", "true"}, {"gpupool.io/network-pod", "false"}}}};
+  ASSERT_TRUE(service_->RegisterNode(n2).ok());
+  auto both = Submit(kVision, "", rootfs + ", runtimeClass: crun, network: pod}");
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  service_->RunCycle();
+  job = service_->GetJob(kAdmin, (*crun)["id"]);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ((*job)["state"], "running") << job->dump();
+  EXPECT_EQ((*job)["tasks"][0]["node"], "n2");
+  ev = service_->JobEvents(kAdmin, (*both)["id"], 0, 100);
+  ASSERT_TRUE(ev.ok());
+  for (const char* node : {"n1", "n2"})
+    EXPECT_EQ((*ev)["pending"]["nodes"][node],
+              "its agent does not offer runtime class crun and a pod network (the job's containers need it)")
+        << node << " " << ev->dump();
+  // Process tasks and plain runc containers need nothing of the agent's.
+  Job plain;
+  plain.groups.resize(2);
+  plain.groups[1].exec.rootfs = "/x";
+  EXPECT_TRUE(ContainerNeeds(plain).empty());
+  plain.groups[0].exec.network = "pod";  // a process task's network is the agent's to refuse
+  plain.groups[1].exec.runtime_class = "runsc";
+  EXPECT_EQ(ContainerNeeds(plain), (std::vector<std::pair<std::string, std::string>>{
+                                       {"gpupool.io/runtime-runsc", "runtime class runsc"}}));
 }
 
 TEST(SandboxConfig, IdentitiesAndTheRangeAreChecked) {
