@@ -136,6 +136,11 @@ struct DriverFiles {
 // for fake trees). Reads directories only; what is missing is simply not listed.
 DriverFiles FindDriverFiles(const std::string& root);
 
+// The minor number of the nvidia-caps device `name` ("gpu0/gi1/access", "gpu0/gi1/ci0/access") in
+// the text of /proc/driver/nvidia-caps/mig-minors (lines "<name> <minor>"): NotFound when the name
+// is not listed, InvalidArgument when its minor is not a number.
+Result<int> MigCapMinor(std::string_view mig_minors, std::string_view name);
+
 // A CDI spec (kind nvidia.com/gpu, cdiVersion 0.5.0, source "generated") for the GPUs of `inv`:
 //   - per GPU with a known minor number, a device named by its index ("0") and one named by its
 //     UUID, each with the node /dev/nvidia<minor>;

@@ -117,27 +117,6 @@ std::string DriverVersionOf(const std::string& library) {
   return plain ? version : "";
 }
 
-// The minor number `name` ("gpu0/gi1/access") has in the text of /proc/driver/nvidia-caps/mig-minors
-// (lines "<name> <minor>"), or nothing when it is not there or not a number.
-std::optional<int> CapMinor(std::string_view text, std::string_view name) {
-  while (!text.empty()) {
-    const size_t end = std::min(text.find('\n'), text.size());
-    std::string_view line = text.substr(0, end);
-    text.remove_prefix(std::min(end + 1, text.size()));
-    const size_t space = line.find_first_of(" \t");
-    if (space == std::string_view::npos || line.substr(0, space) != name) continue;
-    std::string_view minor = line.substr(space);
-    const size_t first = minor.find_first_not_of(" \t");
-    const size_t last = minor.find_last_not_of(" \t\r");
-    if (first == std::string_view::npos) return std::nullopt;
-    minor = minor.substr(first, last - first + 1);
-    int value = -1;
-    const auto [ptr, ec] = std::from_chars(minor.data(), minor.data() + minor.size(), value);
-    if (ec != std::errc() || ptr != minor.data() + minor.size() || value < 0) return std::nullopt;
-    return value;
-  }
-  return std::nullopt;
-}
 
 CdiDeviceNode Node(const std::string& root, const std::string& container_path) {
   CdiDeviceNode n;
@@ -190,6 +169,27 @@ DriverFiles FindDriverFiles(const std::string& root) {
   return files;
 }
 
+Result<int> MigCapMinor(std::string_view text, std::string_view name) {
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    const std::string_view line = text.substr(0, end);
+    text.remove_prefix(std::min(end + 1, text.size()));
+    const size_t space = line.find_first_of(" \t");
+    if (space == std::string_view::npos || line.substr(0, space) != name) continue;
+    std::string_view minor = line.substr(space);
+    const size_t first = minor.find_first_not_of(" \t");
+    const size_t last = minor.find_last_not_of(" \t\r");
+    minor = first == std::string_view::npos ? std::string_view() : minor.substr(first, last - first + 1);
+    int value = -1;
+    const auto [ptr, ec] = std::from_chars(minor.data(), minor.data() + minor.size(), value);
+    if (minor.empty() || ec != std::errc() || ptr != minor.data() + minor.size() || value < 0)
+      return Status::InvalidArgument(
+          fmt::format("mig-minors: '{}' has no valid minor number: '{}'", name, line.substr(0, 200)));
+    return value;
+  }
+  return Status::NotFound(fmt::format("mig-minors has no entry for {}", name));
+}
+
 CdiSpec GenerateNvidiaCdiSpec(const Inventory& inv, const DriverFiles& files, const std::string& root,
                               const std::string& mig_minors_text) {
   CdiSpec spec;
@@ -207,9 +207,9 @@ CdiSpec GenerateNvidiaCdiSpec(const Inventory& inv, const DriverFiles& files, co
       const std::string gi = fmt::format("gpu{}/gi{}/access", gpu.minor_number, mig.gpu_instance_id);
       const std::string ci = fmt::format("gpu{}/gi{}/ci{}/access", gpu.minor_number, mig.gpu_instance_id,
                                          mig.compute_instance_id);
-      const std::optional<int> gi_minor = CapMinor(mig_minors_text, gi);
-      const std::optional<int> ci_minor = CapMinor(mig_minors_text, ci);
-      if (!gi_minor || !ci_minor) continue;
+      const Result<int> gi_minor = MigCapMinor(mig_minors_text, gi);
+      const Result<int> ci_minor = MigCapMinor(mig_minors_text, ci);
+      if (!gi_minor.ok() || !ci_minor.ok()) continue;
       CdiEdits edits = whole;
       edits.device_nodes.push_back(Node(root, fmt::format("/dev/nvidia-caps/nvidia-cap{}", *gi_minor)));
       edits.device_nodes.push_back(Node(root, fmt::format("/dev/nvidia-caps/nvidia-cap{}", *ci_minor)));

@@ -1,5 +1,7 @@
 #include "agent/task_env.h"
 
+#include "agent/cdi.h"
+
 #include "api/jobspec.h"
 #include "common/image_source.h"
 
@@ -339,29 +341,8 @@ Result<std::vector<std::string>> MigCapDevices(std::string_view mig_minors, int 
       fmt::format("gpu{}/gi{}/ci{}/access", gpu_minor, gpu_instance_id, compute_instance_id);
   std::vector<std::string> out;
   for (const std::string& wanted : {gi_name, ci_name}) {
-    std::optional<std::string> device;
-    size_t pos = 0;
-    while (pos < mig_minors.size() && !device) {
-      size_t end = mig_minors.find('\n', pos);
-      if (end == std::string_view::npos) end = mig_minors.size();
-      std::string_view line = mig_minors.substr(pos, end - pos);
-      pos = end + 1;
-      const size_t space = line.find_first_of(" \t");
-      if (space == std::string_view::npos || line.substr(0, space) != wanted) continue;
-      std::string_view minor = line.substr(space);
-      while (!minor.empty() && (minor.front() == ' ' || minor.front() == '\t')) minor.remove_prefix(1);
-      while (!minor.empty() && (minor.back() == ' ' || minor.back() == '\t' || minor.back() == '\r'))
-        minor.remove_suffix(1);
-      int value = -1;
-      const auto [ptr, ec] = std::from_chars(minor.data(), minor.data() + minor.size(), value);
-      if (minor.empty() || ec != std::errc() || ptr != minor.data() + minor.size() || value < 0) {
-        return Status::InvalidArgument(
-            fmt::format("mig-minors: '{}' has no valid minor number: '{}'", wanted, std::string(line)));
-      }
-      device = fmt::format("/dev/nvidia-caps/nvidia-cap{}", value);
-    }
-    if (!device) return Status::NotFound(fmt::format("mig-minors has no entry for {}", wanted));
-    out.push_back(std::move(*device));
+    ASSIGN_OR_RETURN(const int minor, MigCapMinor(mig_minors, wanted));
+    out.push_back(fmt::format("/dev/nvidia-caps/nvidia-cap{}", minor));
   }
   return out;
 }
