@@ -196,11 +196,16 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
     ++it;
   }
   // Once the first list is applied, the pod namespaces of runs that nobody will ask for again (an
-  // earlier agent's, ended while none watched) are removed, and their addresses freed.
+  // earlier agent's, ended and removed while none watched) are removed, and their addresses freed.
+  // A run a runtime still knows keeps its own until it is forgotten or cleared as a stray.
   if (pod_network_ && !pods_pruned_) {
     pods_pruned_ = true;
     std::vector<std::string> keep;
     for (const auto& [id, t] : tasks_) keep.push_back(id);
+    for (Runtime* rt : AllRuntimes()) {
+      const auto known = rt->List();
+      keep.insert(keep.end(), known.begin(), known.end());
+    }
     pod_network_->Prune(keep);
   }
   return true;
@@ -411,6 +416,7 @@ void Agent::ClearStray(const std::string& id) {
     }
     // Ended: free the id for this placement's run (the old logs are moved aside, not served).
     (void)rt->Remove(id);
+    if (pod_network_) (void)pod_network_->Detach(id);
     std::error_code ec;
     for (const std::string& path : {rt->StdoutPath(id), rt->StderrPath(id)}) {
       if (std::filesystem::exists(path, ec)) std::filesystem::rename(path, path + ".stray", ec);
