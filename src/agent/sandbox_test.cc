@@ -115,7 +115,10 @@ TEST_F(SandboxTest, ATaskCannotReadAnotherTenantsFilesLogsEnvironmentOrTheAgents
   }
   ASSERT_FALSE(pid.empty());
   while (!pid.empty() && pid.back() == '\n') pid.pop_back();
+  // The log pump copies the task's output to its log on its own time: the pid file may come first.
   const std::string a_log = rt_->StdoutPath(a.id);
+  for (int i = 0; i < 250 && ReadText(a_log).find("log-secret-a") == std::string::npos; ++i)
+    std::this_thread::sleep_for(20ms);
   ASSERT_NE(ReadText(a_log).find("log-secret-a"), std::string::npos);
   // A file of the agent's that any user could read on the host.
   ASSERT_TRUE(agent_internal::WriteFileAtomic(dir_ + "/state/agent-token", "agent-secret\n").ok());
