@@ -40,13 +40,7 @@ class SandboxTest : public ::testing::Test {
     rt_ = std::move(rt).value();
   }
   void TearDown() override {
-    if (rt_) {
-      for (const auto& id : rt_->List()) {
-        (void)rt_->Stop(id, 0s);
-        Wait(id);
-        (void)rt_->Remove(id);
-      }
-    }
+    if (rt_) StopAndRemoveAll(*rt_);
     if (!dir_.empty()) (void)agent_internal::RemoveTree(dir_);
   }
 
@@ -62,28 +56,8 @@ class SandboxTest : public ::testing::Test {
     return s;
   }
 
-  TaskStatusInfo Wait(const std::string& id) {
-    auto deadline = Clock::now() + 10s;
-    TaskStatusInfo info;
-    while (Clock::now() < deadline) {
-      auto r = rt_->Poll(id);
-      if (!r.ok()) return info;
-      info = *r;
-      if (info.state != RunState::kRunning) break;
-      std::this_thread::sleep_for(20ms);
-    }
-    return info;
-  }
-
-  // Runs a task to its end; returns its stdout (and stderr after a "--stderr--" line).
-  std::string Run(const LaunchSpec& spec) {
-    Status st = rt_->Start(spec);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    if (!st.ok()) return "";
-    TaskStatusInfo info = Wait(spec.id);
-    EXPECT_EQ(info.state, RunState::kExited) << info.message;
-    return ReadText(rt_->StdoutPath(spec.id)) + "--stderr--\n" + ReadText(rt_->StderrPath(spec.id));
-  }
+  TaskStatusInfo Wait(const std::string& id) { return WaitEnd(*rt_, id, 10s); }
+  std::string Run(const LaunchSpec& spec) { return RunToEnd(*rt_, spec, 10s); }
 
   std::string dir_;
   std::unique_ptr<Runtime> rt_;

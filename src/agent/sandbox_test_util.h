@@ -31,6 +31,39 @@ inline std::string ReadText(const std::string& path) {
 
 inline std::string UniqueId(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
 
+// Polls until the task leaves kRunning or `timeout` passes; its last known status.
+inline TaskStatusInfo WaitEnd(Runtime& rt, const std::string& id, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  TaskStatusInfo info;
+  while (Clock::now() < deadline) {
+    auto r = rt.Poll(id);
+    if (!r.ok()) return info;
+    info = *r;
+    if (info.state != RunState::kRunning) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  return info;
+}
+
+// What a test left running is stopped and removed.
+inline void StopAndRemoveAll(Runtime& rt) {
+  for (const auto& id : rt.List()) {
+    (void)rt.Stop(id, 0s);
+    WaitEnd(rt, id, 10s);
+    (void)rt.Remove(id);
+  }
+}
+
+// Runs a task to its end; returns its stdout (and stderr after a "--stderr--" line).
+inline std::string RunToEnd(Runtime& rt, const LaunchSpec& spec, std::chrono::milliseconds timeout) {
+  Status st = rt.Start(spec);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return "";
+  TaskStatusInfo info = WaitEnd(rt, spec.id, timeout);
+  EXPECT_EQ(info.state, RunState::kExited) << info.message;
+  return ReadText(rt.StdoutPath(spec.id)) + "--stderr--\n" + ReadText(rt.StderrPath(spec.id));
+}
+
 // Real containers: runc and a busybox root filesystem built here.
 class RuncSandboxTest : public ::testing::Test {
  protected:
@@ -64,13 +97,7 @@ class RuncSandboxTest : public ::testing::Test {
   // Another runtime class with runc's command line (crun, runsc).
   virtual void Configure(RuntimeOptions&) {}
   void TearDown() override {
-    if (rt_) {
-      for (const auto& id : rt_->List()) {
-        (void)rt_->Stop(id, 0s);
-        Wait(id);
-        (void)rt_->Remove(id);
-      }
-    }
+    if (rt_) StopAndRemoveAll(*rt_);
     rt_.reset();
     if (!dir_.empty()) (void)agent_internal::RemoveTree(dir_);
   }
@@ -85,26 +112,8 @@ class RuncSandboxTest : public ::testing::Test {
     s.no_new_privs = true;
     return s;
   }
-  TaskStatusInfo Wait(const std::string& id) {
-    auto deadline = Clock::now() + 15s;
-    TaskStatusInfo info;
-    while (Clock::now() < deadline) {
-      auto r = rt_->Poll(id);
-      if (!r.ok()) return info;
-      info = *r;
-      if (info.state != RunState::kRunning) break;
-      std::this_thread::sleep_for(20ms);
-    }
-    return info;
-  }
-  std::string Run(const LaunchSpec& spec) {
-    Status st = rt_->Start(spec);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    if (!st.ok()) return "";
-    TaskStatusInfo info = Wait(spec.id);
-    EXPECT_EQ(info.state, RunState::kExited) << info.message;
-    return ReadText(rt_->StdoutPath(spec.id)) + "--stderr--\n" + ReadText(rt_->StderrPath(spec.id));
-  }
+  TaskStatusInfo Wait(const std::string& id) { return WaitEnd(*rt_, id, 15s); }
+  std::string Run(const LaunchSpec& spec) { return RunToEnd(*rt_, spec, 15s); }
 
   std::string dir_, roots_, rootfs_;
   std::unique_ptr<Runtime> rt_;
