@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How long a job takes from submission to a running task on `gpupool up`, per agent setting.
 
-usage: up_bench.py GPUPOOL_BINARY WORK_DIR [--jobs N] [--runc N] [--image N] [--rate PER_SECOND]
+usage: up_bench.py GPUPOOL_BINARY WORK_DIR [--jobs N] [--runc N] [--pod N] [--image N] [--rate PER_SECOND]
+                   [--only CONFIG]
 
 For each configuration (side by side in one run, so the machine's noise hits all alike) it starts
 `gpupool up` with 2 simulated 8xH100-80GB-SXM nodes, submits N one-task jobs (a quarter GPU each,
@@ -15,7 +16,8 @@ With --runc N (root, runc and /bin/busybox needed) N more jobs run as runc conta
 root filesystem, to show what a container start costs next to a process start. With --image N
 (also skopeo and umoci) N more run from an OCI image of the same busybox, packed by umoci: the
 first of them on each node waits for the pull into that node's empty image cache, the rest start
-from the cache.
+from the cache. With --pod N, N more runc jobs ask for `network: pod` (`gpupool up --pod-network`):
+what a pod's namespace, interface and address add to a container's start.
 Configurations: assignments only with heartbeats (every 5 s, the server's default), and the
 agent's assignment poll at 1 s and 0.25 s (the agent's and `gpupool up`'s defaults).
 """
@@ -35,7 +37,9 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 from oci_image import build_image  # noqa: E402
-from pool_api import free_port  # noqa: E402
+from pool_api import free_port, remove_pod_networks  # noqa: E402
+
+POD_NET = ("10.251.0.0/24", "gpbench")  # `up --pod-network`, `--pod-bridge`: bridges gpbench0, gpbench1
 
 
 def call(url, token, method, path, body=None):
@@ -60,7 +64,7 @@ def pct(values, p):
     return values[k]
 
 
-def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs, image_jobs=0, image=None):
+def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs, image_jobs=0, image=None, pod_jobs=0):
     data = os.path.join(work, name.replace(" ", "-"))
     shutil.rmtree(data, ignore_errors=True)
     api_port = free_port()
@@ -73,6 +77,8 @@ def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs, image_jo
     if rootfs and "--container-root" in subprocess.run([binary, "up", "--help"], capture_output=True,
                                                          text=True).stdout:
         cmd += ["--container-root", os.path.dirname(rootfs)]
+    if pod_jobs:
+        cmd += ["--pod-network", POD_NET[0], "--pod-bridge", POD_NET[1]]
     if image_jobs:
         cache = data + "-images"
         shutil.rmtree(cache, ignore_errors=True)
@@ -93,11 +99,14 @@ def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs, image_jo
                 sys.exit("up_bench: gpupool up did not come up; see %s.log" % data)
             time.sleep(0.2)
         kinds = {}
-        for i in range(jobs + runc_jobs + image_jobs):
+        for i in range(jobs + runc_jobs + image_jobs + pod_jobs):
             task = {"name": "t", "resources": {"cpu": "0.05", "memory": "16Mi", "gpu": 0.25},
                     "isolation": "mps", "command": ["/bin/sleep", "2"]}
             kind = "process"
-            if i >= jobs + runc_jobs:
+            if i >= jobs + runc_jobs + image_jobs:
+                task["container"] = {"rootfs": rootfs, "network": "pod"}
+                kind = "runc+pod"
+            elif i >= jobs + runc_jobs:
                 task["container"] = {"image": image}
                 kind = "image"
             elif i >= jobs:
@@ -138,6 +147,8 @@ def run_config(binary, work, name, poll, jobs, runc_jobs, rate, rootfs, image_jo
             up.wait(timeout=30)
         except subprocess.TimeoutExpired:
             up.kill()
+        if pod_jobs:
+            remove_pod_networks([("10.251.0.0/25", POD_NET[1] + "0"), ("10.251.0.128/25", POD_NET[1] + "1")])
 
 
 def main():
@@ -147,7 +158,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--runc", type=int, default=20)
     ap.add_argument("--image", type=int, default=0, help="jobs from an OCI image (needs skopeo and umoci)")
+    ap.add_argument("--pod", type=int, default=0, help="runc jobs with network: pod")
     ap.add_argument("--rate", type=float, default=10.0, help="submissions per second")
+    ap.add_argument("--only", help="one configuration: 'heartbeat only', 'poll 1s' or 'poll 0.25s'")
     args = ap.parse_args()
     binary, work = os.path.abspath(args.binary), os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
@@ -160,6 +173,7 @@ def main():
                        stdout=subprocess.DEVNULL)
     else:
         runc_jobs = 0
+    pod_jobs = args.pod if rootfs and shutil.which("ip") and shutil.which("iptables") else 0
     image_jobs, image = args.image, None
     if image_jobs and rootfs and shutil.which("skopeo") and shutil.which("umoci"):
         layout = os.path.join(work, "images", "busybox")
@@ -171,14 +185,18 @@ def main():
     else:
         image_jobs = 0
     configs = [("heartbeat only", 0), ("poll 1s", 1.0), ("poll 0.25s", 0.25)]
+    if args.only:
+        configs = [c for c in configs if c[0] == args.only]
     print("%d process jobs%s per configuration, submitted at %.0f/s; 2 simulated nodes x 8 GPUs"
           % (args.jobs, (" and %d runc jobs" % runc_jobs if runc_jobs else "") +
-             (" and %d image jobs" % image_jobs if image_jobs else ""), args.rate))
+             (" and %d image jobs" % image_jobs if image_jobs else "") +
+             (" and %d runc jobs with network: pod" % pod_jobs if pod_jobs else ""), args.rate))
     print("%-16s %-8s %24s %24s %24s" % ("assignments", "runtime", "schedule ms p50/p90/max",
                                          "start ms p50/p90/max", "total ms p50/p90/max"))
     for name, poll in configs:
-        rows = run_config(binary, work, name, poll, args.jobs, runc_jobs, args.rate, rootfs, image_jobs, image)
-        for kind in ("process", "runc", "image"):
+        rows = run_config(binary, work, name, poll, args.jobs, runc_jobs, args.rate, rootfs, image_jobs, image,
+                          pod_jobs)
+        for kind in ("process", "runc", "runc+pod", "image"):
             if kind not in rows:
                 continue
             cells = []
