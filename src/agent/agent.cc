@@ -185,6 +185,7 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
     po.bridge = o.pod_bridge;
     po.nat = o.pod_nat;
     po.deny = o.pod_deny;
+    po.work_dir = o.state_dir + "/pod-network";
     auto pods = PodNetwork::Create(std::move(po));
     if (!pods.ok()) return pods.status();
     agent->pod_network_ = std::move(pods).value();

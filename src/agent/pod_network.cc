@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -115,6 +116,11 @@ Result<std::unique_ptr<PodNetwork>> PodNetwork::Create(PodNetworkOptions options
   if (::geteuid() != 0)
     return Status::FailedPrecondition("the pod network needs root (a bridge, network namespaces and iptables rules)");
   RETURN_IF_ERROR(ResolveBinaries(options));
+  if (options.work_dir.empty() || options.work_dir.front() != '/')
+    return Status::InvalidArgument("the pod network needs a directory of the agent's own (an absolute path)");
+  RETURN_IF_ERROR(agent_internal::MakeDirs(options.work_dir).WithContext("the pod network's directory"));
+  if (::chmod(options.work_dir.c_str(), 0700) != 0)
+    return Status::IoError(fmt::format("cannot make {} the agent's alone", options.work_dir));
   std::unique_ptr<PodNetwork> pn(new PodNetwork(std::move(options), net));
   RETURN_IF_ERROR(pn->Setup().WithContext(fmt::format("setting up the pod network {}", net.ToString())));
   pn->Rediscover();
@@ -265,22 +271,25 @@ Result<PodNetwork::Attachment> PodNetwork::Attach(const std::string& run_id) {
   Attachment out{options_.netns_dir + "/" + ns, Ipv4ToString(address), Ipv4ToString(net_.base + 1)};
   Status st = Run({ip, "netns", "add", ns}, what);
   if (!st.ok()) return st;
+  // Four helper commands (each a fork and exec): the pair, made on the bridge and up; its bridge
+  // port isolated from the others; and, in one batch inside the namespace, eth0 without IPv6
+  // (see Setup) before it comes up, its address, loopback and the default route.
+  const std::string batch = fmt::format("{}/{}.batch", options_.work_dir, ns);
+  st = agent_internal::WriteFileAtomic(
+      batch,
+      fmt::format("link set eth0 addrgenmode none\naddr add {}/{} dev eth0\nlink set eth0 up\nlink set lo up\n"
+                  "route add default via {}\n",
+                  out.address, net_.prefix, out.gateway),
+      /*sync=*/false);
   for (const auto& argv : std::vector<std::vector<std::string>>{
-           {ip, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns},
-           // No IPv6 address on either end (see Setup).
-           {ip, "link", "set", veth, "addrgenmode", "none"},
-           {ip, "-n", ns, "link", "set", "eth0", "addrgenmode", "none"},
-           {ip, "link", "set", veth, "master", options_.bridge},
+           {ip, "link", "add", veth, "master", options_.bridge, "up", "type", "veth", "peer", "name", "eth0", "netns", ns},
            {options_.bridge_binary, "link", "set", "dev", veth, "isolated", "on"},
-           {ip, "link", "set", veth, "up"},
-           {ip, "-n", ns, "addr", "add", fmt::format("{}/{}", out.address, net_.prefix), "dev", "eth0"},
-           {ip, "-n", ns, "link", "set", "eth0", "up"},
-           {ip, "-n", ns, "link", "set", "lo", "up"},
-           {ip, "-n", ns, "route", "add", "default", "via", out.gateway},
+           {ip, "-n", ns, "-batch", batch},
        }) {
-    st = Run(argv, what);
     if (!st.ok()) break;
+    st = Run(argv, what);
   }
+  (void)::unlink(batch.c_str());
   if (!st.ok()) {
     std::string ignored;
     (void)agent_internal::RunCommand({ip, "netns", "del", ns}, &ignored, options_.command_timeout);

@@ -32,6 +32,7 @@ struct PodNetworkOptions {
   std::string bridge_binary = "bridge";
   std::string iptables_binary = "iptables";
   std::string netns_dir = "/run/netns";  // where `ip netns` keeps its namespaces
+  std::string work_dir;                   // the agent's own (0700): the batch files of `ip -batch`
   std::chrono::milliseconds command_timeout{10000};
 };
 

@@ -189,6 +189,7 @@ class PodNetworkTest : public RuncSandboxTest {
     options_.bridge = "gpt" + std::to_string(tag);
     options_.cidr = "10.254." + std::to_string(tag % 250) + ".0/28";
     options_.deny = {"100.127.253.3/32"};
+    options_.work_dir = dir_ + "/pod-network";
     ext_ns_ = "gptx-" + std::to_string(tag);
     ext_veth_ = "gptx" + std::to_string(tag);
     PodNetwork::Teardown(options_);
