@@ -252,16 +252,17 @@ pid_t SuperviseTask(const ChildPlan& p, pid_t task, int* status, bool* fenced, P
 #endif
   ::close(4);
   ::setpgid(task, task);  // also done by the task: whichever runs first wins the race
+  // Its own stdio leaves the log files before the agent hears of the task (whoever looks at the
+  // supervisor once the start is acknowledged sees it hold them only through 5 and 6).
+  int devnull = ::open("/dev/null", O_RDWR);
+  if (devnull >= 0) {
+    ::dup2(devnull, 0);
+    ::dup2(devnull, 1);
+    ::dup2(devnull, 2);
+    if (devnull > 2) ::close(devnull);
+  }
   SafeSend(3, kMsgTaskPid, static_cast<int32_t>(task));
   ::close(3);
-  // The supervisor keeps no log descriptors open beyond the task's lifetime needs.
-  int fd = ::open("/dev/null", O_RDWR);
-  if (fd >= 0) {
-    ::dup2(fd, 0);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    if (fd > 2) ::close(fd);
-  }
 
   int status = 0;
   bool fenced = false;
