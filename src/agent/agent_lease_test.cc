@@ -25,6 +25,7 @@
 
 #include "agent/agent.h"
 #include "agent/runtime_internal.h"
+#include "agent/sandbox_test_util.h"
 
 namespace gpupool {
 namespace {
@@ -398,6 +399,44 @@ TEST_F(AgentLeaseTest, TheTaskStartsInItsWorkingDirectory) {
   ASSERT_TRUE(agent_->Start(5s).ok());
   ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000009", "succeeded").is_null(); }, 10s));
   EXPECT_EQ(Slurp(dir + "/where"), dir + "\n");
+}
+
+// A root queue's container (runAs root) whose checkpoint directory does not exist yet: the agent
+// makes it, root's, under --checkpoint-root, so that runc has something to bind and the task
+// writes its checkpoint there; one outside the allowed roots fails the start and names the flag
+// (a root container must not get an arbitrary host directory bound in writable).
+TEST_F(AgentLeaseTest, ARootContainersCheckpointDirectoryIsMadeOnlyUnderTheAllowedRoots) {
+  if (::geteuid() != 0) GTEST_SKIP() << "the sandbox needs root";
+  if (::access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "/bin/busybox is not installed";
+  if (!agent_internal::FindExecutable("runc", agent_internal::DefaultPath()).ok()) GTEST_SKIP() << "no runc";
+  const std::string images = root_ + "/images";
+  ASSERT_TRUE(sandbox_test::MakeBusyboxRootfs(images + "/bb"));
+  const std::string allowed = root_ + "/ckpt";
+  auto boxed = [&](const std::string& job, const std::string& dir) {
+    json t = Task(job, "echo saved > \"$GPUPOOL_CHECKPOINT_DIR/ck\"");
+    t["rootfs"] = images + "/bb";
+    t["runAs"] = {{"root", true}};
+    t["checkpoint"] = {{"dir", dir}, {"intervalSeconds", 60}};
+    return t;
+  };
+  const std::string outside = root_ + "/elsewhere/c-2";
+  LeaseServer server(json::array({boxed("j-000000000021", allowed + "/team/c-1"), boxed("j-000000000022", outside)}), 30);
+  AgentOptions o = Opts(server.url());
+  o.container_roots = {images};
+  o.checkpoint_roots = {allowed};
+  ASSERT_NE(Create(o), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000021", "succeeded").is_null(); }, 20s))
+      << server.Status("j-000000000021", "failed").dump();
+  EXPECT_EQ(Slurp(allowed + "/team/c-1/ck"), "saved\n");
+  struct stat st {};
+  ASSERT_EQ(::stat((allowed + "/team/c-1").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000022", "failed").is_null(); }, 20s));
+  const std::string why = server.Status("j-000000000022", "failed").value("message", "");
+  EXPECT_NE(why.find("checkpoint"), std::string::npos) << why;
+  EXPECT_FALSE(fs::exists(outside)) << "made outside the allowed roots";
 }
 
 TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {

@@ -244,7 +244,11 @@ Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
   if (a.network == "pod") RETURN_IF_ERROR(AttachPodNetwork(a, spec));
   const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
   if (!sandbox_) {
-    if (container && !a.checkpoint_dir.empty()) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
+    if (container && !a.checkpoint_dir.empty()) {
+      // A bind needs its source: made as the agent's own user, which is also the task's.
+      RETURN_IF_ERROR(agent_internal::MakeDirs(a.checkpoint_dir).WithContext("the checkpoint directory"));
+      spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});
+    }
     return MountVolumes(a, spec);
   }
   spec->no_new_privs = true;
@@ -264,9 +268,12 @@ Status Agent::SandboxTask(const Assignment& a, LaunchSpec* spec) {
   }
   if (!a.checkpoint_dir.empty()) {
     // Created for the task, its uid's, where the admin allows (never at a path of the tenant's
-    // choosing elsewhere on the host); at the same path inside a container.
-    if (!a.run_as_root)
-      RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder(options_.checkpoint_roots, a.checkpoint_dir, a.uid, a.gid)
+    // choosing elsewhere on the host); at the same path inside a container. A root process task
+    // of a root queue writes where it likes anyway; a root container gets only what is bound in,
+    // so its directory too is made (root's) and only under the allowed roots.
+    if (!a.run_as_root || container)
+      RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder(options_.checkpoint_roots, a.checkpoint_dir,
+                                                          a.run_as_root ? 0 : a.uid, a.run_as_root ? 0 : a.gid)
                           .WithContext("the checkpoint directory"));
     spec->keep_paths.push_back(a.checkpoint_dir);
     if (container) spec->binds.push_back({a.checkpoint_dir, a.checkpoint_dir, false});

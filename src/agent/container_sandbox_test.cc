@@ -197,6 +197,30 @@ TEST_F(RuncSandboxTest, TheCheckpointDirectoryIsMountedWritableAtItsOwnPath) {
   EXPECT_EQ(st.st_uid, 20101u);  // the task's, on the host
 }
 
+// runc's own failure is the task's reason, not just "exit code 1": a bind whose source is gone.
+TEST_F(RuncSandboxTest, WhyRuncFailedIsTheTasksReason) {
+  LaunchSpec spec = Spec("gone", "echo never");
+  spec.binds = {{dir_ + "/no-such-dir", "/srv/data", false}};
+  ASSERT_TRUE(rt_->Start(spec).ok());
+  const TaskStatusInfo end = WaitEnd(*rt_, spec.id, 20s);
+  EXPECT_EQ(end.state, RunState::kExited);
+  EXPECT_NE(end.message.find("exit code 1; runc: "), std::string::npos) << end.message;
+  EXPECT_NE(end.message.find("no-such-dir"), std::string::npos) << end.message;
+  EXPECT_NE(end.message.find("such file or directory"), std::string::npos) << end.message;
+}
+
+TEST(RuncErrorIn, TakesTheLastErrorLinesMessageUnescapedAndBounded) {
+  using agent_internal::RuncErrorIn;
+  EXPECT_EQ(RuncErrorIn(""), "");
+  EXPECT_EQ(RuncErrorIn("Traceback ...\nValueError: x\n"), "");
+  EXPECT_EQ(RuncErrorIn("time=\"2026-12-06T06:40:28Z\" level=error msg=\"runc run failed: error mounting \\\"/a\\\" "
+                        "to rootfs at \\\"/b\\\": stat /a: no such file or directory\"\n"),
+            "runc run failed: error mounting \"/a\" to rootfs at \"/b\": stat /a: no such file or directory");
+  EXPECT_EQ(RuncErrorIn("level=fatal msg=\"cause\"\nother\nlevel=error msg=\"summary\"\n"), "cause (summary)");
+  EXPECT_EQ(RuncErrorIn("level=error msg=\"a\tb\x01" "c"), "a b c");  // unterminated, control characters
+  EXPECT_EQ(RuncErrorIn("level=error msg=\"" + std::string(5000, 'x') + "\"").size(), 400u);
+}
+
 // The shipped examples' case: a rootfs container with its checkpoint outside /tmp (runc made the
 // mountpoint as the container's root and failed: "can't create ...: nonexistent directory").
 TEST_F(RuncSandboxTest, ARootfsContainersCheckpointOutsideTmpIsMounted) {

@@ -249,6 +249,55 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
   return config.dump(2) + "\n";
 }
 
+namespace {
+
+// The msg="..." of one of runc's log lines starting at `from` (just past the opening quote),
+// unescaped, control characters as spaces, at most `max` bytes.
+std::string LogfmtMessage(std::string_view text, size_t from, size_t max) {
+  std::string out;
+  for (size_t i = from; i < text.size() && text[i] != '\n' && out.size() < max; ++i) {
+    char c = text[i];
+    if (c == '"') break;
+    if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') c = text[++i];
+    out.push_back(static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? ' ' : c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string RuncErrorIn(std::string_view tail) {
+  // runc (and its nsexec stage) log `level=fatal` or `level=error`: the first such line is the
+  // cause ("failed to open mount source ..."), the last one runc's summary of it.
+  std::string first, last;
+  for (size_t pos = 0; pos < tail.size();) {
+    size_t end = tail.find('\n', pos);
+    if (end == std::string_view::npos) end = tail.size();
+    const std::string_view line = tail.substr(pos, end - pos);
+    for (std::string_view mark : {std::string_view("level=fatal msg=\""), std::string_view("level=error msg=\"")}) {
+      const size_t at = line.find(mark);
+      if (at == std::string_view::npos) continue;
+      last = LogfmtMessage(line, at + mark.size(), 400);
+      if (first.empty()) first = last;
+      break;
+    }
+    pos = end + 1;
+  }
+  return first == last ? first : first + " (" + last + ")";
+}
+
+std::string ReadTail(const std::string& path, size_t max_bytes) {
+  FdCloser fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  struct stat st;
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  const off_t size = st.st_size;
+  const off_t from = size > static_cast<off_t>(max_bytes) ? size - static_cast<off_t>(max_bytes) : 0;
+  std::string out(static_cast<size_t>(size - from), '\0');
+  const ssize_t n = ::pread(fd.get(), out.data(), out.size(), from);
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
 Status MakeDirsBeneath(const std::string& root, const std::string& path, bool file) {
   int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Status::IoError(fmt::format("the image root {}: {}", root, ErrnoText(errno)));

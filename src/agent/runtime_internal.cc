@@ -1041,6 +1041,11 @@ Result<TaskStatusInfo> SupervisedRuntime::Poll(const std::string& id) {
       if (rec.runc) info.message += fmt::format(" (exit status {})", code);
     } else {
       info.message = fmt::format("exit code {}", code);
+      if (rec.runc && code != 0) {
+        // runc's own failure (a mount, the executable) is in the container's stderr.
+        const std::string why = RuncErrorIn(ReadTail(StderrPath(id), 8192));
+        if (!why.empty()) info.message += "; runc: " + why;
+      }
     }
     if (info.fenced) info.message = "fenced (lease expired): " + info.message;
     return info;

@@ -207,6 +207,14 @@ std::optional<LeaseDeadlines> ReadLeaseFile(const std::string& path);
 // CLOCK_BOOTTIME in milliseconds: the clock of lease files.
 int64_t BootTimeMs();
 std::optional<ExitRecord> ReadExitRecord(const std::string& path);
+// runc's own reason for failing in the tail of a container's stderr: the msg of its first
+// `level=fatal`/`level=error` line (the cause), and of the last one in parentheses when it
+// differs (runc's summary), unescaped, each at most 400 bytes; empty when there is none. runc
+// writes its errors to the stderr it shares with the container, so a failed mount or exec reads
+// as more than "exit code 1".
+std::string RuncErrorIn(std::string_view stderr_tail);
+// The last `max_bytes` of a file (never following a link); empty when it cannot be read.
+std::string ReadTail(const std::string& path, size_t max_bytes);
 
 // ---- the task table ----------------------------------------------------------------------------
 struct TaskRecord {

@@ -65,6 +65,33 @@ inline std::string RunToEnd(Runtime& rt, const LaunchSpec& spec, std::chrono::mi
 }
 
 // Real containers: runc and a busybox root filesystem built here.
+// A root filesystem of the host's /bin/busybox and links to the applets the tests use, with the
+// mount points a container needs. False (with a test failure) when something could not be made.
+inline bool MakeBusyboxRootfs(const std::string& rootfs) {
+  for (const char* d : {"", "/bin", "/proc", "/dev", "/sys", "/tmp", "/etc", "/srv"}) {
+    if (!agent_internal::MakeDirs(rootfs + d).ok()) {
+      ADD_FAILURE() << "cannot create " << rootfs << d;
+      return false;
+    }
+  }
+  {
+    std::ifstream src("/bin/busybox", std::ios::binary);
+    std::ofstream dst(rootfs + "/bin/busybox", std::ios::binary);
+    dst << src.rdbuf();
+  }
+  if (::chmod((rootfs + "/bin/busybox").c_str(), 0755) != 0) {
+    ADD_FAILURE() << "chmod " << rootfs << "/bin/busybox";
+    return false;
+  }
+  for (const char* tool : {"sh", "cat", "id", "ls", "grep", "nc", "tr", "echo", "touch", "stat", "mount", "unshare"}) {
+    if (::symlink("busybox", (rootfs + "/bin/" + tool).c_str()) != 0) {
+      ADD_FAILURE() << "symlink " << tool;
+      return false;
+    }
+  }
+  return true;
+}
+
 class RuncSandboxTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -76,16 +103,7 @@ class RuncSandboxTest : public ::testing::Test {
     ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
     roots_ = dir_ + "/images";
     rootfs_ = roots_ + "/busybox";
-    for (const char* d : {"", "/bin", "/proc", "/dev", "/sys", "/tmp", "/etc", "/srv"})
-      ASSERT_TRUE(agent_internal::MakeDirs(rootfs_ + d).ok()) << d;
-    {
-      std::ifstream src("/bin/busybox", std::ios::binary);
-      std::ofstream dst(rootfs_ + "/bin/busybox", std::ios::binary);
-      dst << src.rdbuf();
-    }
-    ASSERT_EQ(::chmod((rootfs_ + "/bin/busybox").c_str(), 0755), 0);
-    for (const char* tool : {"sh", "cat", "id", "ls", "grep", "nc", "tr", "echo", "touch", "stat", "mount", "unshare"})
-      ASSERT_EQ(::symlink("busybox", (rootfs_ + "/bin/" + tool).c_str()), 0) << tool;
+    ASSERT_TRUE(MakeBusyboxRootfs(rootfs_));
     RuntimeOptions opts;
     opts.state_dir = dir_ + "/state";
     opts.container_roots = {roots_};
