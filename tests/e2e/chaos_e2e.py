@@ -3,7 +3,11 @@
 checkpointing jobs (single tasks and gangs, some best-effort, with `retry`) while a seeded RNG
 SIGKILLs agents (restarted quickly: adoption; or after the heartbeat timeout: node loss and
 fencing), SIGKILLs and restarts the server, SIGKILLs task processes, and injects XIDs on GPUs
-through the agents' --sim-faults files. Then it lets everything settle and checks:
+through the agents' --sim-faults files. About a third of the jobs run their tasks in runc
+containers (a rootfs of the test's with the host's /usr mounted read-only, the shared files as a
+writable volume, the checkpoint directory at its own path, no network), so every check below
+holds for containers too: their adoption by a restarted agent, their fencing on a lost node, their
+resumption elsewhere from the checkpoint. Then it lets everything settle and checks:
 
   acked        every job the server acknowledged still exists
   terminal     every job ends succeeded/failed/cancelled
@@ -21,7 +25,7 @@ through the agents' --sim-faults files. Then it lets everything settle and check
   stray        no task process is left once every job is terminal
 
 usage: chaos_e2e.py GPUPOOL_BINARY WORK_DIR [--seed N] [--duration S] [--settle S] [--jobs N]
-                    [--timeout T]
+                    [--timeout T] [--containers FRACTION]
 Exit 0 when every check holds, 1 on a violation (each printed as `chaos_e2e: FAIL [check] ...`).
 """
 import argparse
@@ -46,6 +50,7 @@ GPU_MEMORY = 80 * 1024 ** 3
 STEP_SECONDS = 0.15
 CKPT_EVERY = 5  # steps between checkpoints: at most this many steps are redone after a crash
 JITTER = 0.05
+TICK = 0.01  # a process's start time in /proc/<pid>/stat counts clock ticks (USER_HZ 100)
 
 # The task: one program per task, resumable from $GPUPOOL_CHECKPOINT_DIR/<index>/step.
 TASK_PROGRAM = r'''
@@ -62,6 +67,9 @@ env = os.environ
 shared, key = env["CHAOS_SHARED"], "%s.%s" % (env["CHAOS_JOB"], env["GPUPOOL_TASK_INDEX"])
 steps, dt, every = int(env["CHAOS_STEPS"]), float(env["CHAOS_STEP_SECONDS"]), int(env["CHAOS_CKPT_EVERY"])
 inc = "%d:%s" % (os.getpid(), os.urandom(3).hex())
+# Held open while this incarnation lives: the harness finds its host pid by it (in a container,
+# os.getpid() is the pid in the container's own namespace).
+incfd = os.open(os.path.join(shared, "incs", inc.split(":")[1]), os.O_WRONLY | os.O_CREAT, 0o644)
 jfd = os.open(os.path.join(shared, "journal", key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 extra = "node=%s gpus=%s shares=%s restarts=%s job=%s" % (
     env.get("GPUPOOL_NODE", ""), env.get("GPUPOOL_GPU_UUIDS", ""), env.get("GPUPOOL_GPU_SHARES_MILLI", ""),
@@ -94,6 +102,11 @@ try:
             done = int(f.read().strip() or 0)
     except FileNotFoundError:
         done = 0
+    # When this process began (its start in boot-time ticks, as wall-clock time): what held the
+    # GPU before it must have ended by then; its first log line comes a Python start-up later.
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    born = time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    extra += " born=%.6f" % born
     log(done, "resume" if done else "start")
     while done < steps:
         time.sleep(dt)
@@ -127,8 +140,9 @@ def parse_mem(text):
 class Pool:
     """The server and agents as child processes, with kill/restart and a cleanup that leaves nothing."""
 
-    def __init__(self, binary, work, timeout, sim_faults):
+    def __init__(self, binary, work, timeout, sim_faults, containers=False):
         self.binary, self.work, self.timeout, self.sim_faults = binary, work, timeout, sim_faults
+        self.containers = containers
         self.mark = "chaos-" + secrets.token_hex(6)
         self.admin, self.agent_token = secrets.token_hex(16), secrets.token_hex(16)
         self.port = free_port()
@@ -192,6 +206,11 @@ class Pool:
         cmd = [self.binary, "agent", "--server", self.url, "--token-file", os.path.join(self.work, "agent.token"),
                "--node", node, "--simulate", simulate, "--state-dir", os.path.join(self.work, "agents", node),
                "--metrics-listen", "127.0.0.1:0", "--cpu", "16", "--memory", "64Gi", "--assignment-poll", "0.25"]
+        if self.containers:
+            w = self.work
+            cmd += ["--container-root", os.path.join(w, "roots"), "--checkpoint-root", os.path.join(w, "ckpt"),
+                    "--volume-root", "/usr", "--volume-root", os.path.join(w, "prog"),
+                    "--volume-root-rw", os.path.join(w, "shared")]
         if self.sim_faults:
             if not os.path.exists(self.fault_file(node)):
                 self.set_faults(node, {})
@@ -274,8 +293,9 @@ class Pool:
             time.sleep(0.2)
 
 
-def make_jobs(rng, count, work, mark, python, retry_ok):
-    """A seeded mix: single tasks and gangs, shares and whole GPUs, some best-effort."""
+def make_jobs(rng, count, work, mark, python, retry_ok, containers=0.0, rng_box=None):
+    """A seeded mix: single tasks and gangs, shares and whole GPUs, some best-effort; a fraction
+    `containers` of them (drawn by rng_box, so the mix itself is the seed's) in runc containers."""
     shapes = [
         ("share-half", [("w", 1, {"gpu": 0.5, "gpuMemory": "20Gi"}, "timeslice")], "burstable"),
         ("whole", [("w", 1, {"gpu": 1}, None)], "burstable"),
@@ -292,15 +312,24 @@ def make_jobs(rng, count, work, mark, python, retry_ok):
         kind, groups, qos = shapes[rng.randrange(len(shapes))]
         name = "c-%d" % i
         steps = rng.randint(30, 80)
+        boxed = rng_box is not None and rng_box.random() < containers
         tasks = []
         for gname, replicas, gpu, isolation in groups:
             t = {"name": gname, "replicas": replicas,
                  "resources": dict({"cpu": "0.1", "memory": "128Mi"}, **gpu),
-                 "command": [python, os.path.join(work, "task.py")],
+                 "command": [python, os.path.join(work, "prog", "task.py")],
                  "env": {"CHAOS_MARK": mark, "CHAOS_SHARED": os.path.join(work, "shared"), "CHAOS_JOB": name,
                          "CHAOS_STEPS": str(steps), "CHAOS_STEP_SECONDS": str(STEP_SECONDS),
                          "CHAOS_CKPT_EVERY": str(CKPT_EVERY)},
-                 "checkpoint": {"dir": os.path.join(work, "shared", "ckpt", name), "intervalSeconds": 1}}
+                 "checkpoint": {"dir": os.path.join(work, "ckpt", name), "intervalSeconds": 1}}
+            if boxed:
+                # The host's /usr (python and its libraries) read-only over a rootfs of links, the
+                # program read-only, the journals and locks writable; the checkpoint directory is
+                # the agent's to mount, at the same path.
+                t["container"] = {"rootfs": os.path.join(work, "roots", "py"), "network": "none"}
+                t["volumes"] = [{"hostPath": "/usr", "mountPath": "/usr"},
+                                {"hostPath": os.path.join(work, "prog")},
+                                {"hostPath": os.path.join(work, "shared"), "readOnly": False}]
             if isolation:
                 t["isolation"] = isolation
             tasks.append(t)
@@ -316,7 +345,7 @@ def make_jobs(rng, count, work, mark, python, retry_ok):
             per = parse_mem(gpu["gpuMemory"]) if "gpuMemory" in gpu else (GPU_MEMORY if g >= 1 else 0)
             mem += [per] * replicas
         jobs.append({"spec": spec, "steps": steps, "onFailure": on_failure and retry_ok, "mem": mem, "kind": kind,
-                     "ntasks": len(mem)})
+                     "ntasks": len(mem), "container": boxed})
     return jobs
 
 
@@ -365,6 +394,25 @@ def event_seconds(text):
         return 0.0
 
 
+def host_pids(mark):
+    """incarnation tag -> host pid of every live task process of this run (by the incarnation file
+    it holds open; a container task's own pid is its namespace's)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            if ("CHAOS_MARK=" + mark).encode() not in open("/proc/%s/environ" % d, "rb").read().split(b"\0"):
+                continue
+            for fd in os.listdir("/proc/%s/fd" % d):
+                target = os.readlink("/proc/%s/fd/%s" % (d, fd))
+                if "/incs/" in target:
+                    out[os.path.basename(target)] = int(d)
+        except OSError:
+            continue
+    return out
+
+
 def read_journals(shared):
     """task key -> list of incarnations {inc, pid, first, last, start_step, max_step, events, node, gpus, shares}."""
     out = {}
@@ -379,11 +427,14 @@ def read_journals(shared):
             kv = dict(p.split("=", 1) for p in parts[4:] if "=" in p)
             r = incs.get(inc)
             if r is None:
-                r = incs[inc] = {"inc": inc, "pid": int(inc.split(":")[0]), "first": t, "last": t,
+                r = incs[inc] = {"inc": inc, "pid": int(inc.split(":")[0]), "tag": inc.split(":")[-1],
+                                 "first": t, "last": t,
                                  "start_step": step, "max_step": step, "events": [], "steps": set(),
                                  "node": kv.get("node", ""), "gpus": kv.get("gpus", ""),
                                  "shares": kv.get("shares", ""), "job": kv.get("job", ""),
-                                 "restarts": kv.get("restarts", "")}
+                                 "restarts": kv.get("restarts", ""), "born": t}
+                if "born" in kv:
+                    r["born"] = min(t, float(kv["born"]))
             r["last"] = max(r["last"], t)
             r["max_step"] = max(r["max_step"], step)
             r["events"].append(event)
@@ -450,14 +501,27 @@ def main():
     ap.add_argument("--settle", type=float, default=90, help="seconds to wait for every job to end afterwards")
     ap.add_argument("--jobs", type=int, default=45)
     ap.add_argument("--timeout", type=int, default=6, help="server heartbeat.timeoutSeconds (interval 1)")
+    ap.add_argument("--containers", type=float, default=0.35,
+                    help="fraction of the jobs whose tasks run in runc containers (default 0.35; 0: none)")
     args = ap.parse_args()
     binary, work = os.path.abspath(args.binary), os.path.abspath(args.work)
     xfail = set()  # no check may be excused: every one must hold
     shutil.rmtree(work, ignore_errors=True)
-    for d in ("data", "agents", "faults", "shared/journal", "shared/locks", "shared/double", "shared/ckpt"):
+    for d in ("data", "agents", "faults", "prog", "ckpt", "shared/journal", "shared/locks", "shared/double",
+              "shared/incs"):
         os.makedirs(os.path.join(work, d))
-    with open(os.path.join(work, "task.py"), "w") as f:
+    with open(os.path.join(work, "prog", "task.py"), "w") as f:
         f.write(TASK_PROGRAM)
+    if args.containers > 0:
+        if not shutil.which("runc"):
+            sys.exit("chaos_e2e: no runc on PATH for the container jobs (scripts/setup.sh installs it; "
+                     "--containers 0 runs without)")
+        # A rootfs of links into /usr (the host's, mounted read-only by each task) and empty mount points.
+        root = os.path.join(work, "roots", "py")
+        for d in ("usr", "tmp", "proc", "dev", "sys", "etc", work):
+            os.makedirs(root + "/" + d.lstrip("/"), exist_ok=True)
+        for name in ("bin", "sbin", "lib", "lib64"):
+            os.symlink("usr/" + name, os.path.join(root, name))
     t0 = now()
 
     def say(msg):
@@ -467,7 +531,7 @@ def main():
     sim_faults = "--sim-faults" in agent_help
     if not sim_faults:
         sys.exit("chaos_e2e: %s agent has no --sim-faults: cannot inject GPU faults" % binary)
-    pool = Pool(binary, work, args.timeout, sim_faults)
+    pool = Pool(binary, work, args.timeout, sim_faults, containers=args.containers > 0)
     notes = []
     if not sim_faults:
         notes.append("this gpupool agent has no --sim-faults: no XID injection")
@@ -478,6 +542,7 @@ def main():
         violations.append((check, msg))
 
     jobs_by_id = {}  # acknowledged job id -> job record
+    jobs_by_name = {}  # job name -> job record
 
     def mem_of(job_id, index, share):
         j = jobs_by_id.get(job_id)
@@ -505,8 +570,10 @@ def main():
         if not retry_ok:
             violate("setup", "the server refuses a job with `retry` (%s)" % (
                 (body or {}).get("error", {}).get("message", code)))
-        jobs = make_jobs(rng_work, args.jobs, work, pool.mark, sys.executable, retry_ok)
+        jobs = make_jobs(rng_work, args.jobs, work, pool.mark, "/usr/bin/python3" if args.containers > 0
+                         else sys.executable, retry_ok, args.containers, random.Random(args.seed * 104729 + 3))
 
+        jobs_by_name.update({j["spec"]["name"]: j for j in jobs})
         ambiguous = []
 
         def submitter():
@@ -572,33 +639,24 @@ def main():
             kind = rng_chaos.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
             up_nodes = [n for n in pool.nodes if pool.agents.get(n) is not None]
 
+            live_pids = host_pids(pool.mark)
+
             def alive(r):  # the incarnation's process is still there (and is ours)
-                try:
-                    env = open("/proc/%d/environ" % r["pid"], "rb").read().split(b"\0")
-                except OSError:
-                    return False
-                return ("CHAOS_MARK=" + pool.mark).encode() in env and r["events"][-1] not in ("done", "term", "double")
+                return r["tag"] in live_pids and r["events"][-1] not in ("done", "term", "double")
             if kind == "task":
-                candidates = []
-                for key, incs in sorted(read_journals(os.path.join(work, "shared")).items()):
-                    last = incs[-1]
-                    if last["events"][-1] in ("done", "term", "double"):
-                        continue
-                    try:
-                        env = open("/proc/%d/environ" % last["pid"], "rb").read().split(b"\0")
-                    except OSError:
-                        continue
-                    if ("CHAOS_MARK=" + pool.mark).encode() in env:
-                        candidates.append((key, last))
+                candidates = [(key, incs[-1]) for key, incs in sorted(read_journals(os.path.join(work, "shared")).items())
+                              if alive(incs[-1])]
                 if not candidates:
                     continue
                 key, last = candidates[rng_chaos.randrange(len(candidates))]
                 try:
-                    os.kill(last["pid"], signal.SIGKILL)
+                    os.kill(live_pids[last["tag"]], signal.SIGKILL)
                 except OSError:
                     continue
                 actions.append({"kind": "task", "t": t, "key": key, "inc": last["inc"], "job": last["job"]})
-                say("SIGKILL task %s (pid %d, step %d, on %s)" % (key, last["pid"], last["max_step"], last["node"]))
+                say("SIGKILL task %s (pid %d, step %d, on %s%s)" % (
+                    key, live_pids[last["tag"]], last["max_step"], last["node"],
+                    ", in a container" if jobs_by_name.get(key.rsplit(".", 1)[0], {}).get("container") else ""))
             elif kind in ("agent-quick", "agent-slow"):
                 if kind == "agent-slow" and (down_until or len(up_nodes) < NODES):
                     continue  # one node down at a time: the pool must keep room to fail over to
@@ -742,16 +800,20 @@ def main():
                     latest_end = (r["last"], r["pid"])
                 best = max(best, r["max_step"])
 
-        # What ran, by the journals: per GPU uuid, the sum of live shares at any instant.
+        # What ran, by the journals: per GPU uuid, the sum of live shares at any instant. A run
+        # lasts from its process's start (a tick later, for the tick's rounding down) to its last
+        # line: a task that logged `done` or `term` exits right after, and its successor's process
+        # can only start once the agent has seen that exit, so a handoff of a few milliseconds is
+        # no overlap, while a successor that began before its predecessor's last line is one.
         intervals = {}
         for key, incs in journals.items():
             for r in incs:
                 if "double" in r["events"] or not r["gpus"]:
                     continue
                 for uuid, share in zip(r["gpus"].split(","), r["shares"].split(",")):
-                    intervals.setdefault(uuid, []).append((r["first"], r["last"], int(share or 0), key))
+                    intervals.setdefault(uuid, []).append((min(r["born"] + TICK, r["first"]), r["last"], int(share or 0), key))
         for uuid, ivs in sorted(intervals.items()):
-            edges = sorted([(a, 1, s, k) for a, b, s, k in ivs] + [(b + JITTER, -1, s, k) for a, b, s, k in ivs],
+            edges = sorted([(a, 1, s, k) for a, b, s, k in ivs] + [(b, -1, s, k) for a, b, s, k in ivs],
                            key=lambda e: (e[0], e[1]))
             held, live = 0, {}
             for t, d, s, k in edges:
@@ -847,6 +909,17 @@ def main():
         print("chaos_e2e: faults injected: %s" % (", ".join("%s %d" % kv for kv in sorted(faults.items())) or "none"))
         print("chaos_e2e: jobs: %d acknowledged (%d found after an interrupted submit), outcomes %s" % (
             len(jobs_by_id), len(ambiguous), outcomes))
+        boxed = [j for j in jobs_by_id.values() if j.get("container")]
+        boxed_out, boxed_runs, boxed_resumed = {}, 0, 0
+        for j in boxed:
+            st = items.get(j["id"], {}).get("state", "missing")
+            boxed_out[st] = boxed_out.get(st, 0) + 1
+            for i in range(j["ntasks"]):
+                runs = [r for r in journals.get("%s.%d" % (j["spec"]["name"], i), []) if "double" not in r["events"]]
+                boxed_runs += len(runs)
+                boxed_resumed += sum(1 for r in runs[1:] if r["start_step"] > 0)
+        print("chaos_e2e: of them in runc containers: %d jobs, outcomes %s; %d task runs, %d resumed from a "
+              "checkpoint" % (len(boxed), boxed_out, boxed_runs, boxed_resumed))
         print("chaos_e2e: task restarts (journal incarnations beyond the first): %d, %d resumed from a checkpoint; "
               "server restarts %d; %d node samples" % (restarts, resumed, server_restarts, sampler.samples))
         print("chaos_e2e: node state changes: %s" % (", ".join("%s %s->%s at %.1f" % (n, o, s, t - t0)
