@@ -32,7 +32,7 @@ TEST(RuncSandboxConfig, AUidGivesAUserNamespaceNoCapabilitiesAndTheHostsSysReadO
   auto j = nlohmann::json::parse(*text);
   std::vector<std::string> ns;
   for (const auto& n : j["linux"]["namespaces"]) ns.push_back(n["type"]);
-  EXPECT_EQ(ns, (std::vector<std::string>{"pid", "ipc", "uts", "mount", "user"}));
+  EXPECT_EQ(ns, (std::vector<std::string>{"pid", "ipc", "uts", "mount", "cgroup", "user"}));
   EXPECT_EQ(j["linux"]["uidMappings"], nlohmann::json::parse(R"([{"containerID":0,"hostID":20101,"size":1}])"));
   EXPECT_EQ(j["linux"]["gidMappings"], nlohmann::json::parse(R"([{"containerID":0,"hostID":20202,"size":1}])"));
   for (const char* set : {"bounding", "effective", "permitted", "inheritable", "ambient"})

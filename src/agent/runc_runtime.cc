@@ -195,7 +195,12 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
   // network "none": a namespace of its own, loopback only (nothing of the host's ports, the
   // server's and the agent's included); "host": the host's (needs a queue the admin allows it
   // for: NCCL and RDMA over the host's NICs).
-  json namespaces = json::array({{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}}});
+  // A cgroup namespace of its own: the container sees its own group as the root of the tree
+  // (its limits at /sys/fs/cgroup/memory.max under cgroup v2, where without it the cgroup2 mount
+  // shows the host's whole hierarchy, every other task's group included), and /proc/self/cgroup
+  // names no host path.
+  json namespaces = json::array(
+      {{{"type", "pid"}}, {{"type", "ipc"}}, {{"type", "uts"}}, {{"type", "mount"}}, {{"type", "cgroup"}}});
   // "pod": the namespace the agent made, with an interface on its bridge (agent/pod_network.h).
   if (pod_network) {
     namespaces.push_back({{"type", "network"}, {"path", spec.netns_path}});

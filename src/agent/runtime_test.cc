@@ -648,7 +648,7 @@ TEST(RuncRuntime, ConfigJsonCarriesLimitsDevicesAndBinds) {
   std::vector<std::string> ns;
   for (const auto& n : j["linux"]["namespaces"]) ns.push_back(n["type"]);
   // A network namespace of its own unless the host's is asked for; no user namespace without a uid.
-  EXPECT_EQ(ns, (std::vector<std::string>{"pid", "ipc", "uts", "mount", "network"}));
+  EXPECT_EQ(ns, (std::vector<std::string>{"pid", "ipc", "uts", "mount", "cgroup", "network"}));
   EXPECT_FALSE(j["linux"].contains("uidMappings"));
   EXPECT_EQ(j["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
   ASSERT_EQ(j["linux"]["devices"].size(), 1u);
@@ -842,7 +842,7 @@ TEST_F(RuncTest, LimitsReachTheContainersCgroup) {
   LaunchSpec spec = ContainerSpec(
       id, {"sh", "-c",
            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpu/cpu.cfs_quota_us "
-           "/sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max 2>/dev/null; true"});
+           "/sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max 2>/dev/null; echo CG; cat /proc/self/cgroup"});
   spec.cpu_milli = 500;
   spec.memory_bytes = 64 << 20;
   spec.pids_max = 100;
@@ -856,6 +856,10 @@ TEST_F(RuncTest, LimitsReachTheContainersCgroup) {
   std::string out = ReadText(rt_->StdoutPath(id));
   EXPECT_NE(out.find(std::to_string(64 << 20) + "\n"), std::string::npos) << out;
   EXPECT_NE(out.find("50000"), std::string::npos) << out;
+  // Its own cgroup namespace: its group is the root of what it sees (v1 and v2), no host path.
+  EXPECT_NE(out.find("CG\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("gpupool"), std::string::npos) << out;
+  EXPECT_EQ(out.find(id), std::string::npos) << out;
   ASSERT_TRUE(rt_->Remove(id).ok());
 }
 
