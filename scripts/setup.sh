@@ -15,6 +15,7 @@ PACKAGES=(
   runc busybox-static prometheus
   skopeo umoci crun runsc
   iproute2 iptables
+  qemu-system-x86 cpio
 )
 
 missing=()

@@ -18,6 +18,9 @@ bash scripts/build.sh build-asan -DGPUPOOL_SANITIZE=ON -DGPUPOOL_BUILD_TESTS=ON 
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
+echo "== the runtime on cgroup v2: its unit tests inside a VM of Debian's kernel (this host is cgroup v1)"
+bash tests/vm/cgroup2_vm.sh build
+
 echo "== CLI smoke"
 ./build/gpupool version
 ./build/gpupool policies
@@ -34,7 +37,7 @@ bash scripts/server_smoke.sh build/gpupool
 
 echo "== gpupool up end to end: 2 simulated nodes, 100 jobs as processes and runc containers, Prometheus"
 python3 tests/e2e/up_e2e.py build/gpupool build/e2e-up
-echo "== chaos end to end: 4 agents, ~45 checkpointing jobs, seeded agent/server/task kills and XIDs" && python3 tests/e2e/chaos_e2e.py build/gpupool build/e2e-chaos --seed 1
+echo "== chaos end to end: 4 agents, ~45 checkpointing jobs (a third in runc containers), seeded agent/server/task kills and XIDs" && python3 tests/e2e/chaos_e2e.py build/gpupool build/e2e-chaos --seed 1
 
 echo "== adversarial end to end: a server and agents attacked class by class (issue 19)"
 python3 tests/e2e/adversarial_e2e.py build/gpupool build/e2e-adversarial
