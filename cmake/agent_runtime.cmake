@@ -11,6 +11,7 @@ add_library(gpupool_agent_runtime
   src/agent/image_cache.cc
   src/agent/image_layout.cc
   src/agent/pod_network.cc
+  src/agent/scratch_disk.cc
 )
 target_link_libraries(gpupool_agent_runtime
   PUBLIC gpupool_common

@@ -525,6 +525,7 @@ void Agent::Stop(bool stop_tasks) {
         std::cerr << fmt::format("gpupool agent {}: {}\n", options_.node, st.ToString());
     }
   }
+  (void)::rmdir(ScratchScopeDir().c_str());  // only once no run's scratch is left in it
 }
 
 void Agent::Loop() {

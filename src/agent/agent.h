@@ -85,7 +85,7 @@ struct AgentOptions {
   std::vector<std::string> hide;
   // Volumes (docs/jobspec.md#volumes): the host directories a container's hostPath volume may
   // lie under, read-only (volume_roots) or as the job asks (volume_roots_rw), links resolved; none
-  // by default. Disk scratch lives in <scratch_root>/<run>/<n> for as long as its run.
+  // by default. Disk scratch lives in <scratch_root>/agent-<hash>/<run>/<n> for as long as its run.
   std::vector<std::string> volume_roots;
   std::vector<std::string> volume_roots_rw;
   std::string scratch_root = "/var/lib/gpupool/scratch";
@@ -212,6 +212,12 @@ class Agent {
   void LoadCdi();
   Status ApplyCdi(const Assignment& a, LaunchSpec* spec);
   void RemoveScratch(const Assignment& a);
+  // Removes the scratch of every run under --scratch-root not named in `keep` (unmounting
+  // size-limited scratch first).
+  void PruneScratch(const std::vector<std::string>& keep);
+  // <scratch_root>/agent-<hash of the state dir>, and a run's directory in it.
+  std::string ScratchScopeDir() const;
+  std::string RunScratchDir(const Assignment& a) const;
   // network: pod: the run's namespace on the agent's bridge, and the host's resolv.conf.
   Status AttachPodNetwork(const Assignment& a, LaunchSpec* spec);
   // The task no longer uses its GPUs' MPS daemons (the last user stops one). REQUIRES: mu_ held.
@@ -266,7 +272,7 @@ class Agent {
   bool sandbox_ = false;  // the agent runs as root: tasks get their identities and namespaces
   std::unique_ptr<MpsDaemons> mps_;  // real GPUs only; simulated ones get the variables alone
   std::unique_ptr<PodNetwork> pod_network_;  // null: none on this node
-  bool pods_pruned_ = false;  // the namespaces of runs an earlier agent left were removed
+  bool runs_pruned_ = false;  // the pod namespaces and scratch of runs an earlier agent left were removed
 
   std::mutex mu_;  // guards tasks_ and counters
   std::map<std::string, LocalTask> tasks_;

@@ -1,6 +1,7 @@
 // Whole agents against a fake server: lease fencing (a server that stops answering gets the tasks
 // fenced, a closed port does not) and the heartbeat's `gpus` (simulated load, --sim-faults, real
 // GPUs through the fake NVML).
+#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <gtest/gtest.h>
@@ -26,6 +27,7 @@
 #include "agent/agent.h"
 #include "agent/runtime_internal.h"
 #include "agent/sandbox_test_util.h"
+#include "agent/scratch_disk.h"
 
 namespace gpupool {
 namespace {
@@ -39,6 +41,20 @@ std::string Slurp(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// The mount points under `dir` (from /proc/self/mountinfo).
+std::vector<std::string> MountsUnder(const std::string& dir) {
+  std::vector<std::string> out;
+  std::istringstream in(Slurp("/proc/self/mountinfo"));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string id, parent, devno, root, point;
+    f >> id >> parent >> devno >> root >> point;
+    if (point.rfind(dir, 0) == 0) out.push_back(point);
+  }
+  return out;
 }
 
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 5s) {
@@ -169,6 +185,8 @@ class AgentLeaseTest : public ::testing::Test {
   void TearDown() override {
     if (agent_) agent_->Stop(true);
     agent_.reset();
+    // A scratch disk a failed test left mounted (a run the agent had not forgotten yet).
+    for (const std::string& m : MountsUnder(root_ + "/")) (void)::umount2(m.c_str(), MNT_DETACH);
     ::unsetenv("GPUPOOL_FAKE_NVML");
     std::error_code ec;
     fs::remove_all(root_, ec);
@@ -437,6 +455,70 @@ TEST_F(AgentLeaseTest, ARootContainersCheckpointDirectoryIsMadeOnlyUnderTheAllow
   const std::string why = server.Status("j-000000000022", "failed").value("message", "");
   EXPECT_NE(why.find("checkpoint"), std::string::npos) << why;
   EXPECT_FALSE(fs::exists(outside)) << "made outside the allowed roots";
+}
+
+// Disk scratch with a sizeLimit is a file system of that size: a hostile task that writes past it
+// gets ENOSPC and the node's disk keeps the rest; the mount and its image go with the run. What an
+// earlier agent of the same state directory left (a run nobody will ask for) is unmounted and
+// removed once the first list is applied; another agent's scratch beside it is never touched.
+TEST_F(AgentLeaseTest, DiskScratchStopsAtItsSizeLimitAndGoesWithItsRun) {
+  if (::geteuid() != 0) GTEST_SKIP() << "the sandbox needs root";
+  if (::access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "/bin/busybox is not installed";
+  if (!agent_internal::FindExecutable("runc", agent_internal::DefaultPath()).ok()) GTEST_SKIP() << "no runc";
+  auto tools = agent_internal::FindScratchDiskTools();
+  ASSERT_TRUE(tools.ok()) << tools.status().ToString();
+  const std::string images = root_ + "/images";
+  ASSERT_TRUE(sandbox_test::MakeBusyboxRootfs(images + "/bb"));
+  const std::string scratch = root_ + "/scratch";
+  const std::string scope = scratch + "/" + agent_internal::CgroupScope(root_ + "/state");
+  // Left by an earlier agent of this state directory: a mounted scratch disk of a run long gone.
+  const std::string stale = scope + "/j-000000000099.0.r1";
+  ASSERT_TRUE(agent_internal::MakeDirs(stale + "/0").ok());
+  ASSERT_TRUE(agent_internal::MountScratchDisk(*tools, stale + "/0.img", stale + "/0", 2 << 20, 0, 0).ok());
+  // Another agent's, beside it.
+  const std::string other = scratch + "/agent-0000000000000000/j-000000000099.0.r1/0";
+  ASSERT_TRUE(agent_internal::MakeDirs(other).ok());
+
+  const std::string ckpt = root_ + "/ckpt";
+  json t = Task("j-000000000031",
+                "dd if=/dev/zero of=/scratch/big bs=1M count=40 2>$GPUPOOL_CHECKPOINT_DIR/dd.txt; "
+                "echo rc=$? >> $GPUPOOL_CHECKPOINT_DIR/dd.txt; touch $GPUPOOL_CHECKPOINT_DIR/ready; sleep 1");
+  t["rootfs"] = images + "/bb";
+  t["checkpoint"] = {{"dir", ckpt + "/c-31"}, {"intervalSeconds", 60}};
+  t["volumes"] = json::array({{{"scratch", {{"sizeLimit", "8Mi"}}}, {"mountPath", "/scratch"}}});
+  // A limit no disk here has free: refused at start, saying so (it could never hold).
+  json huge = Task("j-000000000032", "true");
+  huge["rootfs"] = images + "/bb";
+  huge["volumes"] = json::array({{{"scratch", {{"sizeLimit", "64Ti"}}}, {"mountPath", "/scratch"}}});
+  LeaseServer server(json::array({t, huge}), 30);
+  AgentOptions o = Opts(server.url());
+  o.container_roots = {images};
+  o.checkpoint_roots = {ckpt};
+  o.scratch_root = scratch;
+  ASSERT_NE(Create(o), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(ckpt + "/c-31/ready"); }, 20s))
+      << server.Status("j-000000000031", "failed").dump();
+  const std::vector<std::string> mounted = MountsUnder(scope + "/");
+  ASSERT_EQ(mounted.size(), 1u) << ::testing::PrintToString(mounted);
+  EXPECT_EQ(mounted[0].substr(mounted[0].rfind('/')), "/0");
+  struct stat st {};
+  ASSERT_EQ(::stat(mounted[0].c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);  // the task's (nobody: this server sends no runAs)
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  const std::string dd = Slurp(ckpt + "/c-31/dd.txt");
+  EXPECT_NE(dd.find("No space left on device"), std::string::npos) << dd;
+  EXPECT_NE(dd.find("rc=1"), std::string::npos) << dd;
+  EXPECT_FALSE(fs::exists(stale)) << "an earlier agent's scratch is left";
+  EXPECT_TRUE(fs::exists(other)) << "another agent's scratch was removed";
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000031", "succeeded").is_null(); }, 20s));
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000032", "failed").is_null(); }, 20s));
+  const std::string why = server.Status("j-000000000032", "failed").value("message", "");
+  EXPECT_NE(why.find("volume /scratch"), std::string::npos) << why;
+  EXPECT_NE(why.find("a sizeLimit of 67108864 MiB is more than the"), std::string::npos) << why;
+  server.SetAssignments(json::array());  // the server is done with them: the agent forgets the runs
+  ASSERT_TRUE(WaitFor([&] { return MountsUnder(scope + "/").empty() && fs::is_empty(scope); }, 10s))
+      << ::testing::PrintToString(MountsUnder(scope + "/"));
 }
 
 TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {

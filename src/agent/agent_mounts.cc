@@ -16,6 +16,7 @@
 
 #include "agent/agent.h"
 #include "agent/runtime_internal.h"
+#include "agent/scratch_disk.h"
 
 namespace gpupool {
 
@@ -171,7 +172,7 @@ Status Agent::MountVolumes(const Assignment& a, LaunchSpec* spec) {
   if (a.rendezvous && !a.rendezvous->hosts.empty()) {
     // The MPI hostfile of a job of several tasks ("addr slots=N" per node, in node-rank order),
     // read-only in a container.
-    const std::string dir = fmt::format("{}/{}/rendezvous", options_.scratch_root, a.run_id());
+    const std::string dir = fmt::format("{}/rendezvous", RunScratchDir(a));
     RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder({options_.scratch_root}, dir, uid, gid)
                         .WithContext("the MPI hostfile (the agent's --scratch-root)"));
     RETURN_IF_ERROR(WriteNewFileIn(dir, "hostfile", MpiHostfile(*a.rendezvous)).WithContext("the MPI hostfile"));
@@ -191,9 +192,20 @@ Status Agent::MountVolumes(const Assignment& a, LaunchSpec* spec) {
     }
     if (v.host_path.empty()) {
       // Owned by the task's uid, 0700, never through a link; removed with the run (Forget).
-      const std::string dir = fmt::format("{}/{}/{}", options_.scratch_root, a.run_id(), i);
+      const std::string dir = fmt::format("{}/{}", RunScratchDir(a), i);
       RETURN_IF_ERROR(agent_internal::EnsureOwnedDirUnder({options_.scratch_root}, dir, uid, gid)
                           .WithContext(fmt::format("volume {} (scratch; the agent's --scratch-root)", v.mount_path)));
+      if (v.size_bytes > 0) {
+        // Its own file system of exactly its size: the task can fill it, never the node's disk.
+        if (!sandbox_)
+          return Status::FailedPrecondition(fmt::format(
+              "volume {}: disk scratch with a sizeLimit needs an agent that runs as root (node {})", v.mount_path,
+              options_.node));
+        ASSIGN_OR_RETURN(const auto tools, agent_internal::FindScratchDiskTools());
+        RETURN_IF_ERROR(agent_internal::MountScratchDisk(tools, fmt::format("{}/{}.img", RunScratchDir(a), i),
+                                                         dir, v.size_bytes, uid, gid)
+                            .WithContext(fmt::format("volume {} (scratch of {} bytes)", v.mount_path, v.size_bytes)));
+      }
       spec->binds.push_back({dir, v.mount_path, false});
       continue;
     }
@@ -225,12 +237,36 @@ Status Agent::MountVolumes(const Assignment& a, LaunchSpec* spec) {
   return Status::Ok();
 }
 
+// This agent's part of --scratch-root: agents that share one (several on a host, two pools) never
+// touch each other's runs, even when run ids coincide.
+std::string Agent::ScratchScopeDir() const {
+  return options_.scratch_root + "/" + agent_internal::CgroupScope(options_.state_dir);
+}
+std::string Agent::RunScratchDir(const Assignment& a) const { return ScratchScopeDir() + "/" + a.run_id(); }
+
+// REQUIRES: mu_ held.
+void Agent::PruneScratch(const std::vector<std::string>& keep) {
+  const std::set<std::string> kept(keep.begin(), keep.end());
+  std::error_code ec;
+  for (const auto& run : std::filesystem::directory_iterator(ScratchScopeDir(), ec)) {
+    std::error_code type_ec;
+    const std::string name = run.path().filename().string();
+    if (kept.count(name) != 0 || !run.is_directory(type_ec) || run.is_symlink(type_ec)) continue;
+    std::error_code sub_ec;
+    for (const auto& entry : std::filesystem::directory_iterator(run.path(), sub_ec))
+      agent_internal::UnmountScratch(entry.path().string());
+    if (Status st = agent_internal::RemoveTree(run.path().string()); !st.ok())
+      std::cerr << fmt::format("gpupool agent {}: scratch of an earlier run {}: {}\n", options_.node, name, st.ToString());
+  }
+}
+
 // REQUIRES: mu_ held.
 void Agent::RemoveScratch(const Assignment& a) {
   bool disk = a.rendezvous && !a.rendezvous->hosts.empty();
   for (const Volume& v : a.volumes) disk = disk || (v.host_path.empty() && !v.memory);
   if (!disk) return;
-  const std::string dir = options_.scratch_root + "/" + a.run_id();
+  const std::string dir = RunScratchDir(a);
+  for (size_t i = 0; i < a.volumes.size(); ++i) agent_internal::UnmountScratch(fmt::format("{}/{}", dir, i));
   if (Status st = agent_internal::RemoveTree(dir); !st.ok())
     std::cerr << fmt::format("gpupool agent {}: scratch of task {}: {}\n", options_.node, a.run_id(), st.ToString());
 }

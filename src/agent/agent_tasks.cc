@@ -195,18 +195,20 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
     }
     ++it;
   }
-  // Once the first list is applied, the pod namespaces of runs that nobody will ask for again (an
-  // earlier agent's, ended and removed while none watched) are removed, and their addresses freed.
-  // A run a runtime still knows keeps its own until it is forgotten or cleared as a stray.
-  if (pod_network_ && !pods_pruned_) {
-    pods_pruned_ = true;
+  // Once the first list is applied, what runs that nobody will ask for again (an earlier
+  // agent's, ended and removed while none watched) left behind goes: their pod namespaces and
+  // addresses, their scratch (unmounted first). A run a runtime still knows keeps its own until it
+  // is forgotten or cleared as a stray.
+  if (!runs_pruned_) {
+    runs_pruned_ = true;
     std::vector<std::string> keep;
     for (const auto& [id, t] : tasks_) keep.push_back(id);
     for (Runtime* rt : AllRuntimes()) {
       const auto known = rt->List();
       keep.insert(keep.end(), known.begin(), known.end());
     }
-    pod_network_->Prune(keep);
+    if (pod_network_) pod_network_->Prune(keep);
+    PruneScratch(keep);
   }
   return true;
 }
@@ -286,6 +288,7 @@ void Agent::StartTask(LocalTask& t) {
   auto fail = [&](const Status& st) {
     ReleaseMps(t);
     if (pod_network_) (void)pod_network_->Detach(a.run_id());
+    RemoveScratch(a);  // what the start made of it (a scratch disk mounted before a later step failed)
     ++start_failures_;
     t.exited = true;
     t.final_state = "failed";

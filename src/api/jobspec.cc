@@ -319,8 +319,10 @@ Status ReadVolumes(const Json& v, const std::string& path, const JobSpecLimits& 
         vol.memory = m == "memory";
       }
       if (const Json* size = sc.Get("sizeLimit")) {
-        if (!vol.memory) return FieldError(sc.Path("sizeLimit"), "is for medium: memory (disk scratch has no quota)");
-        ASSIGN_OR_RETURN(MiB mib, ReadMemory(*size, sc.Path("sizeLimit"), MiB(limits.max_memory_mib)));
+        // Memory scratch is bounded by what a task may ask of memory; disk scratch by 64 TiB.
+        constexpr int64_t kMaxDiskScratchMiB = int64_t{64} << 20;
+        ASSIGN_OR_RETURN(MiB mib, ReadMemory(*size, sc.Path("sizeLimit"),
+                                             MiB(vol.memory ? limits.max_memory_mib : kMaxDiskScratchMiB)));
         if (mib.units() < 1) return FieldError(sc.Path("sizeLimit"), "must be at least 1Mi");
         vol.size_bytes = mib.units() * 1024 * 1024;
       } else if (vol.memory) {
@@ -761,6 +763,7 @@ Json VolumesToJson(const std::vector<Volume>& volumes) {
       j["scratch"] = {{"medium", "memory"}, {"sizeLimit", FormatMemory(MiB(v.size_bytes >> 20))}};
     } else {
       j["scratch"] = {{"medium", "disk"}};
+      if (v.size_bytes > 0) j["scratch"]["sizeLimit"] = FormatMemory(MiB(v.size_bytes >> 20));
     }
     out.push_back(std::move(j));
   }

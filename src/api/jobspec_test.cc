@@ -309,15 +309,22 @@ TEST(JobSpec, VolumesParseToTheirMeaning) {
   auto job = ParseJobSpec(
       "name: v\ntasks: [{name: t, container: {rootfs: /r}, volumes: [{hostPath: /srv/data},"
       " {hostPath: /srv/out, mountPath: /out, readOnly: false}, {scratch: {}, mountPath: /s},"
-      " {scratch: {medium: memory, sizeLimit: 512Mi}, mountPath: /m}]}]",
+      " {scratch: {medium: memory, sizeLimit: 512Mi}, mountPath: /m},"
+      " {scratch: {medium: disk, sizeLimit: 20Gi}, mountPath: /d}, {scratch: {sizeLimit: 64Ti}, mountPath: /big}]}]",
       SpecFormat::kYaml);
   ASSERT_TRUE(job.ok()) << job.status().ToString();
   const auto& v = job->groups[0].exec.volumes;
-  ASSERT_EQ(v.size(), 4u);
+  ASSERT_EQ(v.size(), 6u);
   EXPECT_EQ(v[0], (Volume{"/srv/data", "/srv/data", true, false, 0}));  // mounted where it is, read-only
   EXPECT_EQ(v[1], (Volume{"/out", "/srv/out", false, false, 0}));
   EXPECT_EQ(v[2], (Volume{"/s", "", false, false, 0}));
   EXPECT_EQ(v[3], (Volume{"/m", "", false, true, int64_t{512} << 20}));
+  EXPECT_EQ(v[4], (Volume{"/d", "", false, false, int64_t{20} << 30}));  // disk scratch of its own size
+  EXPECT_EQ(v[5], (Volume{"/big", "", false, false, int64_t{64} << 40}));
+  // The canonical spec writes the disk limit back.
+  const Json out = VolumesToJson(v);
+  EXPECT_EQ(out[4]["scratch"], (Json{{"medium", "disk"}, {"sizeLimit", "20Gi"}}));
+  EXPECT_EQ(out[2]["scratch"], (Json{{"medium", "disk"}}));
 }
 
 TEST(JobSpec, BaseSpecIsValid) {
@@ -394,9 +401,13 @@ TEST(JobSpec, BadInputsNameTheirField) {
       {"scratch memory without size", [](Json& j) {
          j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"medium", "memory"}}}, {"mountPath", "/s"}}});
        }, "tasks[0].volumes[0].scratch.sizeLimit", "is required for medium: memory"},
-      {"scratch disk with size", [](Json& j) {
-         j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"sizeLimit", "1Gi"}}}, {"mountPath", "/s"}}});
-       }, "tasks[0].volumes[0].scratch.sizeLimit", "disk scratch has no quota"},
+      {"scratch disk over 64Ti", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"sizeLimit", "65Ti"}}}, {"mountPath", "/s"}}});
+       }, "tasks[0].volumes[0].scratch.sizeLimit", ""},
+      {"scratch disk under 1Mi", [](Json& j) {
+         j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"medium", "disk"}, {"sizeLimit", "0Mi"}}},
+                                                  {"mountPath", "/s"}}});
+       }, "tasks[0].volumes[0].scratch.sizeLimit", "must be at least 1Mi"},
       {"scratch size huge", [](Json& j) {
          j["tasks"][0]["volumes"] = Json::array({{{"scratch", {{"medium", "memory"}, {"sizeLimit", "9999Pi"}}},
                                                   {"mountPath", "/s"}}});

@@ -101,7 +101,7 @@ struct Volume {
   std::string host_path;   // a host directory; empty: scratch
   bool read_only = true;   // host directories only
   bool memory = false;     // scratch: a tmpfs instead of a directory on disk
-  int64_t size_bytes = 0;  // memory scratch: its size (required)
+  int64_t size_bytes = 0;  // memory scratch: its size (required); disk scratch: its limit (0: none)
   bool operator==(const Volume&) const = default;
 };
 

@@ -136,6 +136,8 @@ def volumes(api, tenant, image, shared):
     script = ("cat /data/hello; touch /data/x 2>/dev/null || echo DATA-RO; echo w > /out/f && echo OUT-RW; "
               "echo s > /scratch/f && stat -c 'scratch %u %a' /scratch; "
               "dd if=/dev/zero of=/mem/f bs=1024 count=2048 2>/dev/null || echo MEM-FULL; "
+              "dd if=/dev/zero of=/quota/f bs=1M count=64 2>/dev/null || echo DISK-FULL; "
+              "stat -c 'quota %u %a' /quota; df -k /quota | tail -n 1; "
               "cat /mem/data/hello && echo NESTED-AFTER-ITS-PARENT")
     j = submit(tenant, {"name": "volumes", "tasks": [task(image, ["/bin/sh", "-c", script], volumes=[
         # Inside the memory scratch and listed before it: mounted after it all the same.
@@ -143,6 +145,7 @@ def volumes(api, tenant, image, shared):
         {"hostPath": ro, "mountPath": "/data"},
         {"hostPath": rw, "mountPath": "/out", "readOnly": False},
         {"mountPath": "/scratch", "scratch": {}},
+        {"mountPath": "/quota", "scratch": {"medium": "disk", "sizeLimit": "16Mi"}},
         {"mountPath": "/mem", "scratch": {"medium": "memory", "sizeLimit": "1Mi"}}])]})
     job = wait_state(api, j, ("succeeded", "failed"), timeout=90)
     out = logs(api, j)
@@ -153,11 +156,14 @@ def volumes(api, tenant, image, shared):
           "OUT-RW" in out and owner(os.path.join(rw, "f")) >= 200000, detail)
     check("disk scratch is the task's own (its root, mode 700)", "scratch 0 700" in out, detail)
     check("memory scratch stops at its sizeLimit", "MEM-FULL" in out and job["state"] == "succeeded", detail)
+    check("disk scratch with a sizeLimit stops there (a 64 MiB write into 16Mi fails), the task's own (mode 700)",
+          "DISK-FULL" in out and "quota 0 700" in out, detail)
     check("a volume inside another is mounted after it, whatever the job's order", "NESTED-AFTER-ITS-PARENT" in out,
           detail)
-    def left():  # the runs' scratch directories still on either node
+    def left():  # the runs' scratch directories still on either node (<root>/<node>/agent-<hash>/<run>)
         root = os.path.join(shared, "scratch")
-        return [os.path.join(n, r) for n in os.listdir(root) for r in os.listdir(os.path.join(root, n))]
+        return [os.path.join(n, a, r) for n in os.listdir(root) for a in os.listdir(os.path.join(root, n))
+                for r in os.listdir(os.path.join(root, n, a))]
     made = left()
     deadline = time.time() + 20
     while time.time() < deadline and left():
