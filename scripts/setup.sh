@@ -15,7 +15,7 @@ PACKAGES=(
   runc busybox-static prometheus
   skopeo umoci crun runsc
   iproute2 iptables
-  qemu-system-x86 cpio
+  qemu-system-x86 cpio e2fsprogs mount
 )
 
 missing=()
