@@ -232,6 +232,10 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   io.max_bytes = o.image_cache_max_bytes;
   io.local_roots = o.container_roots;
   io.registries = o.image_registries;
+  io.policy = o.image_policy;
+  io.auth_file = o.image_auth_file;
+  // Wrong credentials or policy stop the agent now, not its first task with an image.
+  RETURN_IF_ERROR(CheckImagePolicyAndCredentials(io));
   Agent* self = agent.get();
   io.on_done = [self] { self->WakeLoop(); };
   agent->image_options_ = std::move(io);

@@ -117,6 +117,8 @@ struct AgentOptions {
   std::string image_cache_dir;
   int64_t image_cache_max_bytes = int64_t{50} << 30;
   std::vector<std::string> image_registries;
+  std::string image_policy;     // containers-policy.json for every pull (image_cache.h)
+  std::string image_auth_file;  // containers-auth.json for docker:// pulls, mode 0600
   // Simulated GPUs only: a JSON file of GPU faults and telemetry overrides, re-read on every
   // heartbeat (docs/agent.md#fault-injection). Empty: none.
   std::string sim_faults;

@@ -233,14 +233,18 @@ Result<std::string> ImageCache::Impl::Pull(const Job& job, const std::string& wo
   const std::string fingerprint = src.local() ? Fingerprint(src) : "";
   const std::string layout = work + "/layout";
   std::vector<std::string> copy = {skopeo};
-  // Signature policy is not enforced yet: local sources are placed by the node's admin (under
-  // local_roots), and for registries the host's policy applies where there is one.
-  if (!src.local() && PathExists(kPolicyFile)) {
+  // The admin's signature policy, for every source; without one, local sources are the admin's
+  // own (under local_roots) and registries get the host's policy where there is one.
+  if (!options.policy.empty()) {
+    copy.insert(copy.end(), {"--policy", options.policy});
+  } else if (!src.local() && PathExists(kPolicyFile)) {
     copy.insert(copy.end(), {"--policy", kPolicyFile});
   } else {
     copy.push_back("--insecure-policy");
   }
-  copy.insert(copy.end(), {"copy", "--quiet", src.ToString(), fmt::format("oci:{}:{}", layout, kRefName)});
+  copy.insert(copy.end(), {"copy", "--quiet"});
+  if (!src.local() && !options.auth_file.empty()) copy.insert(copy.end(), {"--src-authfile", options.auth_file});
+  copy.insert(copy.end(), {src.ToString(), fmt::format("oci:{}:{}", layout, kRefName)});
   RETURN_IF_ERROR(RunHelper(job, "copying it (skopeo copy)", copy));
   const int64_t resolved_at = static_cast<int64_t>(::time(nullptr));
 
@@ -388,6 +392,34 @@ ImageCache::~ImageCache() {
   for (auto& t : impl_->workers) t.join();
 }
 
+Status CheckImagePolicyAndCredentials(const ImageCacheOptions& options) {
+  if (!options.policy.empty()) {
+    if (options.policy[0] != '/')
+      return Status::InvalidArgument(fmt::format("the image policy {} must be an absolute path", options.policy));
+    auto text = ReadFile(options.policy);
+    if (!text.ok()) return text.status().WithContext("the image policy (--image-policy)");
+    const json policy = json::parse(*text, nullptr, false);
+    if (!policy.is_object() || !policy.contains("default") || !policy["default"].is_array())
+      return Status::InvalidArgument(fmt::format(
+          "the image policy {} is not a containers-policy.json (a JSON object with a \"default\" array)", options.policy));
+  }
+  if (!options.auth_file.empty()) {
+    if (options.auth_file[0] != '/')
+      return Status::InvalidArgument(fmt::format("the registry credentials {} must be an absolute path", options.auth_file));
+    struct stat st;
+    if (::lstat(options.auth_file.c_str(), &st) != 0)
+      return Status::IoError(fmt::format("the registry credentials {}: {}", options.auth_file, ErrnoText(errno)));
+    if (!S_ISREG(st.st_mode))
+      return Status::InvalidArgument(fmt::format("the registry credentials {} are not a regular file", options.auth_file));
+    if ((st.st_mode & 077) != 0 || (st.st_uid != 0 && st.st_uid != ::geteuid()))
+      return Status::PermissionDenied(fmt::format(
+          "the registry credentials {} must belong to the agent's user and be readable by it alone (mode 0600; "
+          "it is {:04o}, uid {}): tasks on this node could read them",
+          options.auth_file, st.st_mode & 07777, st.st_uid));
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<ImageCache>> ImageCache::Create(ImageCacheOptions options) {
   if (options.dir.empty()) return Status::InvalidArgument("the image cache needs a directory");
   if (options.max_bytes <= 0) return Status::InvalidArgument("the image cache's max bytes must be positive");
@@ -406,6 +438,7 @@ Result<std::unique_ptr<ImageCache>> ImageCache::Create(ImageCacheOptions options
                       found.ok() ? ErrnoText(errno) : found.status().message()));
     *out = *found;
   }
+  RETURN_IF_ERROR(CheckImagePolicyAndCredentials(options));
   RETURN_IF_ERROR(MakeDirs(options.dir));
   char buf[PATH_MAX];
   if (::realpath(options.dir.c_str(), buf) == nullptr)

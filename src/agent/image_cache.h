@@ -52,6 +52,12 @@ struct ImageCacheOptions {
   int64_t max_bytes = int64_t{50} << 30;    // unused images are evicted above it
   std::vector<std::string> local_roots;     // oci:, oci-archive:, docker-archive: sources only under these
   std::vector<std::string> registries;      // docker:// registries allowed; empty: any
+  // The signature policy (containers-policy.json(5)) every pull is checked against, local sources
+  // too; empty: /etc/containers/policy.json for registries where it exists, else none.
+  std::string policy;
+  // Registry credentials (containers-auth.json(5)) for docker:// sources: a regular file of the
+  // agent's user (or root), readable by nobody else; never given for local sources.
+  std::string auth_file;
   std::string skopeo = "skopeo";            // looked up in PATH when not absolute
   std::string umoci = "umoci";
   std::chrono::seconds pull_timeout{1800};  // one skopeo copy or umoci unpack
@@ -68,6 +74,12 @@ struct ImageCacheStats {
   int images = 0;
   int pulling = 0;
 };
+
+// The policy must be a readable containers-policy.json (a JSON object with a "default" array:
+// skopeo would otherwise fail every pull, later and less clearly); the credentials a regular file
+// that nobody but its owner (the agent's user or root) can read or change, since process tasks
+// see the host's files. Create checks both; the agent also at its start.
+Status CheckImagePolicyAndCredentials(const ImageCacheOptions& options);
 
 class ImageCache {
  public:

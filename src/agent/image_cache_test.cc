@@ -359,6 +359,75 @@ TEST_F(ImageCacheTest, RegistriesAndSyntaxAreChecked) {
   EXPECT_NE(seen.find("TMPDIR=" + dir_ + "/tmp\n"), std::string::npos) << seen;
 }
 
+// The admin's signature policy is skopeo's to enforce, for local sources too: a policy that
+// rejects everything fails the pull with skopeo's reason; one that accepts lets it through.
+TEST_F(ImageCacheTest, TheAdminsSignaturePolicyDecidesEveryPull) {
+  const std::string layout = Build("a");
+  const std::string reject = tmp_.path() + "/reject.json";
+  WriteText(reject, R"({"default": [{"type": "reject"}]})", 0644);
+  ImageCacheOptions o = Options();
+  o.policy = reject;
+  auto cache = NewCache(o);
+  ASSERT_NE(cache, nullptr);
+  auto refused = WaitReady(*cache, "oci:" + layout + ":t");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("rejected by policy"), std::string::npos) << refused.status().ToString();
+  EXPECT_EQ(cache->stats().images, 0);
+
+  const std::string accept = tmp_.path() + "/accept.json";
+  WriteText(accept, R"({"default": [{"type": "insecureAcceptAnything"}]})", 0644);
+  o = Options();
+  o.dir = tmp_.path() + "/cache2";
+  o.policy = accept;
+  auto open = NewCache(o);
+  ASSERT_NE(open, nullptr);
+  auto pulled = WaitReady(*open, "oci:" + layout + ":t");
+  EXPECT_TRUE(pulled.ok()) << pulled.status().ToString();
+
+  // A policy skopeo could not read is the agent's error at once, not every pull's later.
+  for (const std::string& text : {std::string("not json"), std::string(R"({"transports": {}})")}) {
+    WriteText(tmp_.path() + "/bad.json", text, 0644);
+    o = Options();
+    o.policy = tmp_.path() + "/bad.json";
+    auto bad = ImageCache::Create(o);
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_NE(bad.status().message().find("is not a containers-policy.json"), std::string::npos) << bad.status().ToString();
+  }
+  o = Options();
+  o.policy = tmp_.path() + "/missing.json";
+  EXPECT_FALSE(ImageCache::Create(o).ok());
+}
+
+// Registry credentials go to skopeo for docker:// sources only, from a file nobody but the agent
+// can read (process tasks see the host's files).
+TEST_F(ImageCacheTest, RegistryCredentialsGoToRegistryPullsOnlyFromAPrivateFile) {
+  const std::string auth = tmp_.path() + "/auth.json";
+  WriteText(auth, R"({"auths": {"localhost:5000": {"auth": "dTpw"}}})", 0644);
+  const std::string args = tmp_.path() + "/args";
+  ImageCacheOptions o = Options();
+  o.auth_file = auth;
+  o.skopeo = Script("skopeo", "echo \"$@\" >> " + args + "; exit 3");
+  auto readable = ImageCache::Create(o);
+  ASSERT_FALSE(readable.ok());
+  EXPECT_EQ(readable.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(readable.status().message().find("mode 0600; it is 0644"), std::string::npos) << readable.status().ToString();
+  ASSERT_EQ(::chmod(auth.c_str(), 0600), 0);
+  o.auth_file = tmp_.path() + "/auth-link";
+  ASSERT_EQ(::symlink(auth.c_str(), o.auth_file.c_str()), 0);
+  EXPECT_FALSE(ImageCache::Create(o).ok()) << "a link";
+  o.auth_file = auth;
+  auto cache = NewCache(o);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_FALSE(WaitReady(*cache, "docker://localhost:5000/x:1").ok());
+  const std::string layout = Build("a");
+  EXPECT_FALSE(WaitReady(*cache, "oci:" + layout + ":t").ok());
+  const std::string seen = ReadText(args);
+  EXPECT_NE(seen.find("copy --quiet --src-authfile " + auth + " docker://localhost:5000/x:1 oci:"), std::string::npos)
+      << seen;
+  EXPECT_NE(seen.find("copy --quiet oci:" + layout + ":t oci:"), std::string::npos) << seen;
+  EXPECT_EQ(seen.find("authfile", seen.find("oci:" + layout)), std::string::npos) << seen;
+}
+
 TEST_F(ImageCacheTest, FailuresAreKeptAndNotRetried) {
   const std::string layout = Build("a");
   // Truncate the largest blob (the layer): skopeo finds the digest wrong.

@@ -539,6 +539,10 @@ std::function<int()> AddServerCommand(CLI::App& app) {
                         "Size above which unused images are evicted, least recently used first (default 50Gi)");
   agent_cmd->add_option("--image-registry", agent->options.image_registries,
                         "A registry docker:// images may come from (repeatable; default: any)");
+  agent_cmd->add_option("--image-policy", agent->options.image_policy,
+                        "A signature policy (containers-policy.json) every image pull must satisfy, local sources too");
+  agent_cmd->add_option("--image-auth-file", agent->options.image_auth_file,
+                        "Registry credentials (containers-auth.json, mode 0600) for docker:// images");
   agent_cmd->add_option("--hide", agent->options.hide,
                         "A host path no task may see, besides the agent's state and logs (repeatable: the "
                         "server's data dir and config when they share the host)");
