@@ -521,6 +521,28 @@ TEST_F(AgentLeaseTest, DiskScratchStopsAtItsSizeLimitAndGoesWithItsRun) {
       << ::testing::PrintToString(MountsUnder(scope + "/"));
 }
 
+// Registry credentials others could read, or a policy skopeo could not use, stop the agent at its
+// start, naming the file (not its first task with an image, much later).
+TEST_F(AgentLeaseTest, AnUnsafeCredentialsFileOrABadPolicyStopsTheAgentAtItsStart) {
+  const std::string auth = root_ + "/auth.json";
+  {
+    std::ofstream f(auth);
+    f << R"({"auths": {}})";
+  }
+  ASSERT_EQ(::chmod(auth.c_str(), 0640), 0);
+  AgentOptions o = Opts("http://127.0.0.1:9");
+  o.image_auth_file = auth;
+  auto agent = Agent::Create(o);
+  ASSERT_FALSE(agent.ok());
+  EXPECT_NE(agent.status().message().find(auth), std::string::npos) << agent.status().ToString();
+  EXPECT_NE(agent.status().message().find("it is 0640"), std::string::npos) << agent.status().ToString();
+  o = Opts("http://127.0.0.1:9");
+  o.image_policy = root_ + "/no-policy.json";
+  agent = Agent::Create(o);
+  ASSERT_FALSE(agent.ok());
+  EXPECT_NE(agent.status().message().find("--image-policy"), std::string::npos) << agent.status().ToString();
+}
+
 TEST_F(AgentLeaseTest, ClosedServerPortDoesNotFence) {
   auto server = std::make_unique<LeaseServer>(json::array({Task("j-000000000003", "sleep 30")}), 3);
   Agent* agent = Create(Opts(server->url()));
