@@ -65,7 +65,7 @@ TaskStatusInfo WaitDone(Runtime& rt, const std::string& id, std::chrono::millise
 }
 
 // Waits until `path` holds at least `lines` lines.
-std::string WaitLines(const std::string& path, int lines, std::chrono::milliseconds timeout = 5s) {
+std::string WaitLines(const std::string& path, int lines, std::chrono::milliseconds timeout = 30s) {
   auto deadline = Clock::now() + timeout;
   while (true) {
     std::string text = ReadText(path);
@@ -918,12 +918,15 @@ TEST_F(RuncTest, ANewRuntimeAdoptsARunningContainer) {
 TEST_F(RuncTest, AnExpiredLeaseKillsTheContainer) {
   std::string id = UniqueId("runc-fence");
   const std::string lease = dir_.path() + "/lease";
-  const int64_t now = agent_internal::BootTimeMs();
-  ASSERT_TRUE(agent_internal::WriteFileAtomic(lease, std::to_string(now + 1500) + " " + std::to_string(now + 2000)).ok());
+  // A lease that lasts until the container runs (however slow the machine), then one that ends.
+  int64_t now = agent_internal::BootTimeMs();
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(lease, std::to_string(now + 60000) + " " + std::to_string(now + 61000)).ok());
   LaunchSpec spec = ContainerSpec(id, {"sh", "-c", "trap '' TERM; echo ready; sleep 67"});
   spec.lease_path = lease;
   ASSERT_TRUE(rt_->Start(spec).ok());
   ASSERT_EQ(WaitLines(rt_->StdoutPath(id), 1), "ready\n") << ReadText(rt_->StderrPath(id));
+  now = agent_internal::BootTimeMs();
+  ASSERT_TRUE(agent_internal::WriteFileAtomic(lease, std::to_string(now + 500) + " " + std::to_string(now + 1000)).ok());
   TaskStatusInfo info = WaitDone(*rt_, id, 10s);
   EXPECT_EQ(info.state, RunState::kExited) << info.message;
   EXPECT_TRUE(info.fenced) << info.message;
