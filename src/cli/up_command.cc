@@ -45,6 +45,8 @@ struct UpFlags {
   std::string image_cache;
   std::string image_cache_max = "50Gi";
   std::vector<std::string> image_registries;
+  std::string image_policy;
+  std::string image_auth_file;
   std::string pod_network;
   std::string pod_bridge = "gpupod";
   std::vector<std::string> pod_deny;
@@ -103,6 +105,8 @@ int RunUp(UpFlags flags) {
     if (!flags.image_cache.empty()) o.image_cache_dir = flags.image_cache + "/" + o.node;
     o.image_cache_max_bytes = image_cache_max;
     o.image_registries = flags.image_registries;
+    o.image_policy = flags.image_policy;
+    o.image_auth_file = flags.image_auth_file;
     // The pod network: each node its own share of the subnet, on a bridge of its own.
     if (!flags.pod_network.empty()) {
       auto subnet = PodSubnet(flags.pod_network, i, flags.nodes);
@@ -200,6 +204,10 @@ std::function<int()> AddUpCommand(CLI::App& app) {
                      "Per node: size above which unused images are evicted (default 50Gi)");
   up_cmd->add_option("--image-registry", up->image_registries,
                      "A registry docker:// images may come from (repeatable; default: any)");
+  up_cmd->add_option("--image-policy", up->image_policy,
+                     "A signature policy (containers-policy.json) every node's image pulls must satisfy");
+  up_cmd->add_option("--image-auth-file", up->image_auth_file,
+                     "Registry credentials (containers-auth.json, mode 0600) for docker:// images");
   up_cmd->add_option("--pod-network", up->pod_network,
                      "An IPv4 subnet for containers with network: pod, split evenly between the nodes (default none)");
   up_cmd->add_option("--pod-bridge", up->pod_bridge, "The nodes' pod bridges are named <this><node index> (default gpupod)");
