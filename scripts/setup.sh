@@ -16,7 +16,11 @@ PACKAGES=(
   skopeo umoci crun runsc
   iproute2 iptables
   qemu-system-x86 cpio e2fsprogs mount
+  python3-kubernetes
 )
+# kubectl, an independent client of the test Kubernetes API server (tests/kube): Debian's when the
+# machine has none of its own.
+command -v kubectl >/dev/null 2>&1 || PACKAGES+=(kubernetes-client)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -48,6 +48,9 @@ python3 tests/e2e/sandbox_e2e.py build/gpupool build/e2e-sandbox
 echo "== container images end to end: built OCI and docker-archive images, pinned digests, hostile sources, a checkpointed job resuming in its image on another node"
 python3 tests/e2e/image_e2e.py build/gpupool build/e2e-image
 
+echo "== the test Kubernetes API server (tests/kube), checked with kubectl and python3-kubernetes"
+python3 tests/kube/apiserver_check.py build/kube-apiserver-check
+
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py
 

@@ -1,0 +1,801 @@
+#!/usr/bin/env python3
+"""A test Kubernetes API server: the subset gpupool's Kubernetes code uses, with the API server's
+semantics, in memory. No kube-apiserver can be installed on the machines this project is built and
+tested on (not in Debian, not on npm); this stands in for it, and is itself checked with real,
+independent clients (kubectl, Debian's python3-kubernetes) by tests/kube/apiserver_check.py.
+
+What it serves (JSON only; HTTPS with --tls-cert/--tls-key, a bearer token with --token):
+  discovery   /version, /api, /api/v1, /apis, /apis/coordination.k8s.io[/v1]
+  core/v1     namespaces, nodes (cluster-scoped); pods, events (namespaced);
+              pods/binding and bindings (POST), pods/status (GET, PUT, PATCH)
+  coord/v1    leases (namespaced)
+  verbs       get, list, watch, create, update (PUT), patch (merge, strategic-merge, json), delete
+Semantics kept:
+  - one resourceVersion counter for everything; every write bumps it; objects carry it, lists
+    carry the one they were read at;
+  - list with limit/continue pages one snapshot (the list's resourceVersion), rebuilt from the
+    event history; a continue token older than the history is 410 Gone (Expired);
+  - list ?resourceVersion=N&resourceVersionMatch=Exact reads the snapshot at N; labelSelector
+    (=, ==, !=, in, notin, exists, !key) and fieldSelector (=, ==, != on the fields the API server
+    supports per resource: metadata.name and .namespace, pods' spec.nodeName, spec.schedulerName,
+    status.phase, events' involvedObject.*, ...);
+  - watch: a chunked stream of {"type", "object"} lines (ADDED, MODIFIED, DELETED, BOOKMARK with
+    allowWatchBookmarks, ERROR); from resourceVersion N the events after N, from "0"/absent the
+    current objects as ADDED first; a resourceVersion older than the history gets an ERROR
+    event with a 410 Status; an object that starts or stops matching the selectors arrives as
+    ADDED or DELETED; timeoutSeconds ends the stream;
+  - update with a stale metadata.resourceVersion is 409 Conflict; create of an existing name is
+    409 AlreadyExists; a binding of a pod that already has a node is 409 Conflict, of a pod whose
+    uid differs from the binding's is 409 too;
+  - errors are Status objects (kind Status, status Failure, reason, code, details).
+History kept: --history N events (default 10000); --bookmark-seconds (default 1).
+
+usage: apiserver.py --port PORT [--host 127.0.0.1] [--tls-cert F --tls-key F] [--token T]
+                    [--history N] [--bookmark-seconds S] [--ready-file F]
+"""
+import argparse
+import base64
+import copy
+import datetime
+import json
+import os
+import re
+import ssl
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+MAX_BODY = 3 * 1024 * 1024  # the API server's request limit
+
+# resource -> (group, version, kind, namespaced)
+RESOURCES = {
+    "namespaces": ("", "v1", "Namespace", False),
+    "nodes": ("", "v1", "Node", False),
+    "pods": ("", "v1", "Pod", True),
+    "events": ("", "v1", "Event", True),
+    "leases": ("coordination.k8s.io", "v1", "Lease", True),
+}
+SUBRESOURCES = {"pods": ("binding", "status")}
+# Strategic merge: list fields merged by a key (the rest are replaced).
+MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name", "ports": "containerPort",
+              "env": "name", "volumes": "name", "volumeMounts": "mountPath", "tolerations": None,
+              "addresses": "type", "taints": "key", "containerStatuses": "name"}
+
+
+def now_rfc3339():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def go_bool(text):
+    """A query parameter read as the API server's Go code reads a bool (strconv.ParseBool)."""
+    return text in ("1", "t", "T", "TRUE", "true", "True")
+
+
+class ApiError(Exception):
+    def __init__(self, code, reason, message, details=None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+    def status(self):
+        s = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": self.message,
+             "reason": self.reason, "code": self.code}
+        if self.details:
+            s["details"] = self.details
+        return s
+
+
+def not_found(resource, name):
+    group = RESOURCES[resource][0]
+    return ApiError(404, "NotFound", '%s "%s" not found' % (resource + ("." + group if group else ""), name),
+                    {"name": name, "group": group, "kind": resource})
+
+
+def conflict(resource, name, message):
+    return ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": %s' % (resource, name, message),
+                    {"name": name, "kind": resource})
+
+
+def gone(message="too old resource version"):
+    return ApiError(410, "Expired", message)
+
+
+def bad(message):
+    return ApiError(400, "BadRequest", message)
+
+
+# ---- selectors ------------------------------------------------------------------------------------
+
+def parse_label_selector(text):
+    """Requirements (key, op, values) from a label selector."""
+    reqs = []
+    if not text:
+        return reqs
+    for part in re.split(r",(?![^()]*\))", text):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.match(r"^([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)$", part)
+        if m:
+            reqs.append((m.group(1), m.group(2), [v.strip() for v in m.group(3).split(",") if v.strip()]))
+            continue
+        m = re.match(r"^([\w./-]+)\s*(==|=|!=)\s*([\w./-]*)$", part)
+        if m:
+            reqs.append((m.group(1), "!=" if m.group(2) == "!=" else "=", [m.group(3)]))
+            continue
+        m = re.match(r"^(!?)([\w./-]+)$", part)
+        if m:
+            reqs.append((m.group(2), "!exists" if m.group(1) else "exists", []))
+            continue
+        raise bad("unable to parse requirement: %r" % part)
+    return reqs
+
+
+def labels_match(obj, reqs):
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for key, op, values in reqs:
+        v = labels.get(key)
+        if op == "=" and v != values[0]:
+            return False
+        if op == "!=" and v == values[0]:
+            return False
+        if op == "in" and v not in values:
+            return False
+        if op == "notin" and v in values:
+            return False
+        if op == "exists" and key not in labels:
+            return False
+        if op == "!exists" and key in labels:
+            return False
+    return True
+
+
+# The field selectors the API server supports, per resource (metadata.name and metadata.namespace
+# for all).
+FIELDS = {
+    "pods": ("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName", "status.phase", "status.podIP"),
+    "nodes": ("spec.unschedulable",),
+    "events": ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+               "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+               "reportingComponent", "source", "type"),
+}
+
+
+def field_value(obj, path):
+    v = obj
+    for part in path.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):  # events' source: its component
+        return v.get("component") or ""
+    return "" if v is None else str(v)
+
+
+def parse_field_selector(text, resource):
+    reqs = []
+    if not text:
+        return reqs
+    known = ("metadata.name", "metadata.namespace") + FIELDS.get(resource, ())
+    for part in text.split(","):
+        m = re.match(r"^([\w.]+)\s*(==|=|!=)\s*(.*)$", part.strip())
+        if not m:
+            raise bad("invalid selector: %r" % part)
+        if m.group(1) not in known:
+            raise bad('field label not supported: %s' % m.group(1))
+        reqs.append((m.group(1), m.group(2) != "!=", m.group(3)))
+    return reqs
+
+
+def fields_match(obj, reqs):
+    for path, equal, value in reqs:
+        if (field_value(obj, path) == value) != equal:
+            return False
+    return True
+
+
+# ---- patches --------------------------------------------------------------------------------------
+
+def merge_patch(target, patch):
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def strategic_merge(target, patch, field=None):
+    """Strategic merge patch, the subset pods, nodes and leases need: maps merged, lists with a
+    merge key merged by it ($patch: delete removes an element), other lists replaced."""
+    if isinstance(patch, list):
+        key = MERGE_KEYS.get(field)
+        if not key or not isinstance(target, list):
+            return copy.deepcopy([e for e in patch if not (isinstance(e, dict) and e.get("$patch") == "delete")])
+        out = copy.deepcopy(target)
+        for e in patch:
+            if not isinstance(e, dict) or key not in e:
+                raise bad("%s: an element without its merge key %r" % (field, key))
+            at = next((i for i, x in enumerate(out) if isinstance(x, dict) and x.get(key) == e[key]), None)
+            if e.get("$patch") == "delete":
+                if at is not None:
+                    out.pop(at)
+            elif at is None:
+                out.append(copy.deepcopy(e))
+            else:
+                out[at] = strategic_merge(out[at], e)
+        return out
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = strategic_merge(out.get(k), v, k)
+    return out
+
+
+def json_patch(target, ops):
+    """RFC 6902: add, remove, replace, test."""
+    doc = copy.deepcopy(target)
+    if not isinstance(ops, list):
+        raise bad("a JSON patch is a list of operations")
+    for op in ops:
+        path = [p.replace("~1", "/").replace("~0", "~") for p in str(op.get("path", "")).split("/")[1:]]
+        if not path:
+            raise bad("a JSON patch operation needs a path")
+        parent = doc
+        for p in path[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.get(p)
+            if parent is None:
+                raise ApiError(422, "Invalid", "path %s does not exist" % op.get("path"))
+        last, kind = path[-1], op.get("op")
+        if kind == "test":
+            cur = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if cur != op.get("value"):
+                raise ApiError(422, "Invalid", "test failed at %s" % op.get("path"))
+        elif kind in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op.get("value"))
+                elif kind == "add":
+                    parent.insert(int(last), op.get("value"))
+                else:
+                    parent[int(last)] = op.get("value")
+            else:
+                parent[last] = op.get("value")
+        elif kind == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            elif last in parent:
+                del parent[last]
+            else:
+                raise ApiError(422, "Invalid", "path %s does not exist" % op.get("path"))
+        else:
+            raise bad("unknown JSON patch operation %r" % kind)
+    return doc
+
+
+# ---- the store ------------------------------------------------------------------------------------
+
+class Store:
+    def __init__(self, history):
+        self.lock = threading.Condition()
+        self.rv = 1
+        self.objects = {}  # (resource, namespace, name) -> object
+        self.history = []  # (rv, type, key, new, old)
+        self.max_history = history
+        self.oldest = 1  # events after this rv are all kept
+        self.objects[("namespaces", "", "default")] = self._stamp(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}, "spec": {}, "status": {"phase": "Active"}})
+
+    def _stamp(self, obj):
+        md = obj.setdefault("metadata", {})
+        md["resourceVersion"] = str(self.rv)
+        md.setdefault("uid", str(uuid.uuid4()))
+        md.setdefault("creationTimestamp", now_rfc3339())
+        return obj
+
+    def _record(self, kind, key, new, old):
+        self.rv += 1
+        if new is not None:
+            new["metadata"]["resourceVersion"] = str(self.rv)
+        event_obj = new if new is not None else copy.deepcopy(old)
+        if new is None:
+            event_obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append((self.rv, kind, key, copy.deepcopy(event_obj), copy.deepcopy(old)))
+        if len(self.history) > self.max_history:
+            dropped = self.history[: len(self.history) - self.max_history]
+            self.history = self.history[len(dropped):]
+            self.oldest = dropped[-1][0]
+        self.lock.notify_all()
+
+    def get(self, key):
+        obj = self.objects.get(key)
+        if obj is None:
+            raise not_found(key[0], key[2])
+        return copy.deepcopy(obj)
+
+    def create(self, key, obj):
+        with self.lock:
+            if key in self.objects:
+                raise ApiError(409, "AlreadyExists", '%s "%s" already exists' % (key[0], key[2]),
+                               {"name": key[2], "kind": key[0]})
+            if RESOURCES[key[0]][3] and ("namespaces", "", key[1]) not in self.objects:
+                raise ApiError(404, "NotFound", 'namespaces "%s" not found' % key[1])
+            obj = copy.deepcopy(obj)
+            md = obj.setdefault("metadata", {})
+            md.pop("resourceVersion", None)
+            md["uid"] = str(uuid.uuid4())
+            md["creationTimestamp"] = now_rfc3339()
+            if key[1]:
+                md["namespace"] = key[1]
+            self._stamp(obj)
+            self.objects[key] = obj
+            self._record("ADDED", key, obj, None)
+            return copy.deepcopy(obj)
+
+    def update(self, key, obj, check_rv=True, keep=None):
+        """keep: 'status' keeps the stored spec (a status update), 'spec' keeps the stored status."""
+        with self.lock:
+            old = self.objects.get(key)
+            if old is None:
+                raise not_found(key[0], key[2])
+            want = (obj.get("metadata") or {}).get("resourceVersion")
+            if check_rv and want and want != old["metadata"]["resourceVersion"]:
+                raise conflict(key[0], key[2], "the object has been modified; please apply your changes to the latest "
+                                               "version and try again")
+            new = copy.deepcopy(obj)
+            new.setdefault("metadata", {})
+            for f in ("uid", "creationTimestamp", "name"):
+                new["metadata"][f] = old["metadata"][f]
+            if key[1]:
+                new["metadata"]["namespace"] = key[1]
+            if keep == "status":
+                new = dict(old, status=copy.deepcopy(obj.get("status", {})))
+                new["metadata"] = copy.deepcopy(old["metadata"])
+            elif keep == "spec" and "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            if {k: v for k, v in new.items() if k != "metadata"} == {k: v for k, v in old.items() if k != "metadata"} \
+                    and new["metadata"].get("labels") == old["metadata"].get("labels") \
+                    and new["metadata"].get("annotations") == old["metadata"].get("annotations"):
+                return copy.deepcopy(old)  # no change: no new resourceVersion, as the API server
+            self.objects[key] = new
+            self._record("MODIFIED", key, new, old)
+            return copy.deepcopy(new)
+
+    def delete(self, key):
+        with self.lock:
+            old = self.objects.pop(key, None)
+            if old is None:
+                raise not_found(key[0], key[2])
+            self._record("DELETED", key, None, old)
+            return copy.deepcopy(old)
+
+    def snapshot(self, resource, namespace, at_rv):
+        """The objects of `resource` as they were at `at_rv` (None: now), sorted by key."""
+        objs = {k: v for k, v in self.objects.items() if k[0] == resource and (not namespace or k[1] == namespace)}
+        if at_rv is not None and at_rv < self.rv:
+            if at_rv < self.oldest:
+                raise gone("The provided continue parameter is too old to display a consistent list result. You can "
+                           "start a new list without the continue parameter.")
+            for rv, kind, key, new, old in reversed(self.history):
+                if rv <= at_rv:
+                    break
+                if key[0] != resource or (namespace and key[1] != namespace):
+                    continue
+                if kind == "ADDED":
+                    objs.pop(key, None)
+                else:
+                    objs[key] = old
+        return [copy.deepcopy(objs[k]) for k in sorted(objs)]
+
+
+# ---- HTTP -----------------------------------------------------------------------------------------
+
+PATH = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[a-z0-9]+))"
+                  r"(?:/namespaces/(?P<ns>[a-z0-9-]+))?/(?P<res>[a-z]+)(?:/(?P<name>[A-Za-z0-9.-]+))?"
+                  r"(?:/(?P<sub>[a-z]+))?$")
+
+
+def discovery(group):
+    items = []
+    for res, (g, version, kind, namespaced) in sorted(RESOURCES.items()):
+        if g != group:
+            continue
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        items.append({"name": res, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind, "verbs": verbs})
+        for sub in SUBRESOURCES.get(res, ()):
+            items.append({"name": res + "/" + sub, "singularName": "", "namespaced": namespaced,
+                          "kind": "Binding" if sub == "binding" else kind,
+                          "verbs": ["create"] if sub == "binding" else ["get", "patch", "update"]})
+    if not group:
+        items.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
+                      "verbs": ["create"]})
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": (group + "/v1") if group else "v1",
+            "resources": items}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "gpupool-test-apiserver"
+
+    def log_message(self, fmt, *args):
+        if self.server.verbose:
+            sys.stderr.write("apiserver: " + fmt % args + "\n")
+
+    # -- responses --
+    def send_json(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_error_status(self, err):
+        self.send_json(err.code, err.status())
+
+    # -- dispatch --
+    def do_GET(self):
+        self.handle_verb("GET")
+
+    def do_POST(self):
+        self.handle_verb("POST")
+
+    def do_PUT(self):
+        self.handle_verb("PUT")
+
+    def do_PATCH(self):
+        self.handle_verb("PATCH")
+
+    def do_DELETE(self):
+        self.handle_verb("DELETE")
+
+    def read_body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise ApiError(413, "RequestEntityTooLarge", "the request is larger than %d bytes" % MAX_BODY)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise bad("the body is not JSON: %s" % e)
+
+    def handle_verb(self, verb):
+        url = urlparse(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        try:
+            if self.server.token and self.headers.get("Authorization") != "Bearer " + self.server.token:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            if verb == "GET" and self.serve_discovery(url.path):
+                return
+            m = PATH.match(url.path)
+            if m and m.group("res") == "bindings" and m.group("ns") and not m.group("name") and not m.group("group"):
+                # The older form of a binding: the bindings collection, the pod named in the body.
+                if verb != "POST":
+                    raise ApiError(405, "MethodNotAllowed", "bindings are created")
+                body = self.read_body()
+                name = (body.get("metadata") or {}).get("name") if isinstance(body, dict) else None
+                if not name:
+                    raise ApiError(422, "Invalid", "Binding: metadata.name: Required value")
+                return self.bind(("pods", m.group("ns"), name), body)
+            if not m or m.group("res") not in RESOURCES:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            res, ns, name, sub = m.group("res"), m.group("ns") or "", m.group("name"), m.group("sub")
+            group, version, kind, namespaced = RESOURCES[res]
+            if (m.group("group") or "") != group or (group and m.group("version") != version):
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            if ns and not namespaced:
+                raise ApiError(404, "NotFound", "%s are not namespaced" % res)
+            if sub and sub not in SUBRESOURCES.get(res, ()):
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            self.route(verb, res, ns, name, sub, query)
+        except ApiError as e:
+            self.send_error_status(e)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def serve_discovery(self, path):
+        if path == "/version":
+            self.send_json(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0-gpupool-test",
+                                 "platform": "linux/amd64"})
+        elif path == "/api":
+            self.send_json(200, {"kind": "APIVersions", "versions": ["v1"],
+                                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]})
+        elif path == "/api/v1":
+            self.send_json(200, discovery(""))
+        elif path == "/apis":
+            gv = {"groupVersion": "coordination.k8s.io/v1", "version": "v1"}
+            self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": "coordination.k8s.io", "versions": [gv], "preferredVersion": gv}]})
+        elif path == "/apis/coordination.k8s.io":
+            gv = {"groupVersion": "coordination.k8s.io/v1", "version": "v1"}
+            self.send_json(200, {"kind": "APIGroup", "apiVersion": "v1", "name": "coordination.k8s.io",
+                                 "versions": [gv], "preferredVersion": gv})
+        elif path == "/apis/coordination.k8s.io/v1":
+            self.send_json(200, discovery("coordination.k8s.io"))
+        else:
+            return False
+        return True
+
+    def route(self, verb, res, ns, name, sub, query):
+        store = self.server.store
+        group, version, kind, namespaced = RESOURCES[res]
+        api_version = (group + "/" + version) if group else version
+        if name is None:
+            if verb == "GET" and go_bool(query.get("watch")):
+                return self.watch(res, ns, query)
+            if verb == "GET":
+                return self.list(res, ns, query, kind, api_version)
+            if verb == "POST":
+                if namespaced and not ns:
+                    raise ApiError(405, "MethodNotAllowed", "create %s in a namespace" % res)
+                obj = self.read_body()
+                self.check_kind(obj, kind, api_version)
+                md = obj.setdefault("metadata", {})
+                if not md.get("name") and md.get("generateName"):
+                    md["name"] = md["generateName"] + uuid.uuid4().hex[:5]
+                if not md.get("name"):
+                    raise ApiError(422, "Invalid", "%s: metadata.name: Required value" % kind)
+                if res == "pods":
+                    obj.setdefault("status", {}).setdefault("phase", "Pending")
+                    obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+                return self.send_json(201, store.create((res, ns, md["name"]), obj))
+            raise ApiError(405, "MethodNotAllowed", "%s on a collection" % verb)
+        key = (res, ns, name)
+        if sub == "binding":
+            if verb != "POST":
+                raise ApiError(405, "MethodNotAllowed", "bindings are created")
+            return self.bind(key, self.read_body())
+        if verb == "GET":
+            with store.lock:
+                return self.send_json(200, store.get(key))
+        if verb == "PUT":
+            obj = self.read_body()
+            self.check_kind(obj, kind, api_version)
+            if (obj.get("metadata") or {}).get("name") not in (None, name):
+                raise bad("the name of the object (%s) does not match the name on the URL (%s)" %
+                          (obj["metadata"]["name"], name))
+            return self.send_json(200, store.update(key, obj, keep="status" if sub == "status" else "spec"
+                                                    if res == "pods" else None))
+        if verb == "PATCH":
+            patch = self.read_body()
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            with store.lock:
+                cur = store.get(key)
+                if ctype == "application/merge-patch+json":
+                    new = merge_patch(cur, patch)
+                elif ctype == "application/strategic-merge-patch+json":
+                    new = strategic_merge(cur, patch)
+                elif ctype == "application/json-patch+json":
+                    new = json_patch(cur, patch)
+                else:
+                    raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                                   "accepted media types include: application/json-patch+json, "
+                                   "application/merge-patch+json, application/strategic-merge-patch+json")
+                new.setdefault("metadata", {})["resourceVersion"] = (
+                    (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None) \
+                    or cur["metadata"]["resourceVersion"]
+                return self.send_json(200, store.update(key, new, keep="status" if sub == "status" else None))
+        if verb == "DELETE":
+            return self.send_json(200, store.delete(key))
+        raise ApiError(405, "MethodNotAllowed", verb)
+
+    @staticmethod
+    def check_kind(obj, kind, api_version):
+        if not isinstance(obj, dict):
+            raise bad("the body is not an object")
+        if obj.get("kind") not in (None, kind) or obj.get("apiVersion") not in (None, api_version):
+            raise bad("the API version in the data (%s) does not match the expected API version (%s)" %
+                      (obj.get("apiVersion"), api_version))
+
+    def bind(self, key, binding):
+        store = self.server.store
+        target = (binding.get("target") or {})
+        if binding.get("kind") not in (None, "Binding") or target.get("kind", "Node") != "Node" or not target.get("name"):
+            raise bad("a Binding needs target.kind Node and target.name")
+        with store.lock:
+            pod = store.get(key)
+            uid = (binding.get("metadata") or {}).get("uid")
+            if uid and uid != pod["metadata"]["uid"]:
+                raise conflict("pods", key[2], "Precondition failed: UID in precondition: %s, UID in object meta: %s" %
+                               (uid, pod["metadata"]["uid"]))
+            if pod["spec"].get("nodeName"):
+                raise conflict("pods/binding", key[2],
+                               'pod %s is already assigned to node "%s"' % (key[2], pod["spec"]["nodeName"]))
+            pod["spec"]["nodeName"] = target["name"]
+            ann = (binding.get("metadata") or {}).get("annotations")
+            if ann:
+                pod["metadata"].setdefault("annotations", {}).update(ann)
+            conds = [c for c in pod.setdefault("status", {}).get("conditions", []) if c.get("type") != "PodScheduled"]
+            conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                          "lastTransitionTime": now_rfc3339()})
+            pod["status"]["conditions"] = conds
+            store.update(key, pod, check_rv=False)
+        self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+    def list(self, res, ns, query, kind, api_version):
+        store = self.server.store
+        labels = parse_label_selector(query.get("labelSelector", ""))
+        fields = parse_field_selector(query.get("fieldSelector", ""), res)
+        limit = int(query.get("limit") or 0)
+        cont = query.get("continue")
+        with store.lock:
+            if cont:
+                try:
+                    token = json.loads(base64.urlsafe_b64decode(cont.encode()))
+                    at_rv, after = int(token["rv"]), tuple(token["after"])
+                except (ValueError, KeyError, TypeError):
+                    raise bad("continue key is not valid")
+            else:
+                after = None
+                rv_param = query.get("resourceVersion")
+                match = query.get("resourceVersionMatch")
+                if rv_param and rv_param != "0" and match == "Exact":
+                    at_rv = int(rv_param)
+                    if at_rv > store.rv:
+                        raise ApiError(504, "Timeout", "Too large resource version: %s, current: %d" % (rv_param, store.rv))
+                else:
+                    at_rv = store.rv
+            items = [o for o in store.snapshot(res, ns, at_rv if at_rv < store.rv else None)
+                     if labels_match(o, labels) and fields_match(o, fields)]
+        if after is not None:
+            items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after]
+        meta = {"resourceVersion": str(at_rv)}
+        if limit and len(items) > limit:
+            items = items[:limit]
+            last = items[-1]["metadata"]
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                {"rv": at_rv, "after": [last.get("namespace", ""), last["name"]]}).encode()).decode()
+        for o in items:
+            o.setdefault("kind", kind)
+            o.setdefault("apiVersion", api_version)
+        self.send_json(200, {"kind": kind + "List", "apiVersion": api_version, "metadata": meta, "items": items})
+
+    # -- watch --
+    def write_chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def watch(self, res, ns, query):
+        store = self.server.store
+        labels = parse_label_selector(query.get("labelSelector", ""))
+        fields = parse_field_selector(query.get("fieldSelector", ""), res)
+        bookmarks = go_bool(query.get("allowWatchBookmarks"))
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        rv_param = query.get("resourceVersion") or "0"
+        group, version, kind, _ = RESOURCES[res]
+        api_version = (group + "/" + version) if group else version
+
+        def matches(o):
+            return o is not None and labels_match(o, labels) and fields_match(o, fields)
+
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def emit(kind_, obj):
+            obj = copy.deepcopy(obj)
+            obj.setdefault("kind", kind)
+            obj.setdefault("apiVersion", api_version)
+            self.write_chunk(json.dumps({"type": kind_, "object": obj}).encode() + b"\n")
+
+        with store.lock:
+            if rv_param == "0":
+                start = store.rv
+                initial = [o for o in store.snapshot(res, ns, None) if matches(o)]
+            else:
+                try:
+                    start = int(rv_param)
+                except ValueError:
+                    start = -1
+                initial = []
+                if start < store.oldest:
+                    err = gone("too old resource version: %s (%d)" % (rv_param, store.oldest))
+                    status = err.status()
+                    self.write_chunk(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+                    self.write_chunk(b"")
+                    return
+        try:
+            for o in initial:
+                emit("ADDED", o)
+            sent = start
+            deadline = time.monotonic() + timeout
+            next_bookmark = time.monotonic() + self.server.bookmark_seconds
+            while not self.server.stopping:
+                with store.lock:
+                    pending = [h for h in store.history if h[0] > sent]
+                    if not pending:
+                        wait = min(deadline, next_bookmark) - time.monotonic()
+                        if wait > 0:
+                            store.lock.wait(min(wait, 0.5))
+                        pending = [h for h in store.history if h[0] > sent]
+                    current = store.rv
+                for rv, kind_, key, new, old in pending:
+                    sent = rv
+                    if key[0] != res or (ns and key[1] != ns):
+                        continue
+                    was, now_ = matches(old), matches(new)
+                    if kind_ == "DELETED":
+                        if was:
+                            emit("DELETED", new)
+                    elif kind_ == "ADDED":
+                        if now_:
+                            emit("ADDED", new)
+                    elif was and now_:
+                        emit("MODIFIED", new)
+                    elif now_:
+                        emit("ADDED", new)
+                    elif was:
+                        emit("DELETED", new)
+                t = time.monotonic()
+                if t >= deadline:
+                    break
+                if bookmarks and t >= next_bookmark:
+                    sent = max(sent, current) if not pending else sent
+                    emit("BOOKMARK", {"kind": kind, "apiVersion": api_version,
+                                      "metadata": {"resourceVersion": str(sent)}})
+                    next_bookmark = t + self.server.bookmark_seconds
+            self.write_chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            pass
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True, help="0: any free port (written to --ready-file)")
+    ap.add_argument("--tls-cert")
+    ap.add_argument("--tls-key")
+    ap.add_argument("--token")
+    ap.add_argument("--history", type=int, default=10000)
+    ap.add_argument("--bookmark-seconds", type=float, default=1.0)
+    ap.add_argument("--ready-file", help="written with the URL once the server listens")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    httpd = Server((args.host, args.port), Handler)
+    httpd.store = Store(args.history)
+    httpd.token = args.token
+    httpd.bookmark_seconds = args.bookmark_seconds
+    httpd.stopping = False
+    httpd.verbose = args.verbose
+    scheme = "http"
+    if args.tls_cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+        scheme = "https"
+    url = "%s://%s:%d" % (scheme, args.host, httpd.server_address[1])
+    if args.ready_file:
+        with open(args.ready_file + ".tmp", "w") as f:
+            f.write(url + "\n")
+        os.replace(args.ready_file + ".tmp", args.ready_file)
+    print("apiserver: serving on " + url, flush=True)
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.stopping = True
+
+
+if __name__ == "__main__":
+    main()
