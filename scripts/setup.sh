@@ -16,7 +16,7 @@ PACKAGES=(
   skopeo umoci crun runsc
   iproute2 iptables
   qemu-system-x86 cpio e2fsprogs mount
-  python3-kubernetes
+  python3-kubernetes libcurl4-openssl-dev
 )
 # kubectl, an independent client of the test Kubernetes API server (tests/kube): Debian's when the
 # machine has none of its own.
