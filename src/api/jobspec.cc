@@ -227,43 +227,10 @@ Status ReadResources(const Json& v, const std::string& path, const JobSpecLimits
   return Status::Ok();
 }
 
-// The isolation a task gets when its spec names none: a MIG instance runs as MIG; whole GPUs
-// exclusively; a share of one GPU under MPS when the job is guaranteed (hard compute and memory
-// limits), else time-sliced; a CPU-only task exclusive, which means nothing for it.
-IsolationMode DefaultIsolation(const TaskRequest& r, QosClass qos) {
-  if (r.wants_mig()) return IsolationMode::kMig;
-  if (r.wants_gpu() && r.gpu_share < kWholeGpu) {
-    return qos == QosClass::kGuaranteed ? IsolationMode::kMps : IsolationMode::kTimeslice;
-  }
-  return IsolationMode::kExclusive;
-}
-
+// The isolation rules are the model's (DefaultIsolation, CheckIsolation in model/workload.h),
+// shared with the Kubernetes pod reader; here they get the field's path.
 Status CheckIsolation(const TaskGroup& g, const std::string& path) {
-  const TaskRequest& r = g.request;
-  const IsolationMode mode = g.exec.isolation;
-  const std::string_view name = IsolationModeName(mode);
-  if (r.wants_mig() && mode != IsolationMode::kMig) {
-    return FieldError(
-        path, fmt::format("a MIG instance (resources.migProfile) runs with isolation 'mig', not '{}'", name));
-  }
-  switch (mode) {
-    case IsolationMode::kMig:
-      if (!r.wants_mig()) return FieldError(path, "'mig' needs resources.migProfile");
-      break;
-    case IsolationMode::kExclusive:
-      if (r.is_share()) {
-        return FieldError(path,
-                          "'exclusive' needs whole GPUs; a share of one GPU runs with mps or timeslice");
-      }
-      break;
-    case IsolationMode::kMps:
-    case IsolationMode::kTimeslice:
-      if (!r.wants_gpu()) {
-        return FieldError(path,
-                          fmt::format("'{}' applies to GPU shares, and the task asks for no GPU", name));
-      }
-      break;
-  }
+  if (Status st = gpupool::CheckIsolation(g.request, g.exec.isolation); !st.ok()) return FieldError(path, st.message());
   return Status::Ok();
 }
 

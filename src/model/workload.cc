@@ -6,6 +6,37 @@
 
 namespace gpupool {
 
+IsolationMode DefaultIsolation(const TaskRequest& r, QosClass qos) {
+  if (r.wants_mig()) return IsolationMode::kMig;
+  if (r.wants_gpu() && r.gpu_share < kWholeGpu) {
+    return qos == QosClass::kGuaranteed ? IsolationMode::kMps : IsolationMode::kTimeslice;
+  }
+  return IsolationMode::kExclusive;
+}
+
+Status CheckIsolation(const TaskRequest& r, IsolationMode mode) {
+  const std::string_view name = IsolationModeName(mode);
+  if (r.wants_mig() && mode != IsolationMode::kMig) {
+    return Status::InvalidArgument(
+        fmt::format("a MIG instance (resources.migProfile) runs with isolation 'mig', not '{}'", name));
+  }
+  switch (mode) {
+    case IsolationMode::kMig:
+      if (!r.wants_mig()) return Status::InvalidArgument("'mig' needs resources.migProfile");
+      break;
+    case IsolationMode::kExclusive:
+      if (r.is_share())
+        return Status::InvalidArgument("'exclusive' needs whole GPUs; a share of one GPU runs with mps or timeslice");
+      break;
+    case IsolationMode::kMps:
+    case IsolationMode::kTimeslice:
+      if (!r.wants_gpu())
+        return Status::InvalidArgument(fmt::format("'{}' applies to GPU shares, and the task asks for no GPU", name));
+      break;
+  }
+  return Status::Ok();
+}
+
 Status ValidateTaskRequest(const TaskRequest& r) {
   if (r.cpu.units() < 0) return Status::InvalidArgument("cpu must not be negative");
   if (r.memory.units() < 0) return Status::InvalidArgument("memory must not be negative");

@@ -62,6 +62,14 @@ enum class IsolationMode : uint8_t {
 std::string_view IsolationModeName(IsolationMode mode);
 Result<IsolationMode> ParseIsolationMode(std::string_view name);
 
+// The isolation a task gets when its spec names none: a MIG instance runs as MIG; whole GPUs
+// exclusively; a share of one GPU under MPS when the job is guaranteed (hard compute and memory
+// limits), else time-sliced; a CPU-only task exclusive, which means nothing for it.
+IsolationMode DefaultIsolation(const TaskRequest& request, QosClass qos);
+// Whether `mode` fits the request (a MIG instance only as 'mig', 'exclusive' only with whole
+// GPUs, 'mps'/'timeslice' only with a GPU); InvalidArgument saying why not.
+Status CheckIsolation(const TaskRequest& request, IsolationMode mode);
+
 // A requirement on a node's labels, after Kubernetes' node affinity operators.
 struct LabelRequirement {
   enum class Op : uint8_t { kIn, kNotIn, kExists, kDoesNotExist };
