@@ -22,83 +22,14 @@
 #include <fmt/format.h>
 
 #include "kube/kube_config.h"
+#include "kube/kube_test_util.h"
 
 namespace gpupool::kube {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-}
-
-int Sh(const std::string& cmd) { return std::system(cmd.c_str()); }
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/gpupool-kube-XXXXXX";
-    path_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// tests/kube/apiserver.py on a free port, with `extra` arguments; stopped with the fixture.
-class TestApiServer {
- public:
-  TestApiServer(const std::string& dir, const std::vector<std::string>& extra) {
-    const std::string ready = dir + "/url";
-    std::vector<std::string> args = {"python3", std::string(GPUPOOL_SOURCE_DIR) + "/tests/kube/apiserver.py", "--port",
-                                     "0", "--ready-file", ready};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      const int log = ::open((dir + "/server.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (log >= 0) {
-        ::dup2(log, 1);
-        ::dup2(log, 2);
-      }
-      ::execvp("python3", argv.data());
-      ::_exit(127);
-    }
-    for (int i = 0; i < 200 && url_.empty(); ++i) {
-      std::this_thread::sleep_for(25ms);
-      url_ = ReadText(ready);
-      while (!url_.empty() && url_.back() == '\n') url_.pop_back();
-    }
-  }
-  ~TestApiServer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  const std::string& url() const { return url_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string url_;
-};
+using namespace test;  // NOLINT: the shared test helpers
 
 class KubeClientTest : public ::testing::Test {
  protected:

@@ -717,13 +717,19 @@ class Handler(BaseHTTPRequestHandler):
             next_bookmark = time.monotonic() + self.server.bookmark_seconds
             while not self.server.stopping:
                 with store.lock:
-                    pending = [h for h in store.history if h[0] > sent]
-                    if not pending:
+                    if sent >= store.oldest and store.rv <= sent:
                         wait = min(deadline, next_bookmark) - time.monotonic()
                         if wait > 0:
                             store.lock.wait(min(wait, 0.5))
-                        pending = [h for h in store.history if h[0] > sent]
+                    # A watcher that fell behind: events it has not been sent are gone from the
+                    # history (as etcd compacts them); the API server ends such a watch with 410.
+                    lost = sent < store.oldest
+                    pending = [] if lost else [h for h in store.history if h[0] > sent]
                     current = store.rv
+                if lost:
+                    status = gone("too old resource version: %d (%d)" % (sent, store.oldest)).status()
+                    self.write_chunk(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+                    break
                 for rv, kind_, key, new, old in pending:
                     sent = rv
                     if key[0] != res or (ns and key[1] != ns):
