@@ -1,0 +1,649 @@
+#include "kube/cluster_state.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "api/node_codec.h"
+#include "sched/registry.h"
+
+namespace gpupool::kube {
+
+namespace {
+
+using Json = nlohmann::json;
+
+const Json& At(const Json& obj, const char* key) {
+  static const Json kNull;
+  if (!obj.is_object()) return kNull;
+  const auto it = obj.find(key);
+  return it == obj.end() ? kNull : *it;
+}
+
+std::string Str(const Json& v) { return v.is_string() ? v.get<std::string>() : std::string(); }
+
+Resources DemandOf(const TaskRequest& r) {
+  Resources d;
+  d.cpu = r.cpu.units();
+  d.memory = r.memory.units();
+  d.gpu = r.wants_mig() ? 1000 : static_cast<int64_t>(r.gpu_count) * r.gpu_share.units();
+  return d;
+}
+
+// Which task of the job each reservation was for.
+class TaskBinder : public Binder {
+ public:
+  Status Bind(const Job&, int task_index, AllocationId allocation, const Placement& placement) override {
+    bound.push_back({task_index, allocation, placement});
+    return Status::Ok();
+  }
+  struct Bound {
+    int task;
+    AllocationId allocation;
+    Placement placement;
+  };
+  std::vector<Bound> bound;
+};
+
+// What a pending pod's scheduling depends on, to tell a real change from a status update.
+size_t SchedulingHash(const Json& pod) {
+  const Json& meta = At(pod, "metadata");
+  std::string text = At(pod, "spec").dump();
+  text += At(meta, "annotations").dump();
+  text += At(meta, "labels").dump();
+  return std::hash<std::string>()(text);
+}
+
+}  // namespace
+
+ClusterState::ClusterState(ClusterOptions options, GpuCatalog catalog)
+    : options_(std::move(options)), catalog_(std::move(catalog)) {}
+
+Result<std::unique_ptr<ClusterState>> ClusterState::Create(ClusterOptions options, GpuCatalog catalog) {
+  if (options.profile.scores.empty()) {
+    auto p = ProfileForPolicy("balanced");
+    if (!p.ok()) return p.status();
+    options.profile = std::move(p).value();
+  }
+  if (options.max_pods_per_cycle < 1) return Status::InvalidArgument("max pods per cycle must be at least 1");
+  std::unique_ptr<ClusterState> s(new ClusterState(std::move(options), std::move(catalog)));
+  auto order = QueueOrder::Create(s->options_.ordering);
+  if (!order.ok()) return order.status().WithContext("queues");
+  s->order_.emplace(std::move(order).value());
+  s->typical_pods_ = {{0, 1000, 1, {}, 1.0}};
+  RETURN_IF_ERROR(s->Rebuild());
+  return s;
+}
+
+// ---- nodes --------------------------------------------------------------------------------------
+
+namespace {
+
+// The spec without health (which changes in place, not by rebuilding).
+NodeSpec Healthy(NodeSpec s) {
+  s.healthy = true;
+  for (GpuDevice& g : s.gpus) g.healthy = true;
+  return s;
+}
+
+}  // namespace
+
+void ClusterState::ApplyHealth(NodeIndex idx, const KubeNode& kn) {
+  (void)ledger_->SetNodeHealthy(idx, kn.ready && kn.spec.healthy);
+  (void)ledger_->SetCordoned(idx, kn.cordoned);
+  for (size_t g = 0; g < kn.spec.gpus.size(); ++g) (void)ledger_->SetGpuHealthy(idx, static_cast<int>(g), kn.spec.gpus[g].healthy);
+}
+
+void ClusterState::ApplyNode(const std::string& type, const Json& node) {
+  const std::string name = Str(At(At(node, "metadata"), "name"));
+  if (name.empty()) return;
+  ++mask_epoch_;
+  if (type == "DELETED") {
+    bad_nodes_.erase(name);
+    if (nodes_.erase(name) > 0) rebuild_ = true;
+    return;
+  }
+  auto parsed = ParseKubeNode(node, catalog_);
+  if (!parsed.ok()) {
+    bad_nodes_[name] = parsed.status().message();
+    if (nodes_.erase(name) > 0) rebuild_ = true;
+    return;
+  }
+  bad_nodes_.erase(name);
+  KubeNode kn = std::move(parsed).value();
+  auto it = nodes_.find(name);
+  if (it != nodes_.end()) {
+    const bool same = SameNodeSpec(Healthy(it->second.spec), Healthy(kn.spec));
+    it->second = std::move(kn);
+    if (!same) {
+      rebuild_ = true;
+      return;
+    }
+    ++capacity_epoch_;  // healthier or not, cordoned or not: decisions may differ now
+    if (!rebuild_) {
+      if (auto idx = ledger_->FindNode(name)) ApplyHealth(*idx, it->second);
+    }
+    return;
+  }
+  it = nodes_.emplace(name, std::move(kn)).first;
+  ++capacity_epoch_;
+  if (rebuild_) return;
+  auto idx = ledger_->AddNode(Healthy(it->second.spec));
+  if (!idx.ok()) {
+    bad_nodes_[name] = idx.status().message();
+    nodes_.erase(it);
+    return;
+  }
+  node_of_index_.push_back(name);
+  ApplyHealth(*idx, it->second);
+  // Pods bound to it before it was known hold their part now.
+  auto waiting = waiting_node_.find(name);
+  if (waiting != waiting_node_.end()) {
+    const std::set<std::string> uids = std::move(waiting->second);
+    waiting_node_.erase(waiting);
+    for (const std::string& uid : uids) {
+      auto p = pods_.find(uid);
+      if (p == pods_.end()) continue;
+      Json object = std::move(p->second.object);
+      p->second.object = Json();
+      Charge(p->second, object);
+    }
+  }
+}
+
+Status ClusterState::Rebuild() {
+  ledger_ = std::make_unique<Ledger>(catalog_);
+  node_of_index_.clear();
+  std::vector<std::string> refused;
+  for (const auto& [name, kn] : nodes_) {
+    auto idx = ledger_->AddNode(Healthy(kn.spec));
+    if (!idx.ok()) {
+      bad_nodes_[name] = idx.status().message();
+      refused.push_back(name);
+      continue;
+    }
+    node_of_index_.push_back(name);
+    ApplyHealth(*idx, kn);
+  }
+  for (const std::string& name : refused) nodes_.erase(name);
+  // Pods hold again what they held, in a fixed order (uids sorted) so a rebuild is reproducible.
+  std::vector<std::string> uids;
+  for (const auto& [uid, p] : pods_)
+    if (p.phase != PodPhase::kPending) uids.push_back(uid);
+  std::sort(uids.begin(), uids.end());
+  unaccounted_ = 0;
+  for (const std::string& uid : uids) {
+    Pod& p = pods_[uid];
+    p.alloc.reset();
+    p.unaccounted = false;
+    auto idx = ledger_->FindNode(p.node);
+    if (!p.placement || !idx) {
+      if (p.phase == PodPhase::kBound && p.object.is_object()) {
+        waiting_node_[p.node].insert(uid);
+      } else if (p.phase == PodPhase::kBound) {
+        // Its placement named a node that is gone: it waits for the node to come back, and is
+        // charged as a pod without an assignment then.
+        waiting_node_[p.node].insert(uid);
+      }
+      continue;
+    }
+    Placement placement = *p.placement;
+    placement.node = *idx;
+    auto id = ledger_->Commit(placement);
+    if (id.ok()) {
+      p.alloc = *id;
+      p.placement = placement;
+    } else {
+      p.unaccounted = true;
+      ++unaccounted_;
+    }
+  }
+  PluginInit init;
+  init.typical_pods = &typical_pods_;
+  auto s = Scheduler::Create(options_.profile, DefaultRegistry(), *ledger_, rng_, init);
+  if (!s.ok()) return s.status().WithContext("profile " + options_.profile.name);
+  scheduler_ = std::move(s).value();
+  masks_.clear();
+  ++capacity_epoch_;
+  ++mask_epoch_;
+  rebuild_ = false;
+  return Status::Ok();
+}
+
+// ---- pods ---------------------------------------------------------------------------------------
+
+Result<Placement> ClusterState::ForeignPlacement(NodeIndex n, const Json& object) const {
+  Placement p;
+  p.node = n;
+  auto req = ParsePodRequest(object);
+  if (!req.ok()) return p;  // unreadable: it holds a pod slot, nothing gpupool can count
+  const TaskRequest& r = req->request;
+  p.cpu = r.cpu;
+  p.memory = r.memory;
+  if (!r.wants_gpu() || r.wants_mig()) return p;
+  const NodeState& s = ledger_->state(n);
+  if (r.is_share()) {
+    int best = -1;
+    for (size_t g = 0; g < s.gpus.size(); ++g) {
+      const GpuState& gs = s.gpus[g];
+      if (gs.mig_enabled || gs.free_share < r.gpu_share.units() || gs.free_memory < r.gpu_memory.units()) continue;
+      if (best < 0 || gs.free_share > s.gpus[static_cast<size_t>(best)].free_share) best = static_cast<int>(g);
+    }
+    if (best < 0) return Status::ResourceExhausted("no GPU has the share it holds");
+    p.gpus.push_back({best, r.gpu_share, r.gpu_memory, std::nullopt});
+    p.share_task = true;
+    return p;
+  }
+  for (size_t g = 0; g < s.gpus.size() && static_cast<int>(p.gpus.size()) < r.gpu_count; ++g) {
+    const GpuState& gs = s.gpus[g];
+    if (gs.mig_enabled || gs.free_share != 1000) continue;
+    p.gpus.push_back({static_cast<int>(g), MilliGpu(1000), MiB(gs.free_memory), std::nullopt});
+  }
+  if (static_cast<int>(p.gpus.size()) < r.gpu_count)
+    return Status::ResourceExhausted(fmt::format("fewer than {} free GPUs", r.gpu_count));
+  return p;
+}
+
+void ClusterState::Charge(Pod& pod, const Json& object) {
+  auto idx = rebuild_ ? std::nullopt : ledger_->FindNode(pod.node);
+  if (!idx) {
+    waiting_node_[pod.node].insert(pod.uid);
+    pod.object = object;
+    return;
+  }
+  std::optional<Placement> placement;
+  const Json& ann = At(At(At(object, "metadata"), "annotations"), kAssignmentKey);
+  if (ann.is_string()) {
+    auto p = ParseAssignment(ann.get<std::string>(), pod.uid, pod.node, *ledger_);
+    if (p.ok()) placement = std::move(p).value();
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!placement) {
+      auto p = ForeignPlacement(*idx, object);
+      if (!p.ok()) break;
+      placement = std::move(p).value();
+    }
+    auto id = ledger_->Commit(*placement);
+    if (id.ok()) {
+      pod.alloc = *id;
+      pod.placement = std::move(placement);
+      return;
+    }
+    placement.reset();  // an assignment that no longer fits: count it as the device plugin would
+  }
+  pod.unaccounted = true;
+  ++unaccounted_;
+}
+
+void ClusterState::Hold(Pod& pod, const PodRequest& req) {
+  if (pod.counted || !pod.ours) return;
+  pod.counted = true;
+  pod.tenant = req.tenant;
+  pod.queue = req.queue;
+  pod.gang = req.gang.empty() ? std::string() : req.namespace_name + "/" + req.gang;
+  pod.demand = DemandOf(req.request);
+  usage_[{pod.tenant, pod.queue}] += pod.demand;
+  if (!pod.gang.empty()) ++gang_held_[pod.gang];
+}
+
+void ClusterState::Uncharge(Pod& pod) {
+  if (pod.alloc) {
+    (void)ledger_->Release(*pod.alloc);
+    pod.alloc.reset();
+    ++capacity_epoch_;
+  }
+  pod.placement.reset();
+  if (pod.unaccounted) {
+    pod.unaccounted = false;
+    --unaccounted_;
+  }
+  if (auto w = waiting_node_.find(pod.node); w != waiting_node_.end()) {
+    w->second.erase(pod.uid);
+    if (w->second.empty()) waiting_node_.erase(w);
+  }
+  pod.object = Json();
+  if (pod.counted) {
+    pod.counted = false;
+    usage_[{pod.tenant, pod.queue}] -= pod.demand;
+    if (!pod.gang.empty() && --gang_held_[pod.gang] <= 0) gang_held_.erase(pod.gang);
+  }
+  pod.node.clear();
+}
+
+void ClusterState::Unpend(Pod& pod) {
+  if (pod.seq != 0 && pending_.erase(pod.seq) > 0) pending_uid_.erase(pod.seq);
+}
+
+void ClusterState::ForgetPod(const std::string& uid) {
+  auto it = pods_.find(uid);
+  if (it == pods_.end()) return;
+  Uncharge(it->second);
+  Unpend(it->second);
+  pods_.erase(it);
+}
+
+void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
+  const Json& meta = At(pod, "metadata");
+  const std::string uid = Str(At(meta, "uid"));
+  if (uid.empty()) return;
+  const std::string phase = Str(At(At(pod, "status"), "phase"));
+  if (type == "DELETED" || phase == "Succeeded" || phase == "Failed") {
+    ForgetPod(uid);
+    return;
+  }
+  const Json& spec = At(pod, "spec");
+  const std::string node = Str(At(spec, "nodeName"));
+  const bool ours = Str(At(spec, "schedulerName")) == options_.scheduler_name;
+  if (node.empty() && (!ours || !At(meta, "deletionTimestamp").is_null())) {
+    // Not gpupool's to place (another scheduler's, or on its way out before it ran).
+    if (auto it = pods_.find(uid); it != pods_.end() && it->second.phase != PodPhase::kAssumed) ForgetPod(uid);
+    return;
+  }
+  auto [it, inserted] = pods_.try_emplace(uid);
+  Pod& p = it->second;
+  if (inserted) {
+    p.uid = uid;
+    p.namespace_name = Str(At(meta, "namespace"));
+    p.name = Str(At(meta, "name"));
+  }
+  p.ours = ours;
+  if (!node.empty()) {
+    Unpend(p);
+    if (p.phase != PodPhase::kPending && p.node == node) {
+      p.phase = PodPhase::kBound;  // our own decision, now seen: it already holds its part
+      return;
+    }
+    Uncharge(p);
+    p.phase = PodPhase::kBound;
+    p.node = node;
+    Charge(p, pod);
+    if (ours) {
+      auto req = ParsePodRequest(pod);
+      if (req.ok()) Hold(p, *req);
+    }
+    return;
+  }
+  if (p.phase == PodPhase::kAssumed) return;  // its binding is on its way
+  if (p.phase == PodPhase::kBound) Uncharge(p);
+  p.phase = PodPhase::kPending;
+  const size_t hash = SchedulingHash(pod);
+  if (p.seq != 0 && pending_.count(p.seq) && hash == p.hash) return;  // a status update: nothing to redo
+  p.hash = hash;
+  p.request = ParsePodRequest(pod);
+  p.constraints = NodeConstraints::FromPod(pod);
+  p.failed_epoch = ~uint64_t{0};
+  if (p.seq == 0) p.seq = next_seq_++;
+  if (pending_.insert(p.seq).second) {
+    pending_uid_[p.seq] = uid;
+    if (p.request.ok()) scheduler_->Observe(p.request->request);
+  }
+}
+
+void ClusterState::BindFailed(const std::string& uid) {
+  auto it = pods_.find(uid);
+  if (it == pods_.end() || it->second.phase != PodPhase::kAssumed) return;
+  Pod& p = it->second;
+  Uncharge(p);
+  p.phase = PodPhase::kPending;
+  p.failed_epoch = ~uint64_t{0};
+  p.last_message.clear();
+  if (pending_.insert(p.seq).second) pending_uid_[p.seq] = uid;
+}
+
+// ---- the cycle ----------------------------------------------------------------------------------
+
+Resources ClusterState::ClusterTotal() const {
+  Resources total;
+  for (NodeIndex n = 0; n < ledger_->node_count(); ++n) {
+    const NodeSpec& s = ledger_->spec(n);
+    total.cpu += s.cpu.units();
+    total.memory += s.memory.units();
+    for (const auto& g : s.gpus) total.gpu += g.mig_enabled ? 0 : 1000;
+  }
+  return total;
+}
+
+const NodeMask* ClusterState::MaskFor(const NodeConstraints& c) {
+  if (c.empty()) return nullptr;
+  auto& [epoch, mask] = masks_[c.key()];
+  if (epoch == mask_epoch_ && mask.reason.size() == ledger_->node_count()) return &mask;
+  epoch = mask_epoch_;
+  mask.reasons = {"node selector, affinity or taints"};
+  mask.reason.assign(ledger_->node_count(), 0);
+  for (NodeIndex n = 0; n < ledger_->node_count(); ++n) {
+    const auto it = nodes_.find(node_of_index_[n]);
+    if (it == nodes_.end() || !c.Allows(it->second)) mask.reason[n] = 1;
+  }
+  return &mask;
+}
+
+void ClusterState::Report(Pod& p, const std::string& reason, const std::string& message, CycleResult& out) {
+  if (p.last_reason == reason && p.last_message == message) return;
+  p.last_reason = reason;
+  p.last_message = message;
+  out.pending.push_back({p.uid, p.namespace_name, p.name, reason, message});
+}
+
+void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const Placement& placement,
+                          CycleResult& out) {
+  Unpend(p);
+  p.phase = PodPhase::kAssumed;
+  p.node = node_of_index_[placement.node];
+  p.alloc = id;
+  p.placement = placement;
+  p.last_reason.clear();
+  p.last_message.clear();
+  Hold(p, req);
+  out.binds.push_back(
+      {p.uid, p.namespace_name, p.name, p.node, AssignmentJson(p.uid, placement, *ledger_).dump()});
+}
+
+CycleResult ClusterState::Cycle() {
+  CycleResult out;
+  if (rebuild_) {
+    if (Status st = Rebuild(); !st.ok()) return out;  // the profile built once already; cannot fail
+  }
+  if (pending_.empty()) return out;
+
+  // Units: a pod alone, or a gang's pending members (namespace/gang), in first-seen order.
+  struct Unit {
+    std::vector<Pod*> members;
+    std::string gang;
+    int gang_min = 0;
+  };
+  std::vector<Unit> units;
+  std::map<std::string, size_t> gang_unit;
+  for (const auto& [seq, uid] : pending_uid_) {
+    Pod& p = pods_[uid];
+    if (!p.request.ok()) {
+      Report(p, "Invalid", p.request.status().message(), out);
+      continue;
+    }
+    if (!p.constraints.ok()) {
+      Report(p, "Invalid", fmt::format("pod {}/{}: {}", p.namespace_name, p.name, p.constraints.status().message()), out);
+      continue;
+    }
+    const PodRequest& r = *p.request;
+    if (!order_->HasQueue(r.queue)) {
+      Report(p, "Invalid", fmt::format("queue '{}' does not exist", r.queue), out);
+      continue;
+    }
+    if (r.gang.empty()) {
+      units.push_back({{&p}, "", 0});
+      continue;
+    }
+    const std::string key = r.namespace_name + "/" + r.gang;
+    auto [g, fresh] = gang_unit.try_emplace(key, units.size());
+    if (fresh) units.push_back({{}, key, 0});
+    Unit& u = units[g->second];
+    u.members.push_back(&p);
+    u.gang_min = std::max(u.gang_min, r.gang_min);
+  }
+  if (units.empty() || ledger_->node_count() == 0) {
+    for (Unit& u : units)
+      for (Pod* p : u.members) Report(*p, "Unschedulable", "no nodes with a readable inventory", out);
+    return out;
+  }
+
+  std::vector<PendingEntry> entries;
+  for (const Unit& u : units) {
+    PendingEntry e;
+    const PodRequest& first = *u.members.front()->request;
+    e.seq = u.members.front()->seq;
+    e.tenant = first.tenant;
+    e.queue = first.queue;
+    e.priority = first.priority;
+    for (const Pod* p : u.members) {
+      e.priority = std::max(e.priority, p->request->priority);
+      e.demand += DemandOf(p->request->request);
+    }
+    entries.push_back(std::move(e));
+  }
+  std::vector<UsageEntry> usage;
+  for (const auto& [key, r] : usage_) usage.push_back({key.first, key.second, r});
+  QueueOrder::Pass pass = order_->Begin(entries, usage, ClusterTotal());
+  // Shapes that failed this cycle: capacity only shrinks within a cycle, so the same shape
+  // cannot fit either.
+  std::map<std::string, std::string> failed_shapes;
+  while (auto next = pass.Next()) {
+    if (out.decisions >= options_.max_pods_per_cycle) break;
+    Unit& u = units[*next];
+    const int held = u.gang.empty() ? 0 : (gang_held_.count(u.gang) ? gang_held_[u.gang] : 0);
+    const int members = static_cast<int>(u.members.size());
+    if (u.gang_min > 0 && members + held < u.gang_min) {
+      for (Pod* p : u.members)
+        Report(*p, "WaitingForGang",
+               fmt::format("gang {}: {} of {} members exist ({} {})", u.gang, members + held, u.gang_min,
+                           kGangMinKey, u.gang_min),
+               out);
+      pass.Skipped(*next);
+      continue;
+    }
+    bool unchanged = true;
+    for (const Pod* p : u.members) unchanged &= p->failed_epoch == capacity_epoch_;
+    if (unchanged) {
+      pass.Skipped(*next);
+      continue;
+    }
+    Pod& first = *u.members.front();
+    const NodeMask* mask = MaskFor(*first.constraints);
+    const bool alone = u.gang.empty() || (u.gang_min > 0 && held >= u.gang_min);
+    std::string shape;
+    if (u.gang.empty()) {
+      const TaskRequest& r = first.request->request;
+      shape = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", r.cpu.units(), r.memory.units(), r.gpu_count, r.gpu_share.units(),
+                          r.gpu_memory.units(), fmt::join(r.gpu_models, ","), r.mig_profile, r.nvlink);
+      shape += first.constraints->key();
+      if (auto f = failed_shapes.find(shape); f != failed_shapes.end()) {
+        first.failed_epoch = capacity_epoch_;
+        Report(first, "Unschedulable", f->second, out);
+        pass.Skipped(*next);
+        continue;
+      }
+    }
+    ++out.decisions;
+    scheduler_->SetNodeMask(mask);
+    if (alone) {
+      // A pod alone, or more members of a gang whose minimum is running already.
+      bool any = false;
+      for (Pod* p : u.members) {
+        Decision d;
+        auto id = scheduler_->Place(p->request->request, &d);
+        if (id.ok()) {
+          Assume(*p, *p->request, *id, d.placement, out);
+          any = true;
+          continue;
+        }
+        p->failed_epoch = capacity_epoch_;
+        std::string message = d.error.ok() ? d.diagnosis.ToString() : d.error.message();
+        if (!u.gang.empty()) message = fmt::format("gang {}: {}", u.gang, message);
+        if (!shape.empty()) failed_shapes[shape] = message;
+        Report(*p, "Unschedulable", message, out);
+      }
+      scheduler_->SetNodeMask(nullptr);
+      if (any) pass.Placed(*next);
+      else pass.Skipped(*next);
+      continue;
+    }
+    Job job;
+    job.id = u.gang;
+    job.name = u.gang;
+    job.tenant = first.request->tenant;
+    job.queue = first.request->queue;
+    job.priority = entries[*next].priority;
+    job.min_available = u.gang_min > 0 ? std::min(u.gang_min - held, members) : 0;
+    for (size_t i = 0; i < u.members.size(); ++i) {
+      TaskGroup g;
+      g.name = fmt::format("m{}", i);
+      g.request = u.members[i]->request->request;
+      job.groups.push_back(std::move(g));
+    }
+    TaskBinder binder;
+    JobResult r = scheduler_->ScheduleJob(job, &binder);
+    scheduler_->SetNodeMask(nullptr);
+    if (r.placed) {
+      for (const auto& b : binder.bound) {
+        Pod& p = *u.members[static_cast<size_t>(b.task)];
+        Assume(p, *p.request, b.allocation, b.placement, out);
+      }
+      pass.Placed(*next);
+      continue;
+    }
+    const std::string why = r.status.message().empty() ? r.diagnosis.ToString() : r.status.message();
+    const std::string message =
+        fmt::format("gang {}: {} member(s) must fit together{}: {}", u.gang, job.gang_size(),
+                    held > 0 ? fmt::format(" ({} running)", held) : std::string(), why);
+    for (Pod* p : u.members) {
+      p->failed_epoch = capacity_epoch_;
+      Report(*p, "Unschedulable", message, out);
+    }
+    pass.Skipped(*next);
+  }
+  return out;
+}
+
+// ---- views --------------------------------------------------------------------------------------
+
+ClusterCounts ClusterState::counts() const {
+  ClusterCounts c;
+  c.nodes = nodes_.size();
+  c.bad_nodes = bad_nodes_.size();
+  c.pods_pending = pending_.size();
+  c.pods_unaccounted = unaccounted_;
+  for (const auto& [name, uids] : waiting_node_) c.pods_waiting_node += uids.size();
+  for (const auto& [uid, p] : pods_) {
+    if (p.alloc) ++c.pods_charged;
+    if (p.phase == PodPhase::kAssumed) ++c.pods_assumed;
+  }
+  return c;
+}
+
+std::map<std::string, size_t> ClusterState::PendingByReason() const {
+  std::map<std::string, size_t> out;
+  for (const auto& [seq, uid] : pending_uid_) {
+    const auto it = pods_.find(uid);
+    ++out[it == pods_.end() || it->second.last_reason.empty() ? std::string("Untried") : it->second.last_reason];
+  }
+  return out;
+}
+
+Status ClusterState::CheckInvariants() const {
+  RETURN_IF_ERROR(ledger_->CheckInvariants());
+  size_t charged = 0;
+  for (const auto& [uid, p] : pods_) {
+    if (!p.alloc) continue;
+    ++charged;
+    const Placement* held = ledger_->Find(*p.alloc);
+    if (!held || !p.placement || !(*held == *p.placement))
+      return Status::Internal(fmt::format("pod {}/{} holds an allocation the ledger does not have", p.namespace_name, p.name));
+    if (node_of_index_[held->node] != p.node)
+      return Status::Internal(fmt::format("pod {}/{} is charged on {}, it is on {}", p.namespace_name, p.name,
+                                          node_of_index_[held->node], p.node));
+  }
+  if (charged != ledger_->allocation_count())
+    return Status::Internal(fmt::format("{} allocations in the ledger, {} pods hold one", ledger_->allocation_count(), charged));
+  return Status::Ok();
+}
+
+}  // namespace gpupool::kube

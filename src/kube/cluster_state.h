@@ -1,0 +1,161 @@
+// What `gpupool kube-scheduler` knows of a cluster, and its scheduling cycle. Built from Node and
+// Pod events alone (the informers'), so a standby replica rebuilds it from the API with nothing
+// else. No I/O, no threads, no clock: events in, decisions out (binds to make, pods to report as
+// pending); the daemon (kube_scheduler.cc) does the talking.
+//
+// Accounting. Every pod bound to a node that has not ended holds what it asked for there, whoever
+// scheduled it: gpupool's own pods hold what their assignment annotation says (GPUs by index, the
+// share, memory or MIG instance); other pods hold their CPU and memory and, for `nvidia.com/gpu` or
+// `gpupool.io/gpu`, that many whole GPUs (the lowest-numbered free ones: which ones is the device
+// plugin's choice, how many is what matters). A pod gpupool chose a node for holds it from the
+// decision on ("assumed"), before its binding is seen, so the next decision never counts it free.
+//
+// Placement goes through the same `sched` pipeline (Scheduler) and queue order (QueueOrder) as the
+// pool server's: pods are jobs of one task; a gang (`gpupool.io/gang`) is one job whose tasks are
+// its pending members, placed all together or not at all.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "kube/kube_node.h"
+#include "kube/pod_request.h"
+#include "model/ledger.h"
+#include "sched/profile.h"
+#include "sched/queueing.h"
+#include "sched/scheduler.h"
+#include "sched/typical_pods.h"
+
+namespace gpupool::kube {
+
+struct ClusterOptions {
+  std::string scheduler_name = "gpupool";  // pods with this spec.schedulerName are gpupool's
+  Profile profile;                         // the placement pipeline (ProfileForPolicy("balanced"))
+  QueueOrderOptions ordering;              // queues and their order
+  int max_pods_per_cycle = 5000;           // decisions per cycle (bound: a cycle stays short)
+};
+
+// One pod to bind: POST its binding with the assignment annotation.
+struct BindOrder {
+  std::string uid, namespace_name, name, node;
+  std::string assignment;  // the annotation's value
+};
+
+// A pod that stays pending, and why (gpupool's per-node reasons, or what is wrong with it).
+struct PendingReport {
+  std::string uid, namespace_name, name;
+  std::string reason;  // "Unschedulable" (does not fit now) or "Invalid" (can never be placed as written)
+  std::string message;
+};
+
+struct CycleResult {
+  std::vector<BindOrder> binds;
+  std::vector<PendingReport> pending;  // every pod that was tried and stays pending
+  int decisions = 0;
+};
+
+struct ClusterCounts {
+  size_t nodes = 0, bad_nodes = 0, pods_charged = 0, pods_assumed = 0, pods_pending = 0;
+  size_t pods_unaccounted = 0;  // bound pods whose holdings do not fit their node (overcommitted by others)
+  size_t pods_waiting_node = 0;  // bound to a node gpupool does not know (yet)
+};
+
+class ClusterState {
+ public:
+  static Result<std::unique_ptr<ClusterState>> Create(ClusterOptions options, GpuCatalog catalog = GpuCatalog::Builtin());
+
+  // Informer events: type ADDED, MODIFIED or DELETED; the object's newest state.
+  void ApplyNode(const std::string& type, const nlohmann::json& node);
+  void ApplyPod(const std::string& type, const nlohmann::json& pod);
+
+  // One scheduling cycle over the pending pods. The binds it returns are assumed (held) until
+  // BindFailed or the pod's binding is seen.
+  CycleResult Cycle();
+  // The binding was refused or failed: what the pod held is released; it is pending again unless
+  // the API said it is gone or bound elsewhere (the informer will tell).
+  void BindFailed(const std::string& uid);
+
+  ClusterCounts counts() const;
+  const Ledger& ledger() const { return *ledger_; }
+  // Every node's bad-inventory message, by name (nodes kept out of placement).
+  const std::map<std::string, std::string>& bad_nodes() const { return bad_nodes_; }
+  // Pending pods per reason of their last report ("Unschedulable", "Invalid", "WaitingForGang").
+  std::map<std::string, size_t> PendingByReason() const;
+  // Checks the ledger against a recount and every charged pod against it.
+  Status CheckInvariants() const;
+
+ private:
+  enum class PodPhase : uint8_t { kPending, kAssumed, kBound };
+  struct Pod {
+    std::string uid, namespace_name, name;
+    PodPhase phase = PodPhase::kPending;
+    bool ours = false;
+    std::string node;                  // bound or assumed: the node it holds on ("" none)
+    std::optional<AllocationId> alloc;  // what it holds in the ledger
+    std::optional<Placement> placement;  // to charge again after a rebuild
+    nlohmann::json object;  // bound pods not charged yet (node unknown) keep the object to retry
+    // Pending pods of ours:
+    uint64_t seq = 0;
+    Result<PodRequest> request{Status::Internal("unparsed")};
+    Result<NodeConstraints> constraints{Status::Internal("unparsed")};
+    size_t hash = 0;                       // of what its scheduling depends on
+    uint64_t failed_epoch = ~uint64_t{0};  // capacity epoch of its last failure
+    std::string last_reason, last_message;  // of its last report
+    bool unaccounted = false;  // bound, but what it holds does not fit its node
+    // Accounting of ours (bound or assumed): their tenant, queue, gang and demand.
+    bool counted = false;
+    std::string tenant, queue, gang;
+    Resources demand;
+  };
+
+  ClusterState(ClusterOptions options, GpuCatalog catalog);
+  Status Rebuild();
+  void ApplyHealth(NodeIndex idx, const KubeNode& node);
+  void Charge(Pod& pod, const nlohmann::json& object);
+  void Hold(Pod& pod, const PodRequest& req);
+  void Uncharge(Pod& pod);
+  void Unpend(Pod& pod);
+  void ForgetPod(const std::string& uid);
+  void Report(Pod& pod, const std::string& reason, const std::string& message, CycleResult& out);
+  void Assume(Pod& pod, const PodRequest& req, AllocationId id, const Placement& placement, CycleResult& out);
+  Result<Placement> ForeignPlacement(NodeIndex n, const nlohmann::json& object) const;
+  const NodeMask* MaskFor(const NodeConstraints& c);
+  Resources ClusterTotal() const;
+
+  ClusterOptions options_;
+  GpuCatalog catalog_;
+  SeededRng rng_{1};
+  std::unique_ptr<Ledger> ledger_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::optional<QueueOrder> order_;
+  std::vector<TypicalPod> typical_pods_;
+
+  std::map<std::string, KubeNode> nodes_;             // good nodes by name
+  std::map<std::string, std::string> bad_nodes_;      // name -> why it is kept out
+  std::vector<std::string> node_of_index_;            // ledger index -> name
+  bool rebuild_ = false;
+  uint64_t capacity_epoch_ = 0;  // bumped whenever something is released or a node added/changed
+  uint64_t mask_epoch_ = 0;      // bumped when nodes or their labels/taints change
+  std::unordered_map<std::string, std::pair<uint64_t, NodeMask>> masks_;
+
+  std::unordered_map<std::string, Pod> pods_;  // by uid
+  std::map<std::string, std::set<std::string>> waiting_node_;  // node name -> bound pods not charged
+  std::set<uint64_t> pending_;                  // seqs of our pending pods
+  std::map<uint64_t, std::string> pending_uid_;  // seq -> uid
+  uint64_t next_seq_ = 1;
+  std::map<std::pair<std::string, std::string>, Resources> usage_;  // (tenant, queue) -> held
+  std::map<std::string, int> gang_held_;  // namespace/gang -> members bound or assumed
+  size_t unaccounted_ = 0;
+};
+
+}  // namespace gpupool::kube

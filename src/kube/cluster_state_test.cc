@@ -1,0 +1,298 @@
+#include "kube/cluster_state.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+namespace gpupool::kube {
+namespace {
+
+using Json = nlohmann::json;
+
+// A Node as the API server has it: allocatable, Ready, and the GPUs either as kube-node's inventory
+// annotation or as GPU feature discovery's labels.
+Json NodeObj(const std::string& name, int gpus, const std::string& model = "A100-80GB", bool inventory = true,
+             int mig_gpu = -1) {
+  Json n = {{"apiVersion", "v1"},
+            {"kind", "Node"},
+            {"metadata", {{"name", name}, {"labels", {{"kubernetes.io/hostname", name}}}}},
+            {"spec", Json::object()},
+            {"status",
+             {{"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
+              {"conditions", Json::array({{{"type", "Ready"}, {"status", "True"}}})}}}};
+  if (inventory) {
+    Json inv = {{"gpus", Json::array()}};
+    for (int i = 0; i < gpus; ++i)
+      inv["gpus"].push_back({{"index", i}, {"uuid", fmt::format("GPU-{}-{}", name, i)}, {"model", model},
+                           {"migEnabled", i == mig_gpu}});
+    n["metadata"]["annotations"][kInventoryKey] = inv.dump();
+  } else {
+    n["status"]["allocatable"]["nvidia.com/gpu"] = std::to_string(gpus);
+    n["metadata"]["labels"][kGpuProductLabel] = "NVIDIA-A100-SXM4-80GB";
+    n["metadata"]["labels"][kGpuMemoryLabel] = "81920";
+  }
+  return n;
+}
+
+Json PodObj(const std::string& name, Json limits, Json annotations = Json::object(),
+            const std::string& scheduler = "gpupool") {
+  return {{"apiVersion", "v1"},
+          {"kind", "Pod"},
+          {"metadata", {{"name", name}, {"namespace", "ml"}, {"uid", "uid-" + name}, {"annotations", annotations}}},
+          {"spec",
+           {{"schedulerName", scheduler},
+            {"containers", Json::array({{{"name", "main"}, {"resources", {{"limits", limits}}}}})}}},
+          {"status", {{"phase", "Pending"}}}};
+}
+
+// What the API server shows after a binding: the node and the binding's annotations.
+Json Bound(Json pod, const BindOrder& b) {
+  pod["spec"]["nodeName"] = b.node;
+  pod["metadata"]["annotations"][kAssignmentKey] = b.assignment;
+  return pod;
+}
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = ClusterState::Create({});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    state = std::move(s).value();
+  }
+  const BindOrder* Find(const CycleResult& r, const std::string& name) {
+    for (const auto& b : r.binds)
+      if (b.name == name) return &b;
+    return nullptr;
+  }
+  const PendingReport* FindReport(const CycleResult& r, const std::string& name) {
+    for (const auto& p : r.pending)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
+  std::unique_ptr<ClusterState> state;
+};
+
+TEST_F(ClusterStateTest, PlacesWholeFractionalAndMigPodsAndCountsTheirBindingsOnce) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8, "A100-80GB", true, 7));
+  Json whole = PodObj("whole", {{"nvidia.com/gpu", 4}});
+  Json frac = PodObj("frac", {{"gpupool.io/gpu-milli", 250}, {"gpupool.io/gpu-memory", "10Gi"}});
+  Json mig = PodObj("mig", Json::object(), {{"gpupool.io/mig", "3g.40gb"}});
+  for (const Json* p : {&whole, &frac, &mig}) state->ApplyPod("ADDED", *p);
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 3u) << (r.pending.empty() ? "" : r.pending[0].message);
+  EXPECT_EQ(state->counts().pods_assumed, 3u);
+  const BindOrder* w = Find(r, "whole");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->node, "n1");
+  Json a = Json::parse(w->assignment);
+  EXPECT_EQ(a["podUID"], "uid-whole");
+  EXPECT_EQ(a["gpus"].size(), 4u);
+  EXPECT_EQ(a["gpus"][0]["uuid"].get<std::string>().rfind("GPU-n1-", 0), 0u);
+  Json fa = Json::parse(Find(r, "frac")->assignment);
+  EXPECT_EQ(fa["gpus"][0]["share"], 250);
+  Json ma = Json::parse(Find(r, "mig")->assignment);
+  EXPECT_EQ(ma["gpus"][0]["mig"]["profile"], "3g.40gb");
+  const size_t allocations = state->ledger().allocation_count();
+  // The informer shows each binding: nothing is charged twice.
+  state->ApplyPod("MODIFIED", Bound(whole, *w));
+  state->ApplyPod("MODIFIED", Bound(frac, *Find(r, "frac")));
+  state->ApplyPod("MODIFIED", Bound(mig, *Find(r, "mig")));
+  EXPECT_EQ(state->ledger().allocation_count(), allocations);
+  EXPECT_EQ(state->counts().pods_assumed, 0u);
+  EXPECT_TRUE(state->CheckInvariants().ok()) << state->CheckInvariants().ToString();
+  EXPECT_TRUE(state->Cycle().binds.empty());
+}
+
+TEST_F(ClusterStateTest, AStandbyRebuildsTheSameHoldingsFromBoundPodsAlone) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8));
+  Json p1 = PodObj("p1", {{"gpupool.io/gpu-milli", 500}});
+  Json p2 = PodObj("p2", {{"nvidia.com/gpu", 2}});
+  state->ApplyPod("ADDED", p1);
+  state->ApplyPod("ADDED", p2);
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 2u);
+  auto other = ClusterState::Create({});
+  ASSERT_TRUE(other.ok());
+  // The standby sees the pods before the node (informers start in any order).
+  (*other)->ApplyPod("ADDED", Bound(p1, *Find(r, "p1")));
+  (*other)->ApplyPod("ADDED", Bound(p2, *Find(r, "p2")));
+  EXPECT_EQ((*other)->counts().pods_waiting_node, 2u);
+  (*other)->ApplyNode("ADDED", NodeObj("n1", 8));
+  EXPECT_EQ((*other)->counts().pods_waiting_node, 0u);
+  for (NodeIndex n = 0; n < 1; ++n) {
+    for (size_t g = 0; g < 8; ++g)
+      EXPECT_EQ((*other)->ledger().state(n).gpus[g].free_share, state->ledger().state(n).gpus[g].free_share) << g;
+  }
+  EXPECT_TRUE((*other)->CheckInvariants().ok());
+}
+
+TEST_F(ClusterStateTest, OtherSchedulersPodsHoldTheirGpusCpuAndMemory) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8, "A100-80GB", false));
+  Json foreign = PodObj("theirs", {{"nvidia.com/gpu", 6}, {"cpu", "8"}}, Json::object(), "default-scheduler");
+  foreign["spec"]["nodeName"] = "n1";
+  state->ApplyPod("ADDED", foreign);
+  EXPECT_EQ(state->ledger().state(0).fully_free_gpus, 2);
+  state->ApplyPod("ADDED", PodObj("big", {{"nvidia.com/gpu", 4}}));
+  CycleResult r = state->Cycle();
+  EXPECT_TRUE(r.binds.empty());
+  ASSERT_NE(FindReport(r, "big"), nullptr);
+  EXPECT_EQ(FindReport(r, "big")->reason, "Unschedulable");
+  EXPECT_NE(FindReport(r, "big")->message.find("0/1 nodes"), std::string::npos) << FindReport(r, "big")->message;
+  // It ends: its GPUs are free again and the pending pod goes.
+  foreign["status"]["phase"] = "Succeeded";
+  state->ApplyPod("MODIFIED", foreign);
+  r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  EXPECT_TRUE(state->CheckInvariants().ok());
+}
+
+TEST_F(ClusterStateTest, AGangIsBoundWhole_OrNotAtAll) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8));
+  state->ApplyNode("ADDED", NodeObj("n2", 8));
+  Json ann = {{"gpupool.io/gang", "train"}, {"gpupool.io/gang-min", "3"}};
+  for (int i = 0; i < 3; ++i) state->ApplyPod("ADDED", PodObj(fmt::format("w{}", i), {{"nvidia.com/gpu", 8}}, ann));
+  CycleResult r = state->Cycle();
+  EXPECT_TRUE(r.binds.empty());
+  EXPECT_EQ(state->ledger().allocation_count(), 0u);
+  ASSERT_EQ(r.pending.size(), 3u);
+  EXPECT_NE(r.pending[0].message.find("gang ml/train: 3 member(s) must fit together"), std::string::npos)
+      << r.pending[0].message;
+  // Unchanged capacity: the gang is not tried again and not reported again.
+  EXPECT_EQ(state->Cycle().pending.size(), 0u);
+  state->ApplyNode("ADDED", NodeObj("n3", 8));
+  r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 3u);
+  std::set<std::string> nodes;
+  for (const auto& b : r.binds) nodes.insert(b.node);
+  EXPECT_EQ(nodes.size(), 3u);
+}
+
+TEST_F(ClusterStateTest, AGangWaitsForItsMinimumOfMembers) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8));
+  Json ann = {{"gpupool.io/gang", "g"}, {"gpupool.io/gang-min", "4"}};
+  for (int i = 0; i < 2; ++i) state->ApplyPod("ADDED", PodObj(fmt::format("m{}", i), {{"nvidia.com/gpu", 1}}, ann));
+  CycleResult r = state->Cycle();
+  EXPECT_TRUE(r.binds.empty());
+  ASSERT_EQ(r.pending.size(), 2u);
+  EXPECT_EQ(r.pending[0].reason, "WaitingForGang");
+  EXPECT_NE(r.pending[0].message.find("2 of 4 members"), std::string::npos) << r.pending[0].message;
+  EXPECT_EQ(state->PendingByReason()["WaitingForGang"], 2u);
+  for (int i = 2; i < 4; ++i) state->ApplyPod("ADDED", PodObj(fmt::format("m{}", i), {{"nvidia.com/gpu", 1}}, ann));
+  EXPECT_EQ(state->Cycle().binds.size(), 4u);
+}
+
+TEST_F(ClusterStateTest, AFailedBindingReleasesWhatThePodHeld) {
+  state->ApplyNode("ADDED", NodeObj("n1", 1));
+  state->ApplyPod("ADDED", PodObj("a", {{"nvidia.com/gpu", 1}}));
+  state->ApplyPod("ADDED", PodObj("b", {{"nvidia.com/gpu", 1}}));
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  const std::string bound = r.binds[0].name;
+  state->BindFailed(r.binds[0].uid);
+  EXPECT_EQ(state->ledger().allocation_count(), 0u);
+  r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  EXPECT_EQ(r.binds[0].name, bound);  // first come, first served again
+  EXPECT_TRUE(state->CheckInvariants().ok());
+}
+
+TEST_F(ClusterStateTest, NodeSelectorsAffinityAndTaintsRestrictNodes) {
+  Json n1 = NodeObj("n1", 8);
+  n1["metadata"]["labels"]["pool"] = "a";
+  Json n2 = NodeObj("n2", 8);
+  n2["metadata"]["labels"]["pool"] = "b";
+  n2["spec"]["taints"] = Json::array({{{"key", "gpu"}, {"value", "h100"}, {"effect", "NoSchedule"}}});
+  state->ApplyNode("ADDED", n1);
+  state->ApplyNode("ADDED", n2);
+  Json sel = PodObj("sel", {{"nvidia.com/gpu", 1}});
+  sel["spec"]["nodeSelector"] = {{"pool", "b"}};
+  Json tol = sel;
+  tol["metadata"]["name"] = "tol";
+  tol["metadata"]["uid"] = "uid-tol";
+  tol["spec"]["tolerations"] = Json::array({{{"key", "gpu"}, {"operator", "Exists"}}});
+  Json aff = PodObj("aff", {{"nvidia.com/gpu", 1}});
+  aff["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] =
+      Json::array({{{"matchExpressions", Json::array({{{"key", "pool"}, {"operator", "NotIn"}, {"values", {"b"}}}})}}});
+  Json anti = PodObj("anti", {{"nvidia.com/gpu", 1}});
+  anti["spec"]["affinity"]["podAntiAffinity"] = {{"requiredDuringSchedulingIgnoredDuringExecution", Json::array({Json::object()})}};
+  for (const Json* p : {&sel, &tol, &aff, &anti}) state->ApplyPod("ADDED", *p);
+  CycleResult r = state->Cycle();
+  EXPECT_EQ(Find(r, "sel"), nullptr);  // n2 is tainted, and it does not tolerate it
+  ASSERT_NE(FindReport(r, "sel"), nullptr);
+  EXPECT_NE(FindReport(r, "sel")->message.find("node selector, affinity or taints"), std::string::npos);
+  ASSERT_NE(Find(r, "tol"), nullptr);
+  EXPECT_EQ(Find(r, "tol")->node, "n2");
+  ASSERT_NE(Find(r, "aff"), nullptr);
+  EXPECT_EQ(Find(r, "aff")->node, "n1");
+  ASSERT_NE(FindReport(r, "anti"), nullptr);
+  EXPECT_EQ(FindReport(r, "anti")->reason, "Invalid");
+  EXPECT_NE(FindReport(r, "anti")->message.find("podAntiAffinity"), std::string::npos);
+}
+
+TEST_F(ClusterStateTest, HostilePodsAndNodesAreReportedAndChangeNothing) {
+  Json bad_inv = NodeObj("bad", 8);
+  bad_inv["metadata"]["annotations"][kInventoryKey] = std::string(100000, '[');
+  state->ApplyNode("ADDED", bad_inv);
+  Json not_json = NodeObj("bad2", 8);
+  not_json["metadata"]["annotations"][kInventoryKey] = "{\"gpus\": 7}";
+  state->ApplyNode("ADDED", not_json);
+  Json no_label = NodeObj("bad3", 8, "A100-80GB", false);
+  no_label["metadata"]["labels"].erase(kGpuProductLabel);
+  state->ApplyNode("ADDED", no_label);
+  EXPECT_EQ(state->bad_nodes().size(), 3u);
+  EXPECT_NE(state->bad_nodes().at("bad3").find(kGpuProductLabel), std::string::npos);
+  state->ApplyNode("ADDED", NodeObj("n1", 8));
+  state->ApplyPod("ADDED", PodObj("neg", {{"nvidia.com/gpu", -1}}));
+  state->ApplyPod("ADDED", PodObj("huge", {{"nvidia.com/gpu", 100000}}));
+  state->ApplyPod("ADDED", PodObj("noqueue", {{"nvidia.com/gpu", 1}}, {{"gpupool.io/queue", "nope"}}));
+  Json garbage = {{"metadata", {{"uid", "u"}, {"name", 7}}}, {"spec", "x"}};
+  state->ApplyPod("ADDED", garbage);
+  state->ApplyPod("ADDED", Json::array());
+  CycleResult r = state->Cycle();
+  EXPECT_TRUE(r.binds.empty());
+  ASSERT_NE(FindReport(r, "neg"), nullptr);
+  EXPECT_EQ(FindReport(r, "neg")->reason, "Invalid");
+  for (const char* name : {"huge", "noqueue"}) ASSERT_NE(FindReport(r, name), nullptr) << name;
+  EXPECT_NE(FindReport(r, "huge")->message.find("nvidia.com/gpu"), std::string::npos);
+  EXPECT_NE(FindReport(r, "noqueue")->message.find("queue 'nope'"), std::string::npos);
+  EXPECT_EQ(state->ledger().allocation_count(), 0u);
+  // A binding that names someone else's UID, or another node, is not believed.
+  Json liar = PodObj("liar", {{"nvidia.com/gpu", 8}}, Json::object(), "default-scheduler");
+  liar["spec"]["nodeName"] = "n1";
+  liar["metadata"]["annotations"][kAssignmentKey] = R"({"podUID":"someone-else","node":"n1","gpus":[]})";
+  state->ApplyPod("ADDED", liar);
+  EXPECT_EQ(state->ledger().state(0).fully_free_gpus, 0);  // charged as 8 whole GPUs all the same
+  EXPECT_TRUE(state->CheckInvariants().ok());
+}
+
+TEST_F(ClusterStateTest, ANodeThatGoesAwayOrChangesIsRebuiltAround) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8));
+  state->ApplyNode("ADDED", NodeObj("n2", 8));
+  Json p = PodObj("p", {{"nvidia.com/gpu", 8}});
+  state->ApplyPod("ADDED", p);
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  Json bound = Bound(p, r.binds[0]);
+  state->ApplyPod("MODIFIED", bound);
+  const std::string mine = r.binds[0].node;
+  const std::string other = mine == "n1" ? "n2" : "n1";
+  state->ApplyNode("DELETED", NodeObj(other, 8));
+  state->ApplyPod("ADDED", PodObj("q", {{"nvidia.com/gpu", 1}}));
+  r = state->Cycle();
+  EXPECT_TRUE(r.binds.empty());  // the only node left is full
+  EXPECT_EQ(state->counts().nodes, 1u);
+  // The node grows two GPUs: rebuilt, the bound pod still holds its eight.
+  state->ApplyNode("MODIFIED", NodeObj(mine, 10));
+  r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  EXPECT_TRUE(state->CheckInvariants().ok()) << state->CheckInvariants().ToString();
+  // Not Ready: no new pods there.
+  Json down = NodeObj(mine, 10);
+  down["status"]["conditions"][0]["status"] = "False";
+  state->ApplyNode("MODIFIED", down);
+  state->ApplyPod("ADDED", PodObj("z", {{"nvidia.com/gpu", 1}}));
+  EXPECT_TRUE(state->Cycle().binds.empty());
+}
+
+}  // namespace
+}  // namespace gpupool::kube
