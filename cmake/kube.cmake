@@ -8,6 +8,8 @@ add_library(gpupool_kube
   src/kube/informer.cc
   src/kube/kube_node.cc
   src/kube/cluster_state.cc
+  src/kube/leader.cc
+  src/kube/kube_scheduler.cc
 )
 target_link_libraries(gpupool_kube
   PUBLIC gpupool_sched gpupool_model gpupool_common nlohmann_json::nlohmann_json

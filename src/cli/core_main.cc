@@ -15,6 +15,7 @@
 
 #include "cli/client_commands.h"
 #include "cli/run_command.h"
+#include "cli/kube_commands.h"
 #include "cli/server_commands.h"
 #include "cli/sim_commands.h"
 #include "config/profile_yaml.h"
@@ -96,6 +97,7 @@ int main(int argc, char** argv) {
 
   const std::function<int()> run_sim = gpupool::AddSimCommands(app);
   const std::function<int()> run_server = gpupool::AddServerCommand(app);
+  const std::function<int()> run_kube = gpupool::AddKubeCommands(app);
   const std::function<int()> run_job = gpupool::AddRunCommand(app);
   int client_exit = -1;
   gpupool::RegisterClientCommands(app, &client_exit);
@@ -114,6 +116,7 @@ int main(int argc, char** argv) {
   if (client_exit >= 0) return client_exit;
   if (const int rc = run_job(); rc >= 0) return rc;
   if (const int rc = run_server(); rc >= 0) return rc;
+  if (const int rc = run_kube(); rc >= 0) return rc;
 
   if (*demo_cmd) return DemoCommand(demo);
   if (*policies_cmd) return ListPolicies();

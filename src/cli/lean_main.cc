@@ -34,6 +34,7 @@ constexpr CoreCommand kCoreCommands[] = {
     {"server", "Run the control plane: REST API, job store and scheduling loop"},
     {"agent", "Run a node agent: discover GPUs, run the tasks the server assigns"},
     {"up", "Server and local agent(s) in one process: the pool on this machine"},
+    {"kube-scheduler", "Schedule Kubernetes pods with schedulerName gpupool (docs/kubernetes.md)"},
 };
 
 bool IsCoreCommand(std::string_view arg) {

@@ -350,6 +350,7 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
   p.ours = ours;
   if (!node.empty()) {
     Unpend(p);
+    p.parked = false;
     if (p.phase != PodPhase::kPending && p.node == node) {
       p.phase = PodPhase::kBound;  // our own decision, now seen: it already holds its part
       return;
@@ -368,19 +369,20 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
   if (p.phase == PodPhase::kBound) Uncharge(p);
   p.phase = PodPhase::kPending;
   const size_t hash = SchedulingHash(pod);
-  if (p.seq != 0 && pending_.count(p.seq) && hash == p.hash) return;  // a status update: nothing to redo
+  if (p.seq != 0 && (pending_.count(p.seq) || p.parked) && hash == p.hash) return;  // a status update: nothing to redo
   p.hash = hash;
   p.request = ParsePodRequest(pod);
   p.constraints = NodeConstraints::FromPod(pod);
   p.failed_epoch = ~uint64_t{0};
   if (p.seq == 0) p.seq = next_seq_++;
+  if (p.parked) return;  // waits out its back-off first
   if (pending_.insert(p.seq).second) {
     pending_uid_[p.seq] = uid;
     if (p.request.ok()) scheduler_->Observe(p.request->request);
   }
 }
 
-void ClusterState::BindFailed(const std::string& uid) {
+void ClusterState::BindFailed(const std::string& uid, bool park) {
   auto it = pods_.find(uid);
   if (it == pods_.end() || it->second.phase != PodPhase::kAssumed) return;
   Pod& p = it->second;
@@ -388,7 +390,16 @@ void ClusterState::BindFailed(const std::string& uid) {
   p.phase = PodPhase::kPending;
   p.failed_epoch = ~uint64_t{0};
   p.last_message.clear();
-  if (pending_.insert(p.seq).second) pending_uid_[p.seq] = uid;
+  p.parked = park;
+  if (!park && pending_.insert(p.seq).second) pending_uid_[p.seq] = uid;
+}
+
+void ClusterState::Unpark(const std::string& uid) {
+  auto it = pods_.find(uid);
+  if (it == pods_.end() || !it->second.parked) return;
+  Pod& p = it->second;
+  p.parked = false;
+  if (p.phase == PodPhase::kPending && pending_.insert(p.seq).second) pending_uid_[p.seq] = uid;
 }
 
 // ---- the cycle ----------------------------------------------------------------------------------

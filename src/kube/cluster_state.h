@@ -81,9 +81,10 @@ class ClusterState {
   // One scheduling cycle over the pending pods. The binds it returns are assumed (held) until
   // BindFailed or the pod's binding is seen.
   CycleResult Cycle();
-  // The binding was refused or failed: what the pod held is released; it is pending again unless
-  // the API said it is gone or bound elsewhere (the informer will tell).
-  void BindFailed(const std::string& uid);
+  // The binding was refused or failed: what the pod held is released, and the pod is pending
+  // again; `park`: it is not tried again until Unpark (a back-off the caller times).
+  void BindFailed(const std::string& uid, bool park = false);
+  void Unpark(const std::string& uid);
 
   ClusterCounts counts() const;
   const Ledger& ledger() const { return *ledger_; }
@@ -112,6 +113,7 @@ class ClusterState {
     uint64_t failed_epoch = ~uint64_t{0};  // capacity epoch of its last failure
     std::string last_reason, last_message;  // of its last report
     bool unaccounted = false;  // bound, but what it holds does not fit its node
+    bool parked = false;       // pending, but held back after a failed binding
     // Accounting of ours (bound or assumed): their tenant, queue, gang and demand.
     bool counted = false;
     std::string tenant, queue, gang;

@@ -45,8 +45,18 @@ void Informer::Start() {
 
 void Informer::Stop() {
   stop_ = true;
+  interrupt_ = true;
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+void Informer::Resync() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resync_ = true;
+    interrupt_ = true;
+  }
+  cv_.notify_all();
 }
 
 bool Informer::WaitSynced(std::chrono::milliseconds timeout) {
@@ -66,7 +76,7 @@ std::string Informer::last_error() const {
 
 void Informer::SleepFor(std::chrono::milliseconds d) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, d, [this] { return stop_.load(); });
+  cv_.wait_for(lock, d, [this] { return stop_.load() || resync_.load(); });
 }
 
 void Informer::Apply(const std::string& type, const Json& object) {
@@ -128,6 +138,11 @@ void Informer::Run() {
   std::chrono::milliseconds backoff = options_.backoff_min;
   bool need_list = true;
   while (!stop_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (resync_.exchange(false)) need_list = true;
+      interrupt_ = stop_.load();
+    }
     if (need_list) {
       if (!Relist()) {
         ++failures_;
@@ -143,16 +158,17 @@ void Informer::Run() {
           if (e.type == "BOOKMARK") {
             const std::string rv = VersionOf(e.object);
             if (!rv.empty()) resource_version_ = rv;
-            return !stop_.load();
+            return !interrupt_.load();
           }
-          if (e.type != "ADDED" && e.type != "MODIFIED" && e.type != "DELETED") return !stop_.load();
+          if (e.type != "ADDED" && e.type != "MODIFIED" && e.type != "DELETED") return !interrupt_.load();
           Apply(e.type, e.object);
           const std::string rv = VersionOf(e.object);
           if (!rv.empty()) resource_version_ = rv;
-          return !stop_.load();
+          return !interrupt_.load();
         },
-        options_.watch_timeout, &stop_);
+        options_.watch_timeout, &interrupt_);
     if (stop_) break;
+    if (resync_) continue;  // list again at once
     if (!end.ok()) {
       ++failures_;
       {

@@ -41,6 +41,10 @@ class Informer {
 
   void Start();
   void Stop();
+  // Lists again soon (within about a second), ending the watch: the copy is then as fresh as a
+  // quorum read, e.g. for a new leader that must see every write of the one before. lists()
+  // grows when it is done.
+  void Resync();
   // Whether the first list has been applied; waits at most `timeout` for it.
   bool WaitSynced(std::chrono::milliseconds timeout);
   // The copy: every object, by "<namespace>/<name>" (cluster-scoped: "/<name>").
@@ -60,6 +64,8 @@ class Informer {
   Handler handler_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> resync_{false};
+  std::atomic<bool> interrupt_{false};  // stop_ or resync_: ends the watch
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, nlohmann::json> objects_;  // guarded by mu_

@@ -624,6 +624,9 @@ class Handler(BaseHTTPRequestHandler):
                           "lastTransitionTime": now_rfc3339()})
             pod["status"]["conditions"] = conds
             store.update(key, pod, check_rv=False)
+            if self.server.binding_log:
+                with open(self.server.binding_log, "a") as f:
+                    f.write("%s %s/%s %s %.6f\n" % (pod["metadata"]["uid"], key[1], key[2], target["name"], time.time()))
         self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
     def list(self, res, ns, query, kind, api_version):
@@ -775,6 +778,7 @@ def main():
     ap.add_argument("--history", type=int, default=10000)
     ap.add_argument("--bookmark-seconds", type=float, default=1.0)
     ap.add_argument("--ready-file", help="written with the URL once the server listens")
+    ap.add_argument("--binding-log", help="appended with 'uid namespace/name node unix-time' for every binding made")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     httpd = Server((args.host, args.port), Handler)
@@ -783,6 +787,7 @@ def main():
     httpd.bookmark_seconds = args.bookmark_seconds
     httpd.stopping = False
     httpd.verbose = args.verbose
+    httpd.binding_log = args.binding_log
     scheme = "http"
     if args.tls_cert:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

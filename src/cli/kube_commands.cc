@@ -1,0 +1,178 @@
+// `gpupool kube-scheduler` (docs/kubernetes.md): flags, configuration, the metrics and health
+// endpoint, signals. The scheduler itself is src/kube/kube_scheduler.cc.
+#include "cli/kube_commands.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+
+#include "config/profile_yaml.h"
+#include "http/server.h"
+#include "kube/kube_config.h"
+#include "kube/kube_scheduler.h"
+#include "server/config.h"
+
+namespace gpupool {
+
+namespace {
+
+struct KubeSchedulerFlags {
+  std::string kubeconfig;
+  std::string context;
+  std::string config;
+  std::string profile;
+  std::string scheduler_name = "gpupool";
+  std::string listen = "0.0.0.0:10259";
+  bool leader_elect = true;
+  std::string lease_namespace;
+  std::string lease_name = "gpupool-scheduler";
+  std::string identity;
+  double lease_duration = 15, renew_deadline = 10, retry_period = 2;
+  int bind_workers = 16;
+  double report_qps = 50;
+  bool events = true;
+};
+
+int Fail(const Status& st) {
+  std::cerr << "gpupool kube-scheduler: " << st.ToString() << "\n";
+  return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+std::string DefaultIdentity() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::random_device rd;
+  return fmt::format("{}_{:08x}", host[0] ? host : "gpupool", rd());
+}
+
+std::chrono::milliseconds Ms(double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
+
+int RunKubeScheduler(const KubeSchedulerFlags& f) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGUSR1);  // sent to ourselves when the lease is lost
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  // Where the API server is: --kubeconfig, $KUBECONFIG, else the pod's service account.
+  std::string kubeconfig = f.kubeconfig;
+  if (kubeconfig.empty() && std::getenv("KUBECONFIG")) kubeconfig = std::getenv("KUBECONFIG");
+  auto endpoint = kubeconfig.empty() ? kube::LoadInCluster() : kube::LoadKubeconfig(kubeconfig, f.context);
+  if (!endpoint.ok())
+    return Fail(endpoint.status().WithContext(kubeconfig.empty() ? "in-cluster configuration (no --kubeconfig)"
+                                                                  : "kubeconfig " + kubeconfig));
+  kube::KubeSchedulerOptions options;
+  options.cluster.scheduler_name = f.scheduler_name;
+  std::string profile = f.profile;
+  if (!f.config.empty()) {
+    auto config = LoadServerConfig(f.config);
+    if (!config.ok()) return Fail(config.status());
+    options.cluster.ordering = config->ordering;
+    if (profile.empty()) profile = config->profile;
+  }
+  if (profile.empty()) profile = "balanced";
+  const bool file = profile.ends_with(".yaml") || profile.ends_with(".yml");
+  auto p = file ? LoadProfileFile(profile) : ProfileForPolicy(profile);
+  if (!p.ok()) return Fail(p.status().WithContext("profile"));
+  options.cluster.profile = std::move(p).value();
+  options.leader_elect = f.leader_elect;
+  options.leader.name = f.lease_name;
+  options.leader.namespace_name = f.lease_namespace;
+  if (options.leader.namespace_name.empty() && std::getenv("POD_NAMESPACE")) options.leader.namespace_name = std::getenv("POD_NAMESPACE");
+  if (options.leader.namespace_name.empty()) options.leader.namespace_name = endpoint->namespace_name;
+  options.leader.identity = f.identity.empty() ? DefaultIdentity() : f.identity;
+  options.leader.lease_duration = Ms(f.lease_duration);
+  options.leader.renew_deadline = Ms(f.renew_deadline);
+  options.leader.retry_period = Ms(f.retry_period);
+  options.bind_workers = f.bind_workers;
+  options.report_qps = f.report_qps;
+  options.events = f.events;
+
+  auto client = kube::KubeClient::Create(*endpoint);
+  if (!client.ok()) return Fail(client.status());
+  auto scheduler = kube::KubeScheduler::Create(client->get(), std::move(options));
+  if (!scheduler.ok()) return Fail(scheduler.status());
+  kube::KubeScheduler& s = **scheduler;
+  std::atomic<bool> lost{false};
+  const pid_t self = getpid();
+  s.OnLostLeadership([&lost, self] {
+    lost = true;
+    kill(self, SIGUSR1);
+  });
+
+  std::unique_ptr<http::Server> http;
+  if (!f.listen.empty()) {
+    std::string host;
+    int port = 0;
+    if (Status st = ParseListen(f.listen, &host, &port); !st.ok()) return Fail(st.WithContext("--listen"));
+    http::ServerOptions ho;
+    ho.normal_workers = 2;
+    ho.priority_workers = 1;
+    http = std::make_unique<http::Server>(ho);
+    http->Get("/metrics", [&s, &http](const http::Request&, http::Response& res) {
+      res.set_content(s.MetricsText() + http->MetricsText("gpupool_kube_http"), "text/plain; version=0.0.4");
+    });
+    http->Get("/healthz", [&s](const http::Request&, http::Response& res) {
+      std::string why;
+      const bool ok = s.Healthy(&why);
+      res.status = ok ? 200 : 503;
+      res.set_content(why + "\n", "text/plain");
+    }, http::Lane::kPriority);
+    auto bound = http->Listen(host, port);
+    if (!bound.ok()) return Fail(bound.status().WithContext("--listen " + f.listen));
+    std::cerr << fmt::format("gpupool kube-scheduler: /metrics and /healthz on {}:{}\n", host, *bound);
+  }
+  std::cerr << fmt::format("gpupool kube-scheduler: {} schedules pods with schedulerName {} on {}{}\n",
+                           f.identity.empty() ? "this replica" : f.identity, f.scheduler_name, endpoint->server,
+                           f.leader_elect ? " once it leads" : "");
+  s.Start();
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  s.Stop();
+  if (http) http->Stop();
+  if (lost.load()) {
+    std::cerr << "gpupool kube-scheduler: exiting: the lease was lost (a restarted replica stands by again)\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> AddKubeCommands(CLI::App& app) {
+  auto flags = std::make_shared<KubeSchedulerFlags>();
+  auto* cmd = app.add_subcommand("kube-scheduler", "Schedule Kubernetes pods with schedulerName gpupool (docs/kubernetes.md)");
+  cmd->add_option("--kubeconfig", flags->kubeconfig, "kubeconfig file (default: $KUBECONFIG, else in-cluster)");
+  cmd->add_option("--context", flags->context, "the kubeconfig's context (default: its current one)");
+  cmd->add_option("--config", flags->config, "server config YAML: its profile, ordering, tenants and queues");
+  cmd->add_option("--profile", flags->profile, "placement policy or profile YAML (default: the config's, else balanced)");
+  cmd->add_option("--scheduler-name", flags->scheduler_name, "the pods' spec.schedulerName")->capture_default_str();
+  cmd->add_option("--listen", flags->listen, "host:port of /metrics and /healthz (empty: none)")->capture_default_str();
+  cmd->add_option("--leader-elect", flags->leader_elect, "lead through a Lease (two replicas or more)")->capture_default_str();
+  cmd->add_option("--lease-namespace", flags->lease_namespace, "the Lease's namespace (default: $POD_NAMESPACE, else the kubeconfig's)");
+  cmd->add_option("--lease-name", flags->lease_name, "the Lease's name")->capture_default_str();
+  cmd->add_option("--identity", flags->identity, "this replica's name in the Lease (default: hostname and a random suffix)");
+  cmd->add_option("--lease-duration", flags->lease_duration, "seconds a standby waits before taking a silent leader's lease")
+      ->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--renew-deadline", flags->renew_deadline, "seconds a leader may go without renewing before it stops")
+      ->capture_default_str()->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--retry-period", flags->retry_period, "seconds between lease renewals and tries")
+      ->capture_default_str()->check(CLI::Range(0.01, 600.0));
+  cmd->add_option("--bind-workers", flags->bind_workers, "bindings in flight at once")->capture_default_str()->check(CLI::Range(1, 256));
+  cmd->add_option("--report-qps", flags->report_qps, "pending-pod conditions and Events written per second, at most")
+      ->capture_default_str()->check(CLI::Range(0.1, 10000.0));
+  cmd->add_option("--events", flags->events, "write Events (FailedScheduling, Scheduled)")->capture_default_str();
+  return [cmd, flags]() -> int {
+    if (!*cmd) return -1;
+    return RunKubeScheduler(*flags);
+  };
+}
+
+}  // namespace gpupool
