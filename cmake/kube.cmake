@@ -19,7 +19,7 @@ target_link_libraries(gpupool_kube
 if(GPUPOOL_BUILD_TESTS)
   # Against tests/kube/apiserver.py (python3), itself checked with kubectl and python3-kubernetes.
   gpupool_test(kube_test src/kube/kube_client_test.cc src/kube/pod_request_test.cc src/kube/informer_test.cc
-    src/kube/cluster_state_test.cc)
+    src/kube/cluster_state_test.cc src/kube/kube_scheduler_test.cc)
   target_link_libraries(kube_test PRIVATE gpupool_kube nlohmann_json::nlohmann_json fmt::fmt)
   target_compile_definitions(kube_test PRIVATE GPUPOOL_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
 endif()

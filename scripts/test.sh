@@ -51,6 +51,12 @@ python3 tests/e2e/image_e2e.py build/gpupool build/e2e-image
 echo "== the test Kubernetes API server (tests/kube), checked with kubectl and python3-kubernetes"
 python3 tests/kube/apiserver_check.py build/kube-apiserver-check
 
+echo "== Kubernetes manifests (deploy/kubernetes): kubectl apply --dry-run=client, and RBAC against the scheduler's own requests"
+python3 tests/kube/manifests_check.py build/gpupool build/kube-manifests-check
+
+echo "== gpupool kube-scheduler end to end: two replicas on a Lease, 160 simulated GPU nodes, 1,000 pods (whole, fractional, MIG, gangs), the leader SIGKILLed"
+python3 tests/e2e/kube_e2e.py build/gpupool build/e2e-kube
+
 echo "== OpenAPI document covers every route"
 python3 scripts/check_openapi.py
 

@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 
 #include "config/profile_yaml.h"
 #include "http/server.h"
@@ -72,6 +74,20 @@ int RunKubeScheduler(const KubeSchedulerFlags& f) {
   options.cluster.scheduler_name = f.scheduler_name;
   std::string profile = f.profile;
   if (!f.config.empty()) {
+    // The server's config format, of which the kube-scheduler honours four keys: any other is
+    // refused rather than silently ignored (preemption, say, is not done here yet).
+    std::ifstream in(f.config);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) return Fail(Status::IoError("cannot read config file " + f.config));
+    auto tree = ParseYamlValue(text.str(), f.config);
+    if (!tree.ok()) return Fail(tree.status());
+    if (const Value::Map* top = tree->AsMap()) {
+      for (const auto& [key, value] : *top)
+        if (key != "profile" && key != "ordering" && key != "tenants" && key != "queues")
+          return Fail(Status::InvalidArgument(fmt::format(
+              "{}: {}: the kube-scheduler reads profile, ordering, tenants and queues only", f.config, key)));
+    }
     auto config = LoadServerConfig(f.config);
     if (!config.ok()) return Fail(config.status());
     options.cluster.ordering = config->ordering;

@@ -5,10 +5,13 @@ tested on (not in Debian, not on npm); this stands in for it, and is itself chec
 independent clients (kubectl, Debian's python3-kubernetes) by tests/kube/apiserver_check.py.
 
 What it serves (JSON only; HTTPS with --tls-cert/--tls-key, a bearer token with --token):
-  discovery   /version, /api, /api/v1, /apis, /apis/coordination.k8s.io[/v1]
+  discovery   /version, /api, /api/v1, /apis, /apis/<group>[/v1]
   core/v1     namespaces, nodes (cluster-scoped); pods, events (namespaced);
               pods/binding and bindings (POST), pods/status (GET, PUT, PATCH)
   coord/v1    leases (namespaced)
+  stored only serviceaccounts, configmaps, apps/v1 deployments and daemonsets, rbac/v1 (cluster)roles
+              and (cluster)rolebindings: kept as written, no controller acts on them (so kubectl can
+              apply gpupool's manifests here)
   verbs       get, list, watch, create, update (PUT), patch (merge, strategic-merge, json), delete
 Semantics kept:
   - one resourceVersion counter for everything; every write bumps it; objects carry it, lists
@@ -57,7 +60,18 @@ RESOURCES = {
     "pods": ("", "v1", "Pod", True),
     "events": ("", "v1", "Event", True),
     "leases": ("coordination.k8s.io", "v1", "Lease", True),
+    # Stored as they come (no controllers run): what gpupool's manifests create, so that kubectl can
+    # apply them here (deploy/kubernetes).
+    "serviceaccounts": ("", "v1", "ServiceAccount", True),
+    "configmaps": ("", "v1", "ConfigMap", True),
+    "deployments": ("apps", "v1", "Deployment", True),
+    "daemonsets": ("apps", "v1", "DaemonSet", True),
+    "clusterroles": ("rbac.authorization.k8s.io", "v1", "ClusterRole", False),
+    "clusterrolebindings": ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", False),
+    "roles": ("rbac.authorization.k8s.io", "v1", "Role", True),
+    "rolebindings": ("rbac.authorization.k8s.io", "v1", "RoleBinding", True),
 }
+GROUPS = sorted({g for g, _, _, _ in RESOURCES.values() if g})
 SUBRESOURCES = {"pods": ("binding", "status")}
 # Strategic merge: list fields merged by a key (the rest are replaced).
 MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name", "ports": "containerPort",
@@ -501,6 +515,16 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(404, "NotFound", "%s are not namespaced" % res)
             if sub and sub not in SUBRESOURCES.get(res, ()):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            if self.server.request_log:
+                # As RBAC sees the request: its verb, API group, resource[/subresource], namespace, name.
+                rbac = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(verb)
+                if verb == "GET":
+                    rbac = "get" if name else ("watch" if go_bool(query.get("watch")) else "list")
+                with self.server.store.lock:
+                    with open(self.server.request_log, "a") as f:
+                        f.write(json.dumps({"verb": rbac, "group": group, "resource": res + ("/" + sub if sub else ""),
+                                            "namespace": ns, "name": name or "",
+                                            "userAgent": self.headers.get("User-Agent", "")}) + "\n")
             self.route(verb, res, ns, name, sub, query)
         except ApiError as e:
             self.send_error_status(e)
@@ -517,15 +541,16 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/api/v1":
             self.send_json(200, discovery(""))
         elif path == "/apis":
-            gv = {"groupVersion": "coordination.k8s.io/v1", "version": "v1"}
             self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-                {"name": "coordination.k8s.io", "versions": [gv], "preferredVersion": gv}]})
-        elif path == "/apis/coordination.k8s.io":
-            gv = {"groupVersion": "coordination.k8s.io/v1", "version": "v1"}
-            self.send_json(200, {"kind": "APIGroup", "apiVersion": "v1", "name": "coordination.k8s.io",
-                                 "versions": [gv], "preferredVersion": gv})
-        elif path == "/apis/coordination.k8s.io/v1":
-            self.send_json(200, discovery("coordination.k8s.io"))
+                {"name": g, "versions": [{"groupVersion": g + "/v1", "version": "v1"}],
+                 "preferredVersion": {"groupVersion": g + "/v1", "version": "v1"}} for g in GROUPS]})
+        elif path.startswith("/apis/") and path[len("/apis/"):] in GROUPS:
+            g = path[len("/apis/"):]
+            gv = {"groupVersion": g + "/v1", "version": "v1"}
+            self.send_json(200, {"kind": "APIGroup", "apiVersion": "v1", "name": g, "versions": [gv],
+                                 "preferredVersion": gv})
+        elif path.startswith("/apis/") and path.endswith("/v1") and path[len("/apis/"):-len("/v1")] in GROUPS:
+            self.send_json(200, discovery(path[len("/apis/"):-len("/v1")]))
         else:
             return False
         return True
@@ -779,6 +804,7 @@ def main():
     ap.add_argument("--bookmark-seconds", type=float, default=1.0)
     ap.add_argument("--ready-file", help="written with the URL once the server listens")
     ap.add_argument("--binding-log", help="appended with 'uid namespace/name node unix-time' for every binding made")
+    ap.add_argument("--request-log", help="appended with each resource request as RBAC sees it (JSON lines)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     httpd = Server((args.host, args.port), Handler)
@@ -788,6 +814,7 @@ def main():
     httpd.stopping = False
     httpd.verbose = args.verbose
     httpd.binding_log = args.binding_log
+    httpd.request_log = args.request_log
     scheme = "http"
     if args.tls_cert:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

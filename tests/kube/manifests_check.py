@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Checks deploy/kubernetes with kubectl and against what `gpupool kube-scheduler` really does:
+
+  dry-run     `kubectl apply --dry-run=client` accepts every manifest (against the test API server,
+              tests/kube/apiserver.py, for discovery), then `kubectl apply` stores them and
+              `kubectl get` reads them back
+  config      the scheduler starts with the ConfigMap's config.yaml, as the Deployment mounts it
+  rbac        every request the scheduler makes while it leads, binds a pod, reports one that does
+              not fit, writes Events and gives its Lease up, is allowed by the manifests' ClusterRole
+              or Role (verb, API group, resource, namespace, resource name); and every rule is used:
+              the RBAC grants only what the code needs
+
+usage: manifests_check.py GPUPOOL_BINARY WORK_DIR
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MANIFESTS = os.path.join(ROOT, "deploy", "kubernetes")
+
+failures = []
+
+
+def fail(check, message):
+    failures.append(check)
+    print("manifests_check: FAIL [%s] %s" % (check, message), flush=True)
+
+
+def post(url, path, obj):
+    req = urllib.request.Request(url + path, data=json.dumps(obj).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def get(url, path):
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def allowed(rules, req):
+    for r in rules:
+        if req["verb"] in r.get("verbs", []) and req["group"] in r.get("apiGroups", []) and \
+                req["resource"] in r.get("resources", []) and \
+                (not r.get("resourceNames") or req["name"] in r["resourceNames"]):
+            return r
+    return None
+
+
+def main():
+    binary, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        print("manifests_check: kubectl is not installed (scripts/setup.sh installs it)")
+        return 1
+    ready = os.path.join(work, "url")
+    request_log = os.path.join(work, "requests.jsonl")
+    server = subprocess.Popen([sys.executable, os.path.join(HERE, "apiserver.py"), "--port", "0", "--ready-file", ready,
+                               "--request-log", request_log, "--bookmark-seconds", "0.5"],
+                              stdout=open(os.path.join(work, "apiserver.log"), "w"), stderr=subprocess.STDOUT)
+    sched = None
+    try:
+        deadline = time.time() + 20
+        while not os.path.exists(ready):
+            if time.time() > deadline:
+                raise RuntimeError("the test API server did not start")
+            time.sleep(0.05)
+        url = open(ready).read().strip()
+        kubeconfig = os.path.join(work, "kubeconfig")
+        with open(kubeconfig, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+                    "clusters: [{name: t, cluster: {server: '%s'}}]\nusers: [{name: u, user: {}}]\n"
+                    "contexts: [{name: t, context: {cluster: t, user: u}}]\n" % url)
+        env = dict(os.environ, KUBECONFIG=kubeconfig)
+
+        def kc(*args):
+            return subprocess.run([kubectl] + list(args), env=env, capture_output=True, text=True, timeout=120)
+
+        # The test API server has no OpenAPI document: kubectl's schema validation is off, the rest
+        # (kinds, API versions, names, namespaces, the apply itself) is kubectl's.
+        out = kc("apply", "--dry-run=client", "--validate=false", "-f", MANIFESTS, "-o", "json")
+        if out.returncode != 0:
+            fail("dry-run", "kubectl apply --dry-run=client: %s" % out.stderr.strip()[-500:])
+            return 1
+        listed = json.loads(out.stdout)
+        objects = listed.get("items", [listed])
+        kinds = sorted("%s/%s" % (o["kind"], o["metadata"]["name"]) for o in objects)
+        print("manifests_check: dry run: %d objects: %s" % (len(objects), ", ".join(kinds)), flush=True)
+        out = kc("apply", "--validate=false", "-f", MANIFESTS)
+        if out.returncode != 0:
+            fail("dry-run", "kubectl apply: %s" % out.stderr.strip()[-500:])
+            return 1
+        out = kc("get", "deployment", "gpupool-scheduler", "-n", "gpupool-system", "-o", "json")
+        dep = json.loads(out.stdout) if out.returncode == 0 else {}
+        args = dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0].get("args", [])
+        if "kube-scheduler" not in args:
+            fail("dry-run", "kubectl get deployment: args %r (%s)" % (args, out.stderr.strip()[-300:]))
+
+        roles = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+        cluster_rules = roles[("ClusterRole", "gpupool-scheduler")]["rules"]
+        lease_rules = roles[("Role", "gpupool-scheduler-lease")]["rules"]
+        config = roles[("ConfigMap", "gpupool-scheduler")]["data"]["config.yaml"]
+        config_path = os.path.join(work, "config.yaml")
+        with open(config_path, "w") as f:
+            f.write(config)
+
+        # A node, a pod that fits and one that does not.
+        inv = {"gpus": [{"index": i, "uuid": "GPU-n1-%d" % i, "model": "A100-80GB"} for i in range(8)]}
+        post(url, "/api/v1/nodes", {"metadata": {"name": "n1", "annotations": {"gpupool.io/inventory": json.dumps(inv)}},
+                                    "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                                               "conditions": [{"type": "Ready", "status": "True"}]}})
+        post(url, "/api/v1/namespaces", {"metadata": {"name": "ml"}})
+        for name, gpus in (("fits", 2), ("too-big", 16)):
+            post(url, "/api/v1/namespaces/ml/pods", {
+                "metadata": {"name": name},
+                "spec": {"schedulerName": "gpupool",
+                         "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}})
+        open(request_log, "w").close()  # from here on: the scheduler's requests only
+        sched = subprocess.Popen([binary, "kube-scheduler", "--kubeconfig", kubeconfig, "--config", config_path,
+                                  "--lease-namespace", "gpupool-system", "--listen", "", "--retry-period", "0.2",
+                                  "--renew-deadline", "1", "--lease-duration", "2"],
+                                 stdout=open(os.path.join(work, "scheduler.log"), "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        done = False
+        while time.time() < deadline and not done:
+            time.sleep(0.2)
+            if sched.poll() is not None:
+                break
+            fits = get(url, "/api/v1/namespaces/ml/pods/fits")
+            big = get(url, "/api/v1/namespaces/ml/pods/too-big")
+            conds = [c for c in big.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"]
+            events = get(url, "/api/v1/namespaces/ml/events")["items"]
+            done = bool(fits["spec"].get("nodeName")) and bool(conds) and len(events) >= 2
+        if not done:
+            fail("config", "the scheduler did not bind and report with the ConfigMap's config: %s" %
+                 open(os.path.join(work, "scheduler.log")).read()[-800:])
+        sched.send_signal(signal.SIGTERM)
+        sched.wait(timeout=20)
+        sched = None
+
+        used = set()
+        for line in open(request_log):
+            req = json.loads(line)
+            if not req["userAgent"].startswith("gpupool"):
+                continue  # this check's own reads
+            rule = allowed(cluster_rules, req)
+            if rule is None and req["namespace"] == "gpupool-system":
+                rule = allowed(lease_rules, req)
+            if rule is None:
+                fail("rbac", "not allowed by the manifests: %s" % req)
+                continue
+            for verb in rule["verbs"]:
+                if verb == req["verb"]:
+                    for res in rule["resources"]:
+                        if res == req["resource"]:
+                            used.add((json.dumps(rule, sort_keys=True), verb, res))
+        for rule in cluster_rules + lease_rules:
+            for verb in rule["verbs"]:
+                for res in rule["resources"]:
+                    if (json.dumps(rule, sort_keys=True), verb, res) not in used:
+                        fail("rbac", "granted but never used: %s %s (rule %s)" % (verb, res, rule))
+        print("manifests_check: the scheduler's requests: %s" % ", ".join(sorted("%s %s" % (v, r) for _, v, r in used)))
+    finally:
+        if sched and sched.poll() is None:
+            sched.kill()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)
+    if failures:
+        return 1
+    print("manifests_check: every check holds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
