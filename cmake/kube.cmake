@@ -8,6 +8,7 @@ add_library(gpupool_kube
   src/kube/informer.cc
   src/kube/kube_node.cc
   src/kube/cluster_state.cc
+  src/kube/cluster_cycle.cc
   src/kube/leader.cc
   src/kube/kube_scheduler.cc
 )

@@ -1,5 +1,7 @@
 #include "kube/kube_node.h"
 
+#include "kube/json_fields.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,22 +16,14 @@ namespace gpupool::kube {
 namespace {
 
 using Json = nlohmann::json;
+using json_fields::At;
+using json_fields::Str;
 
 constexpr size_t kMaxInventoryBytes = 256 << 10;
-constexpr size_t kMaxTextBytes = 1024;
 constexpr int kMaxGpus = 256;
 constexpr size_t kMaxTaints = 256;
 constexpr size_t kMaxTerms = 64;
 constexpr size_t kMaxValues = 256;
-
-const Json& At(const Json& obj, const char* key) {
-  static const Json kNull;
-  if (!obj.is_object()) return kNull;
-  const auto it = obj.find(key);
-  return it == obj.end() ? kNull : *it;
-}
-
-std::string Str(const Json& v) { return v.is_string() && v.get_ref<const std::string&>().size() <= kMaxTextBytes ? v.get<std::string>() : std::string(); }
 
 // A quantity of an allocatable map as text ("64", "63500m", "512Gi"); numbers are accepted too.
 std::string QuantityText(const Json& v) {

@@ -6,22 +6,19 @@
 #include <iostream>
 #include <random>
 
+#include "kube/json_fields.h"
+
 namespace gpupool::kube {
 
 namespace {
 
 using Json = nlohmann::json;
+using json_fields::At;
+using json_fields::Str;
 using Clock = std::chrono::steady_clock;
 
 int64_t NowNs() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-const Json& At(const Json& obj, const char* key) {
-  static const Json kNull;
-  if (!obj.is_object()) return kNull;
-  const auto it = obj.find(key);
-  return it == obj.end() ? kNull : *it;
-}
 
 std::string PodPath(const std::string& ns, const std::string& name) {
   return fmt::format("/api/v1/namespaces/{}/pods/{}", KubeClient::Escape(ns), KubeClient::Escape(name));
