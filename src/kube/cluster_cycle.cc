@@ -8,11 +8,11 @@
 
 #include "kube/cluster_state.h"
 #include "kube/cluster_state_internal.h"
+#include "sched/recording_binder.h"
 
 namespace gpupool::kube {
 
 using cluster_internal::DemandOf;
-using cluster_internal::TaskBinder;
 
 // ---- the cycle ----------------------------------------------------------------------------------
 
@@ -202,7 +202,7 @@ CycleResult ClusterState::Cycle() {
       g.request = u.members[i]->request->request;
       job.groups.push_back(std::move(g));
     }
-    TaskBinder binder;
+    RecordingBinder binder;
     JobResult r = scheduler_->ScheduleJob(job, &binder);
     scheduler_->SetNodeMask(nullptr);
     if (r.placed) {

@@ -22,15 +22,6 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 using namespace test;  // NOLINT: the shared test helpers
 
-bool Eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
 class InformerTest : public ::testing::Test {
  protected:
   void Serve(const std::vector<std::string>& extra) {

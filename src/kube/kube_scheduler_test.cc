@@ -21,15 +21,6 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 using namespace test;  // NOLINT: the shared test helpers
 
-bool Eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 15s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
 const char kLease[] = "/apis/coordination.k8s.io/v1/namespaces/sys/leases/gpupool-scheduler";
 
 class KubeSchedulerTest : public ::testing::Test {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -33,6 +34,16 @@ inline void WriteText(const std::string& path, const std::string& text) {
 }
 
 inline int Sh(const std::string& cmd) { return std::system(cmd.c_str()); }
+
+// Polls `pred` every 20 ms until it holds (true) or `timeout` passes (false).
+inline bool Eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 15s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
 
 class TempDir {
  public:

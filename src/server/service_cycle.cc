@@ -19,6 +19,7 @@
 #include "api/node_codec.h"
 #include "config/profile_yaml.h"
 #include "sched/preemption.h"
+#include "sched/recording_binder.h"
 #include "server/job_gates.h"
 #include "sched/registry.h"
 #include "sched/typical_pods.h"
@@ -86,25 +87,6 @@ int PoolService::RunCycle() {
   (void)CommitLocked(batch);
   return placed;
 }
-
-namespace {
-
-// Records which task each reservation belongs to.
-class RecordingBinder : public Binder {
- public:
-  Status Bind(const Job&, int task_index, AllocationId allocation, const Placement& placement) override {
-    bound.push_back({task_index, allocation, placement});
-    return Status::Ok();
-  }
-  struct Bound {
-    int task;
-    AllocationId allocation;
-    Placement placement;
-  };
-  std::vector<Bound> bound;
-};
-
-}  // namespace
 
 bool PoolService::ComputeMask(const JobState& j, NodeMask& mask) const { return ComputeNodeMask(state_, j, mask); }
 

@@ -37,6 +37,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "kube"))
+import testenv  # noqa: E402  (tests/kube)
 GPU_MEMORY_MIB = 81920
 # A100-80GB MIG geometry: profile -> (slices, memory slices)
 MIG = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 3, "7g.80gb": 7}
@@ -187,26 +189,13 @@ def main():
     rng = random.Random(args.seed)
     procs = []
 
-    ready = os.path.join(work, "apiserver.url")
     binding_log = os.path.join(work, "bindings.log")
-    api_log = open(os.path.join(work, "apiserver.log"), "w")
-    procs.append(subprocess.Popen([sys.executable, os.path.join(ROOT, "tests/kube/apiserver.py"), "--port", "0",
-                                   "--ready-file", ready, "--history", "200000", "--bookmark-seconds", "1",
-                                   "--binding-log", binding_log], stdout=api_log, stderr=subprocess.STDOUT))
+    apiserver, url = testenv.start_apiserver(work, "--history", "200000", "--bookmark-seconds", "1",
+                                             "--binding-log", binding_log)
+    procs.append(apiserver)
     try:
-        deadline = time.time() + 20
-        while not os.path.exists(ready):
-            if time.time() > deadline:
-                raise RuntimeError("the test API server did not start")
-            time.sleep(0.05)
-        url = open(ready).read().strip()
         api = Api(url)
-        kubeconfig = os.path.join(work, "kubeconfig")
-        with open(kubeconfig, "w") as f:
-            f.write("apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-                    "clusters: [{name: t, cluster: {server: '%s'}}]\n"
-                    "users: [{name: u, user: {}}]\n"
-                    "contexts: [{name: t, context: {cluster: t, user: u, namespace: ml}}]\n" % url)
+        kubeconfig = testenv.write_kubeconfig(os.path.join(work, "kubeconfig"), url, "ml")
         for ns in ("ml", "gpupool-system", "other"):
             api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 

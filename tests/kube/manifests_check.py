@@ -21,6 +21,8 @@ import sys
 import time
 import urllib.request
 
+import testenv
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MANIFESTS = os.path.join(ROOT, "deploy", "kubernetes")
@@ -62,24 +64,11 @@ def main():
     if not kubectl:
         print("manifests_check: kubectl is not installed (scripts/setup.sh installs it)")
         return 1
-    ready = os.path.join(work, "url")
     request_log = os.path.join(work, "requests.jsonl")
-    server = subprocess.Popen([sys.executable, os.path.join(HERE, "apiserver.py"), "--port", "0", "--ready-file", ready,
-                               "--request-log", request_log, "--bookmark-seconds", "0.5"],
-                              stdout=open(os.path.join(work, "apiserver.log"), "w"), stderr=subprocess.STDOUT)
+    server, url = testenv.start_apiserver(work, "--request-log", request_log, "--bookmark-seconds", "0.5")
     sched = None
     try:
-        deadline = time.time() + 20
-        while not os.path.exists(ready):
-            if time.time() > deadline:
-                raise RuntimeError("the test API server did not start")
-            time.sleep(0.05)
-        url = open(ready).read().strip()
-        kubeconfig = os.path.join(work, "kubeconfig")
-        with open(kubeconfig, "w") as f:
-            f.write("apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-                    "clusters: [{name: t, cluster: {server: '%s'}}]\nusers: [{name: u, user: {}}]\n"
-                    "contexts: [{name: t, context: {cluster: t, user: u}}]\n" % url)
+        kubeconfig = testenv.write_kubeconfig(os.path.join(work, "kubeconfig"), url)
         env = dict(os.environ, KUBECONFIG=kubeconfig)
 
         def kc(*args):
