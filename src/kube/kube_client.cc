@@ -99,6 +99,31 @@ Result<std::unique_ptr<KubeClient>> KubeClient::Create(KubeEndpoint endpoint, Op
   return std::unique_ptr<KubeClient>(new KubeClient(std::move(endpoint), options));
 }
 
+struct KubeClient::Shared {
+  CURLSH* share = nullptr;
+  std::mutex locks[CURL_LOCK_DATA_LAST];
+  static void Lock(CURL*, curl_lock_data data, curl_lock_access, void* self) {
+    static_cast<Shared*>(self)->locks[data].lock();
+  }
+  static void Unlock(CURL*, curl_lock_data data, void* self) { static_cast<Shared*>(self)->locks[data].unlock(); }
+  Shared() {
+    share = curl_share_init();
+    if (share == nullptr) return;
+    curl_share_setopt(share, CURLSHOPT_LOCKFUNC, &Shared::Lock);
+    curl_share_setopt(share, CURLSHOPT_UNLOCKFUNC, &Shared::Unlock);
+    curl_share_setopt(share, CURLSHOPT_USERDATA, this);
+    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+  }
+  ~Shared() {
+    if (share != nullptr) curl_share_cleanup(share);
+  }
+};
+
+KubeClient::KubeClient(KubeEndpoint endpoint, Options options)
+    : endpoint_(std::move(endpoint)), options_(options), shared_(std::make_unique<Shared>()) {}
+
 KubeClient::~KubeClient() = default;
 
 std::string KubeClient::Escape(std::string_view value) {
@@ -116,10 +141,11 @@ std::string KubeClient::Escape(std::string_view value) {
 namespace {
 
 // A configured easy handle for `url`, or an error.
-Result<Easy> Prepare(const KubeEndpoint& ep, const std::string& url, Headers* headers, Sink* sink) {
+Result<Easy> Prepare(const KubeEndpoint& ep, const std::string& url, Headers* headers, Sink* sink, CURLSH* share) {
   Easy easy(curl_easy_init());
   if (!easy) return Status::Internal("curl_easy_init failed");
   CURL* c = easy.get();
+  if (share != nullptr) curl_easy_setopt(c, CURLOPT_SHARE, share);
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -171,7 +197,7 @@ Result<KubeResponse> KubeClient::Request(std::string_view method, const std::str
   Sink sink;
   sink.max = options_.max_body;
   Headers headers;
-  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path, &headers, &sink));
+  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path, &headers, &sink, shared_->share));
   CURL* c = easy.get();
   std::string payload;
   if (body != nullptr) {
@@ -249,7 +275,7 @@ Result<WatchEnd> KubeClient::Watch(const std::string& path, const std::string& q
   if (!resource_version.empty()) q += "&resourceVersion=" + Escape(resource_version);
   if (!query.empty()) q += "&" + query;
   Headers headers;
-  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path + q, &headers, &sink));
+  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path + q, &headers, &sink, shared_->share));
   CURL* c = easy.get();
   curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());

@@ -83,9 +83,13 @@ class KubeClient {
   static std::string Escape(std::string_view value);
 
  private:
-  KubeClient(KubeEndpoint endpoint, Options options) : endpoint_(std::move(endpoint)), options_(options) {}
+  KubeClient(KubeEndpoint endpoint, Options options);
   KubeEndpoint endpoint_;
   Options options_;
+  // Connections (and TLS sessions, DNS answers) kept open and shared by every request of this
+  // client, on any thread: a binding does not pay a TCP and TLS handshake.
+  struct Shared;
+  std::unique_ptr<Shared> shared_;
 };
 
 }  // namespace gpupool::kube
