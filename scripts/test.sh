@@ -108,6 +108,7 @@ PY
 
 echo "== benchmark smoke (figures live in docs/performance.md)"
 ./build/place_bench --benchmark_filter='BM_Place/(fgd|balanced)/openb/90' --benchmark_min_time=0.05
+./build/kube_bench --nodes 200 --pods 2000
 ./build/store_bench --benchmark_min_time=0.05
 ./build/server_bench --skip-http --skip-place --history 6000 --list-jobs 500 --list-seconds 2  # past the 5,000-per-cycle removal cap; lists under load, briefly
 # 500 idle connections + 50 heartbeating nodes against a real server; fails on any heartbeat error,

@@ -1,0 +1,183 @@
+// The Kubernetes scheduler's core at cluster scale, one thread, no I/O: the cluster state built from
+// Node and Pod objects (JSON, as the informers hand them over), then scheduling cycles until
+// nothing more fits, every binding echoed back as the bound pod the informer would deliver. Beside
+// it, in the same run, the placement core alone (Scheduler::Place on a Ledger) on the same cluster
+// and pods: what the Kubernetes layer costs over the core.
+//
+//   kube_bench [--nodes 5000,10000] [--pods 100000]
+//
+// Nodes: 8 GPUs each, models cycled from the Alibaba node list, 128 CPUs, 1 TiB; the inventory
+// annotation kube-node writes. Pods: the Alibaba default trace's pods (openb_pod_list_default),
+// cycled and renamed, as `nvidia.com/gpu: N` or `gpupool.io/gpu-milli` pods with CPU and memory
+// requests. Reports (docs/performance.md): the time to take in the nodes and the pods, to the first
+// binding order, pods bound per second over the whole run, decisions per second, and the
+// process's peak resident memory.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kube/cluster_state.h"
+#include "model/ledger.h"
+#include "sched/registry.h"
+#include "sched/scheduler.h"
+#include "sim/trace.h"
+
+namespace {
+
+using gpupool::kube::BindOrder;
+using gpupool::kube::ClusterState;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+long PeakRssMiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6) / 1024;
+  return -1;
+}
+
+std::vector<std::string> Models() {
+  auto nodes = gpupool::ReadOpenbNodes(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv",
+                                       gpupool::GpuCatalog::Builtin());
+  if (!nodes.ok()) std::abort();
+  std::vector<std::string> models;
+  for (const auto& n : *nodes)
+    if (!n.gpus.empty()) models.push_back(n.gpus.front().model);
+  return models;
+}
+
+Json NodeJson(int i, const std::string& model) {
+  Json inv = {{"gpus", Json::array()}};
+  for (int g = 0; g < 8; ++g) inv["gpus"].push_back({{"index", g}, {"uuid", fmt::format("GPU-{}-{}", i, g)}, {"model", model}});
+  return {{"metadata", {{"name", fmt::format("node-{}", i)}, {"annotations", {{"gpupool.io/inventory", inv.dump()}}}}},
+          {"status",
+           {{"allocatable", {{"cpu", "128"}, {"memory", "1Ti"}, {"pods", "1001"}}},
+            {"conditions", Json::array({{{"type", "Ready"}, {"status", "True"}}})}}}};
+}
+
+Json PodJson(int i, const gpupool::TaskRequest& r) {
+  Json limits = Json::object();
+  if (r.gpu_count > 0 && r.gpu_share.units() >= 1000) limits["nvidia.com/gpu"] = r.gpu_count;
+  if (r.gpu_count > 0 && r.gpu_share.units() < 1000) limits["gpupool.io/gpu-milli"] = r.gpu_share.units();
+  Json requests = {{"cpu", fmt::format("{}m", r.cpu.units())}, {"memory", fmt::format("{}Mi", r.memory.units())}};
+  return {{"metadata", {{"name", fmt::format("pod-{}", i)}, {"namespace", "ml"}, {"uid", fmt::format("uid-{}", i)}}},
+          {"spec",
+           {{"schedulerName", "gpupool"},
+            {"containers", Json::array({{{"name", "c"}, {"resources", {{"limits", limits}, {"requests", requests}}}}})}}},
+          {"status", {{"phase", "Pending"}}}};
+}
+
+void Run(int node_count, int pod_count, const std::vector<std::string>& models, const std::vector<gpupool::TracePod>& trace) {
+  std::vector<Json> nodes, pods;
+  for (int i = 0; i < node_count; ++i) nodes.push_back(NodeJson(i, models[static_cast<size_t>(i) % models.size()]));
+  std::vector<gpupool::TaskRequest> requests;
+  for (int i = 0; i < pod_count; ++i) {
+    const auto& r = trace[static_cast<size_t>(i) % trace.size()].request;
+    requests.push_back(r);
+    pods.push_back(PodJson(i, r));
+  }
+
+  // ---- the Kubernetes scheduler's state and cycles ----
+  const auto t0 = Clock::now();
+  auto created = ClusterState::Create({});
+  if (!created.ok()) std::abort();
+  ClusterState& state = **created;
+  for (const Json& n : nodes) state.ApplyNode("ADDED", n);
+  const double t_nodes = Since(t0);
+  for (const Json& p : pods) state.ApplyPod("ADDED", p);
+  const double t_pods = Since(t0);
+  double t_first = -1;
+  size_t bound = 0;
+  uint64_t decisions = 0;
+  double in_cycles = 0;
+  while (true) {
+    const auto c0 = Clock::now();
+    gpupool::kube::CycleResult r = state.Cycle();
+    in_cycles += Since(c0);
+    decisions += static_cast<uint64_t>(r.decisions);
+    if (!r.binds.empty() && t_first < 0) t_first = Since(t0);
+    if (r.decisions == 0) break;
+    for (const BindOrder& b : r.binds) {
+      // The informer's echo: the pod bound, with the binding's annotation.
+      const size_t i = static_cast<size_t>(std::atol(b.name.c_str() + 4));
+      pods[i]["spec"]["nodeName"] = b.node;
+      pods[i]["metadata"]["annotations"]["gpupool.io/assignment"] = b.assignment;
+      state.ApplyPod("MODIFIED", pods[i]);
+    }
+    bound += r.binds.size();
+  }
+  const double t_all = Since(t0);
+  const long rss = PeakRssMiB();
+  if (!state.CheckInvariants().ok()) std::abort();
+
+  // ---- the placement core alone, same cluster and pods ----
+  gpupool::Ledger ledger;
+  for (int i = 0; i < node_count; ++i) {
+    gpupool::NodeSpec s = gpupool::MakeNode(fmt::format("node-{}", i), gpupool::MilliCpu(128000), gpupool::MiB(1 << 20), 8,
+                                            models[static_cast<size_t>(i) % models.size()], gpupool::GpuCatalog::Builtin());
+    s.max_tasks = 1001;
+    if (!ledger.AddNode(std::move(s)).ok()) std::abort();
+  }
+  auto profile = gpupool::ProfileForPolicy("balanced");
+  gpupool::SeededRng rng(1);
+  std::vector<gpupool::TypicalPod> typical = {{0, 1000, 1, {}, 1.0}};
+  gpupool::PluginInit init;
+  init.typical_pods = &typical;
+  auto sched = gpupool::Scheduler::Create(*profile, gpupool::DefaultRegistry(), ledger, rng, init);
+  if (!sched.ok()) std::abort();
+  const auto c0 = Clock::now();
+  size_t core_placed = 0;
+  for (const auto& r : requests) {
+    (*sched)->Observe(r);
+    if ((*sched)->Place(r).ok()) ++core_placed;
+  }
+  const double t_core = Since(c0);
+
+  fmt::print("{} nodes x 8 GPUs, {} pending pods (Alibaba default trace, cycled)\n", node_count, pod_count);
+  fmt::print("  kube state: nodes taken in {:.2f} s, pods {:.2f} s; first binding order at {:.2f} s\n", t_nodes,
+             t_pods - t_nodes, t_first);
+  fmt::print("  kube state: {} pods bound in {:.2f} s from the start ({:.0f} pods/s); {} decisions, {:.0f}/s in cycles\n",
+             bound, t_all, bound / t_all, decisions, decisions / in_cycles);
+  fmt::print("  core alone: {} of {} placed in {:.2f} s ({:.0f} decisions/s)\n", core_placed, requests.size(), t_core,
+             requests.size() / t_core);
+  fmt::print("  peak resident memory so far: {} MiB\n", rss);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes = {5000, 10000};
+  int pods = 100000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--pods") {
+      pods = std::atoi(argv[i + 1]);
+    } else if (a == "--nodes") {
+      sizes.clear();
+      for (const char* p = argv[i + 1]; *p;) {
+        sizes.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    } else {
+      fmt::print(stderr, "usage: kube_bench [--nodes 5000,10000] [--pods 100000]\n");
+      return 2;
+    }
+  }
+  auto trace = gpupool::ReadOpenbPods(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
+  if (!trace.ok() || pods < 1) return 2;
+  const std::vector<std::string> models = Models();
+  for (int n : sizes) Run(n, pods, models, *trace);
+  return 0;
+}
