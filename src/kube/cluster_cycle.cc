@@ -64,8 +64,11 @@ void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const 
 
 CycleResult ClusterState::Cycle() {
   CycleResult out;
+  // The profile built once already, so neither can fail.
   if (rebuild_) {
-    if (Status st = Rebuild(); !st.ok()) return out;  // the profile built once already; cannot fail
+    if (Status st = Rebuild(); !st.ok()) return out;
+  } else if (since_learn_ >= kLearnEvery) {
+    if (Status st = RebuildScheduler(); !st.ok()) return out;
   }
   if (pending_.empty()) return out;
 

@@ -172,16 +172,43 @@ Status ClusterState::Rebuild() {
       ++unaccounted_;
     }
   }
-  PluginInit init;
-  init.typical_pods = &typical_pods_;
-  auto s = Scheduler::Create(options_.profile, DefaultRegistry(), *ledger_, rng_, init);
-  if (!s.ok()) return s.status().WithContext("profile " + options_.profile.name);
-  scheduler_ = std::move(s).value();
+  RETURN_IF_ERROR(RebuildScheduler());
   masks_.clear();
   ++capacity_epoch_;
   ++mask_epoch_;
   rebuild_ = false;
   return Status::Ok();
+}
+
+// The pipeline anew: FGD's typical workload learned from the recent GPU pods (a single whole-GPU
+// pod until there are any), and policies that learn online (balanced) shown the recent window
+// again, oldest first — as the pool server does.
+Status ClusterState::RebuildScheduler() {
+  std::vector<TaskRequest> gpu_tasks;
+  for (const TaskRequest& t : recent_)
+    if (t.wants_gpu()) gpu_tasks.push_back(t);
+  typical_pods_ = gpu_tasks.empty() ? std::vector<TypicalPod>{{0, 1000, 1, {}, 1.0}} : ComputeTypicalPods(gpu_tasks);
+  PluginInit init;
+  init.typical_pods = &typical_pods_;
+  auto s = Scheduler::Create(options_.profile, DefaultRegistry(), *ledger_, rng_, init);
+  if (!s.ok()) return s.status().WithContext("profile " + options_.profile.name);
+  scheduler_ = std::move(s).value();
+  const size_t n = recent_.size();
+  const size_t first = n < kRecentTasks ? 0 : recent_next_;
+  for (size_t i = 0; i < n; ++i) scheduler_->Observe(recent_[(first + i) % n]);
+  since_learn_ = 0;
+  return Status::Ok();
+}
+
+void ClusterState::Observe(const TaskRequest& task) {
+  if (recent_.size() < kRecentTasks) {
+    recent_.push_back(task);
+  } else {
+    recent_[recent_next_] = task;
+    recent_next_ = (recent_next_ + 1) % kRecentTasks;
+  }
+  ++since_learn_;
+  scheduler_->Observe(task);
 }
 
 // ---- pods ---------------------------------------------------------------------------------------
@@ -351,7 +378,7 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
   if (p.parked) return;  // waits out its back-off first
   if (pending_.insert(p.seq).second) {
     pending_uid_[p.seq] = uid;
-    if (p.request.ok()) scheduler_->Observe(p.request->request);
+    if (p.request.ok()) Observe(p.request->request);
   }
 }
 

@@ -122,6 +122,8 @@ class ClusterState {
 
   ClusterState(ClusterOptions options, GpuCatalog catalog);
   Status Rebuild();
+  Status RebuildScheduler();
+  void Observe(const TaskRequest& task);
   void ApplyHealth(NodeIndex idx, const KubeNode& node);
   void Charge(Pod& pod, const nlohmann::json& object);
   void Hold(Pod& pod, const PodRequest& req);
@@ -141,6 +143,13 @@ class ClusterState {
   std::unique_ptr<Scheduler> scheduler_;
   std::optional<QueueOrder> order_;
   std::vector<TypicalPod> typical_pods_;
+  // The recent pending pods' requests (a ring), to learn the typical workload from and to show a
+  // rebuilt pipeline again; relearned every kLearnEvery new pods, as the pool server does.
+  static constexpr size_t kRecentTasks = 10000;
+  static constexpr uint64_t kLearnEvery = 512;
+  std::vector<TaskRequest> recent_;
+  size_t recent_next_ = 0;
+  uint64_t since_learn_ = 0;
 
   std::map<std::string, KubeNode> nodes_;             // good nodes by name
   std::map<std::string, std::string> bad_nodes_;      // name -> why it is kept out

@@ -73,7 +73,9 @@ void KubeScheduler::Start() {
   stop_ = false;
   report_refill_ = Clock::now();
   report_tokens_ = options_.report_qps;
+  // Nodes first: pods bound to a node not known yet wait in the state with their whole object.
   nodes_->Start();
+  (void)nodes_->WaitSynced(std::chrono::seconds(30));
   pods_->Start();
   loop_ = std::thread([this] { Loop(); });
   for (int i = 0; i < options_.bind_workers; ++i) workers_.emplace_back([this] { Worker(); });

@@ -48,8 +48,8 @@ class KubeSchedulerTest : public ::testing::Test {
     LeaderElector::Options o;
     o.namespace_name = "sys";
     o.identity = identity;
-    o.lease_duration = 1500ms;
-    o.renew_deadline = 1000ms;
+    o.lease_duration = 4000ms;
+    o.renew_deadline = 3000ms;
     o.retry_period = 200ms;
     return o;
   }
@@ -85,7 +85,7 @@ TEST_F(KubeSchedulerTest, OneOfTwoCandidatesLeadsAndTheOtherTakesOverWhenItGives
   a.Start();
   ASSERT_TRUE(Eventually([&] { return a.IsLeader(); }));
   b.Start();
-  std::this_thread::sleep_for(2500ms);  // longer than the lease: a renews it, b never takes it
+  std::this_thread::sleep_for(4500ms);  // longer than the lease: a renews it, b never takes it
   EXPECT_TRUE(a.IsLeader());
   EXPECT_FALSE(b.IsLeader());
   EXPECT_EQ(b.holder(), "a");
@@ -95,7 +95,7 @@ TEST_F(KubeSchedulerTest, OneOfTwoCandidatesLeadsAndTheOtherTakesOverWhenItGives
   a.Stop();
   EXPECT_FALSE(a.IsLeader());
   ASSERT_TRUE(Eventually([&] { return b.IsLeader(); }));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4000ms);  // sooner than the lease duration
   json lease = Get(kLease);
   EXPECT_EQ(lease["spec"]["holderIdentity"], "b");
   EXPECT_EQ(lease["spec"]["leaseTransitions"], 1);
@@ -118,6 +118,36 @@ TEST_F(KubeSchedulerTest, ASilentHoldersLeaseIsTakenOnlyAfterTheLeaseDurationByT
   ASSERT_TRUE(Eventually([&] { return b.IsLeader(); }, 5s));
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 1000ms);
   EXPECT_EQ(Get(kLease)["spec"]["leaseTransitions"], 5);
+}
+
+TEST_F(KubeSchedulerTest, ALeaderWhoseLeaseWasTakenStepsDownWithinTheRenewDeadlineForGood) {
+  std::atomic<int> lost{0};
+  LeaderElector a(client_.get(), Lease("a"), [&](bool leading) {
+    if (!leading) ++lost;
+  });
+  a.Start();
+  ASSERT_TRUE(Eventually([&] { return a.IsLeader(); }));
+  // Someone else writes itself into the lease (a partitioned leader's view of the world).
+  json lease = Get(kLease);
+  lease["spec"]["holderIdentity"] = "thief";
+  lease["spec"]["leaseDurationSeconds"] = 30;
+  auto put = client_->Request("PUT", kLease, &lease);
+  ASSERT_TRUE(put.ok() && put->code == 200);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(Eventually([&] { return !a.IsLeader(); }, 6s));
+  // It stops at its renew deadline (3 s after its last renewal), before anyone may take the lease
+  // from it (4 s): two leaders never bind at once.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4000ms);
+  ASSERT_TRUE(Eventually([&] { return lost.load() == 1; }, 6s));
+  // The thief's lease lapses after 1 s: a replica that lost the lease never leads again (it exits,
+  // and a fresh process stands by).
+  lease = Get(kLease);
+  lease["spec"]["leaseDurationSeconds"] = 1;
+  put = client_->Request("PUT", kLease, &lease);
+  ASSERT_TRUE(put.ok() && put->code == 200);
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_FALSE(a.IsLeader());
+  EXPECT_EQ(Get(kLease)["spec"]["holderIdentity"], "thief");
 }
 
 TEST_F(KubeSchedulerTest, AMalformedLeaseIsOverwrittenNotTrusted) {
