@@ -17,10 +17,15 @@ target_link_libraries(gpupool_kube
   PRIVATE gpupool_api CURL::libcurl OpenSSL::Crypto fmt::fmt
 )
 
+# `gpupool kube-node`'s parts: the kube client and the agent's GPU discovery (NVML, simulated).
+add_library(gpupool_kube_node src/kube/node_publisher.cc)
+target_link_libraries(gpupool_kube_node PUBLIC gpupool_kube gpupool_agent_gpu PRIVATE fmt::fmt)
+
 if(GPUPOOL_BUILD_TESTS)
   # Against tests/kube/apiserver.py (python3), itself checked with kubectl and python3-kubernetes.
   gpupool_test(kube_test src/kube/kube_client_test.cc src/kube/pod_request_test.cc src/kube/informer_test.cc
-    src/kube/cluster_state_test.cc src/kube/kube_scheduler_test.cc)
-  target_link_libraries(kube_test PRIVATE gpupool_kube nlohmann_json::nlohmann_json fmt::fmt)
+    src/kube/cluster_state_test.cc src/kube/kube_scheduler_test.cc
+    src/kube/node_publisher_test.cc)
+  target_link_libraries(kube_test PRIVATE gpupool_kube gpupool_kube_node nlohmann_json::nlohmann_json fmt::fmt)
   target_compile_definitions(kube_test PRIVATE GPUPOOL_SOURCE_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
 endif()

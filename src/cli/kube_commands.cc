@@ -17,6 +17,8 @@
 #include "http/server.h"
 #include "kube/kube_config.h"
 #include "kube/kube_scheduler.h"
+#include "kube/node_publisher.h"
+#include "agent/gpu_metrics.h"
 #include "server/config.h"
 
 namespace gpupool {
@@ -160,6 +162,95 @@ int RunKubeScheduler(const KubeSchedulerFlags& f) {
   return 0;
 }
 
+struct KubeNodeFlags {
+  std::string kubeconfig;
+  std::string context;
+  std::string node;
+  std::string simulate;
+  std::string nvml_library;
+  double interval = 10;
+  std::string listen = "0.0.0.0:9400";
+};
+
+int RunKubeNode(const KubeNodeFlags& f) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  auto fail = [](const Status& st) {
+    std::cerr << "gpupool kube-node: " << st.ToString() << "\n";
+    return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  std::string node = f.node;
+  if (node.empty() && std::getenv("NODE_NAME")) node = std::getenv("NODE_NAME");
+  if (node.empty()) return fail(Status::InvalidArgument("--node-name (or $NODE_NAME): the Node object's name is needed"));
+  std::string kubeconfig = f.kubeconfig;
+  if (kubeconfig.empty() && std::getenv("KUBECONFIG")) kubeconfig = std::getenv("KUBECONFIG");
+  auto endpoint = kubeconfig.empty() ? kube::LoadInCluster() : kube::LoadKubeconfig(kubeconfig, f.context);
+  if (!endpoint.ok()) return fail(endpoint.status());
+  // The GPUs: NVML's, or a simulated machine when asked (never silently: a GPU node whose driver
+  // cannot be loaded must not look like a node without GPUs).
+  std::unique_ptr<Nvml> nvml;
+  Inventory inv;
+  if (f.simulate.empty()) {
+    auto loaded = Nvml::Load(f.nvml_library);
+    if (!loaded.ok()) return fail(loaded.status().WithContext("loading NVML (--simulate SPEC to simulate GPUs)"));
+    auto found = (*loaded)->Discover();
+    if (!found.ok()) return fail(found.status().WithContext("discovering GPUs through NVML"));
+    inv = std::move(found).value();
+    nvml = std::move(loaded).value();
+  } else {
+    auto sim = SimulatedInventory(f.simulate, node);
+    if (!sim.ok()) return fail(sim.status().WithContext("--simulate"));
+    inv = std::move(sim).value();
+  }
+  auto client = kube::KubeClient::Create(*endpoint);
+  if (!client.ok()) return fail(client.status());
+  kube::NodePublisher::Options po;
+  po.node = node;
+  po.interval = Ms(f.interval);
+  kube::NodePublisher::HealthFn health;
+  if (nvml) health = [&nvml]() { return nvml->Health(); };
+  kube::NodePublisher publisher(client->get(), inv, po, health);
+
+  std::unique_ptr<http::Server> http;
+  if (!f.listen.empty()) {
+    std::string host;
+    int port = 0;
+    if (Status st = ParseListen(f.listen, &host, &port); !st.ok()) return fail(st.WithContext("--listen"));
+    http::ServerOptions ho;
+    ho.normal_workers = 2;
+    ho.priority_workers = 1;
+    http = std::make_unique<http::Server>(ho);
+    http->Get("/metrics", [&](const http::Request&, http::Response& res) {
+      std::vector<GpuSample> samples;
+      if (nvml) {
+        if (auto s = nvml->Sample(); s.ok()) samples = std::move(s).value();
+      }
+      res.set_content(RenderGpuMetrics(node, publisher.inventory(), samples, {}), "text/plain; version=0.0.4");
+    });
+    http->Get("/healthz", [&](const http::Request&, http::Response& res) {
+      const bool ok = publisher.published();
+      res.status = ok ? 200 : 503;
+      res.set_content(ok ? "ok: the inventory is on the Node\n" : "not published: " + publisher.last_error() + "\n",
+                      "text/plain");
+    }, http::Lane::kPriority);
+    auto bound = http->Listen(host, port);
+    if (!bound.ok()) return fail(bound.status().WithContext("--listen " + f.listen));
+    std::cerr << fmt::format("gpupool kube-node: /metrics and /healthz on {}:{}\n", host, *bound);
+  }
+  std::cerr << fmt::format("gpupool kube-node: node {}: {} GPU(s) ({}), publishing to {}\n", node, inv.gpus.size(),
+                           inv.source, endpoint->server);
+  publisher.Start();
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  publisher.Stop();
+  if (http) http->Stop();
+  return 0;
+}
+
 }  // namespace
 
 std::function<int()> AddKubeCommands(CLI::App& app) {
@@ -185,9 +276,21 @@ std::function<int()> AddKubeCommands(CLI::App& app) {
   cmd->add_option("--report-qps", flags->report_qps, "pending-pod conditions and Events written per second, at most")
       ->capture_default_str()->check(CLI::Range(0.1, 10000.0));
   cmd->add_option("--events", flags->events, "write Events (FailedScheduling, Scheduled)")->capture_default_str();
-  return [cmd, flags]() -> int {
-    if (!*cmd) return -1;
-    return RunKubeScheduler(*flags);
+  auto nf = std::make_shared<KubeNodeFlags>();
+  auto* node_cmd = app.add_subcommand(
+      "kube-node", "Publish this Kubernetes node's GPUs and their health for gpupool (docs/kubernetes.md)");
+  node_cmd->add_option("--node-name", nf->node, "the Node object's name (default: $NODE_NAME)");
+  node_cmd->add_option("--kubeconfig", nf->kubeconfig, "kubeconfig file (default: $KUBECONFIG, else in-cluster)");
+  node_cmd->add_option("--context", nf->context, "the kubeconfig's context (default: its current one)");
+  node_cmd->add_option("--simulate", nf->simulate, "simulate GPUs instead of NVML's: 4xA100-80GB, dgx-a100, ...");
+  node_cmd->add_option("--nvml-library", nf->nvml_library, "libnvidia-ml.so.1 to load (default: the system's)");
+  node_cmd->add_option("--interval", nf->interval, "seconds between health checks")->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  node_cmd->add_option("--listen", nf->listen, "host:port of /metrics and /healthz (empty: none)")->capture_default_str();
+  return [cmd, flags, node_cmd, nf]() -> int {
+    if (*cmd) return RunKubeScheduler(*flags);
+    if (*node_cmd) return RunKubeNode(*nf);
+    return -1;
   };
 }
 

@@ -1,4 +1,5 @@
-// `gpupool kube-scheduler`: the Kubernetes secondary scheduler (docs/kubernetes.md).
+// `gpupool kube-scheduler` (the Kubernetes secondary scheduler) and `gpupool kube-node` (the node
+// side) (docs/kubernetes.md).
 #pragma once
 
 #include <CLI/CLI.hpp>

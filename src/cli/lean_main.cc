@@ -35,6 +35,7 @@ constexpr CoreCommand kCoreCommands[] = {
     {"agent", "Run a node agent: discover GPUs, run the tasks the server assigns"},
     {"up", "Server and local agent(s) in one process: the pool on this machine"},
     {"kube-scheduler", "Schedule Kubernetes pods with schedulerName gpupool (docs/kubernetes.md)"},
+    {"kube-node", "Publish this Kubernetes node's GPUs and their health for gpupool (docs/kubernetes.md)"},
 };
 
 bool IsCoreCommand(std::string_view arg) {

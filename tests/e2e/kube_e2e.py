@@ -2,7 +2,8 @@
 """Kubernetes end to end: tests/kube/apiserver.py (the test API server, itself checked with kubectl
 and python3-kubernetes), two `gpupool kube-scheduler` replicas electing a leader on a Lease, and
 simulated GPU nodes (Node objects with kube-node's inventory annotation; a few with GPU feature
-discovery's labels only, and pods of another scheduler holding GPUs). It creates the pods: whole
+discovery's labels only, four published by `gpupool kube-node` processes — two through the fake
+NVML, two simulated —, and pods of another scheduler holding GPUs). It creates the pods: whole
 GPUs (1, 2, 4, 8), fractions with GPU memory, MIG instances, gangs with gang-min, pods that can
 never fit and pods that are malformed; SIGKILLs the leader once a third are bound; and checks:
 
@@ -11,6 +12,8 @@ never fit and pods that are malformed; SIGKILLs the leader once a third are boun
   assignment   every bound pod's gpupool.io/assignment names its own UID and its node
   overcommit   no GPU holds more than 1000 milli, more than its memory, or overlapping MIG slices;
                no node has more GPUs in use, gpupool's and the other scheduler's, than it has
+  nvlink       pods asking for two NVLink-connected H100s get a linked pair on a node whose
+               inventory `gpupool kube-node` published from the fake NVML
   gangs        every gang is bound whole (each member), or not at all
   failover     the lease changed hands after the kill, and the new leader bound the rest
   reasons      the pods that cannot fit show PodScheduled=False with gpupool's per-node reasons,
@@ -207,6 +210,27 @@ def main():
             mig = (7,) if i % 8 == 0 and not labels_only else ()
             nodes[name] = {"gpus": 8, "mig": mig}
             api.create("/api/v1/nodes", node_object(name, 8, mig, labels_only))
+        # Four nodes describe themselves: `gpupool kube-node` publishes their inventory, two from the
+        # fake NVML (4 x H100 80GB, NVLink between GPUs 0-1 and 2-3), two simulated (8 x A100-80GB).
+        fake_nvml = os.path.join(os.path.dirname(os.path.realpath(binary)), "fake_nvml", "libnvidia-ml.so.1")
+        for i in range(4):
+            name = "kn-%d" % i
+            n = node_object(name, 0)
+            n["metadata"]["annotations"] = {}
+            api.create("/api/v1/nodes", n)
+            nvml = i < 2
+            nodes[name] = {"gpus": 4 if nvml else 8, "mig": (), "nvml": nvml}
+            cmd = [binary, "kube-node", "--kubeconfig", kubeconfig, "--node-name", name, "--listen", "",
+                   "--interval", "0.5"]
+            cmd += ["--nvml-library", fake_nvml] if nvml else ["--simulate", "8xA100-80GB"]
+            procs.append(subprocess.Popen(cmd, stdout=open(os.path.join(work, "node-%s.log" % name), "w"),
+                                          stderr=subprocess.STDOUT))
+        deadline = time.time() + 20
+        while not all(api.call("GET", "/api/v1/nodes/kn-%d" % i)[1]["metadata"].get("annotations", {})
+                      .get("gpupool.io/inventory") for i in range(4)):
+            if time.time() > deadline:
+                raise RuntimeError("kube-node did not publish: see node-kn-*.log")
+            time.sleep(0.1)
         # Another scheduler's pods hold GPUs: two whole GPUs on each of the first ten nodes.
         for i in range(10):
             api.create("/api/v1/namespaces/other/pods",
@@ -235,8 +259,13 @@ def main():
         print("kube_e2e: %s leads" % leader, flush=True)
 
         plan = workload(args.pods, rng)
+        # Three pods that need two NVLink-connected H100s: only kube-node's NVML nodes have them.
+        nvlink_pods = ["nvl-%d" % i for i in range(3)]
+        for i, name in enumerate(nvlink_pods):
+            plan[i * 7] = (name, {"gpupool.io/gpu": "2"},
+                           {"gpupool.io/gpu-models": "H100-80GB", "gpupool.io/interconnect": "nvlink"}, None)
         impossible = [("too-big", {"nvidia.com/gpu": "16"}, {}), ("wrong-model", {"nvidia.com/gpu": "1"},
-                                                                   {"gpupool.io/gpu-models": "H100-80GB"})]
+                                                                   {"gpupool.io/gpu-models": "H200-141GB"})]
         malformed = [("bad-priority", {"nvidia.com/gpu": "1"}, {"gpupool.io/priority": "high"}),
                      ("bad-mig", {"nvidia.com/mig-3g.40gb": "1", "nvidia.com/gpu": "1"}, {})]
         t0 = time.time()
@@ -335,9 +364,10 @@ def main():
                     share[key] += g["share"]
                     mem[key] += mib(g.get("memory", "0"))
         for node in nodes:
+            count = nodes[node]["gpus"]
             whole_theirs = 2 if node in {"gpu-%03d" % i for i in range(10)} else 0
-            busy = sum(1 for g in range(8) if share[(node, g)] > 0 or slices[(node, g)])
-            for g in range(8):
+            busy = sum(1 for g in range(count) if share[(node, g)] > 0 or slices[(node, g)])
+            for g in range(count):
                 if share[(node, g)] > 1000:
                     fail("overcommit", "%s GPU %d holds %d milli" % (node, g, share[(node, g)]))
                 if mem[(node, g)] > GPU_MEMORY_MIB:
@@ -348,9 +378,21 @@ def main():
                         fail("overcommit", "%s GPU %d: MIG instances overlap %s" % (node, g, used))
                 if used and g not in nodes[node]["mig"]:
                     fail("overcommit", "%s GPU %d is not in MIG mode but holds %s" % (node, g, used))
-            if busy + whole_theirs > 8:
-                fail("overcommit", "%s: %d GPUs used by gpupool's pods and %d by others' (8 in all)" % (
-                    node, busy, whole_theirs))
+            if busy + whole_theirs > count:
+                fail("overcommit", "%s: %d GPUs used by gpupool's pods and %d by others' (%d in all)" % (
+                    node, busy, whole_theirs, count))
+            extra = [k for k in share if k[0] == node and k[1] >= count]
+            if extra:
+                fail("overcommit", "%s: GPUs it does not have: %s" % (node, extra))
+
+        # NVLink pairs on the H100s kube-node found through NVML.
+        for name in nvlink_pods:
+            p = pods[name]
+            node = p["spec"].get("nodeName")
+            a = json.loads(p["metadata"].get("annotations", {}).get("gpupool.io/assignment", "{}"))
+            pair = sorted(g["index"] for g in a.get("gpus", []))
+            if node not in ("kn-0", "kn-1") or pair not in ([0, 1], [2, 3]):
+                fail("nvlink", "%s: on %s GPUs %s, wanted an NVLink pair of kn-0 or kn-1" % (name, node, pair))
 
         # Gangs: whole or nothing.
         gangs = collections.defaultdict(list)

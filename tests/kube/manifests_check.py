@@ -7,7 +7,8 @@
   config      the scheduler starts with the ConfigMap's config.yaml, as the Deployment mounts it
   rbac        every request the scheduler makes while it leads, binds a pod, reports one that does
               not fit, writes Events and gives its Lease up, is allowed by the manifests' ClusterRole
-              or Role (verb, API group, resource, namespace, resource name); and every rule is used:
+              or Role (verb, API group, resource, namespace, resource name); so is every request of
+              kube-node publishing a node's GPUs, by its own ClusterRole; and every rule is used:
               the RBAC grants only what the code needs
 
 usage: manifests_check.py GPUPOOL_BINARY WORK_DIR
@@ -54,6 +55,32 @@ def allowed(rules, req):
                 (not r.get("resourceNames") or req["name"] in r["resourceNames"]):
             return r
     return None
+
+
+def check_rbac(who, request_log, cluster_rules, namespaced_rules):
+    """Every request of `who` allowed (namespaced rules: in gpupool-system only), every rule used."""
+    used = set()
+    for line in open(request_log):
+        req = json.loads(line)
+        if not req["userAgent"].startswith("gpupool"):
+            continue  # this check's own reads
+        rule = allowed(cluster_rules, req)
+        if rule is None and req["namespace"] == "gpupool-system":
+            rule = allowed(namespaced_rules, req)
+        if rule is None:
+            fail("rbac", "%s: not allowed by the manifests: %s" % (who, req))
+            continue
+        for verb in rule["verbs"]:
+            if verb == req["verb"]:
+                for res in rule["resources"]:
+                    if res == req["resource"]:
+                        used.add((json.dumps(rule, sort_keys=True), verb, res))
+    for rule in cluster_rules + namespaced_rules:
+        for verb in rule["verbs"]:
+            for res in rule["resources"]:
+                if (json.dumps(rule, sort_keys=True), verb, res) not in used:
+                    fail("rbac", "%s: granted but never used: %s %s (rule %s)" % (who, verb, res, rule))
+    print("manifests_check: %s's requests: %s" % (who, ", ".join(sorted("%s %s" % (v, r) for _, v, r in used))))
 
 
 def main():
@@ -136,28 +163,25 @@ def main():
         sched.wait(timeout=20)
         sched = None
 
-        used = set()
-        for line in open(request_log):
-            req = json.loads(line)
-            if not req["userAgent"].startswith("gpupool"):
-                continue  # this check's own reads
-            rule = allowed(cluster_rules, req)
-            if rule is None and req["namespace"] == "gpupool-system":
-                rule = allowed(lease_rules, req)
-            if rule is None:
-                fail("rbac", "not allowed by the manifests: %s" % req)
-                continue
-            for verb in rule["verbs"]:
-                if verb == req["verb"]:
-                    for res in rule["resources"]:
-                        if res == req["resource"]:
-                            used.add((json.dumps(rule, sort_keys=True), verb, res))
-        for rule in cluster_rules + lease_rules:
-            for verb in rule["verbs"]:
-                for res in rule["resources"]:
-                    if (json.dumps(rule, sort_keys=True), verb, res) not in used:
-                        fail("rbac", "granted but never used: %s %s (rule %s)" % (verb, res, rule))
-        print("manifests_check: the scheduler's requests: %s" % ", ".join(sorted("%s %s" % (v, r) for _, v, r in used)))
+        check_rbac("the scheduler", request_log, cluster_rules, lease_rules)
+
+        # kube-node: publishes n2's GPUs (simulated) with its own service account's rights.
+        post(url, "/api/v1/nodes", {"metadata": {"name": "n2"},
+                                    "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}})
+        open(request_log, "w").close()
+        node = subprocess.Popen([binary, "kube-node", "--kubeconfig", kubeconfig, "--node-name", "n2",
+                                 "--simulate", "2xA100-80GB", "--listen", "", "--interval", "0.2"],
+                                stdout=open(os.path.join(work, "node.log"), "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 20
+        while not get(url, "/api/v1/nodes/n2")["metadata"].get("annotations", {}).get("gpupool.io/inventory"):
+            if time.time() > deadline or node.poll() is not None:
+                fail("config", "kube-node did not publish: %s" % open(os.path.join(work, "node.log")).read()[-500:])
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        node.send_signal(signal.SIGTERM)
+        node.wait(timeout=20)
+        check_rbac("kube-node", request_log, roles[("ClusterRole", "gpupool-node")]["rules"], [])
     finally:
         if sched and sched.poll() is None:
             sched.kill()
