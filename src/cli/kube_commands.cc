@@ -19,6 +19,7 @@
 #include "kube/kube_scheduler.h"
 #include "kube/node_publisher.h"
 #include "agent/gpu_metrics.h"
+#include "cli/server_internal.h"
 #include "server/config.h"
 
 namespace gpupool {
@@ -56,14 +57,38 @@ std::string DefaultIdentity() {
 
 std::chrono::milliseconds Ms(double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
 
+// /metrics (the daemon's text and the HTTP layer's counters) and /healthz (200 or 503 with `why`)
+// on `listen`; nullptr when `listen` is empty.
+Result<std::unique_ptr<http::Server>> ServeEndpoints(const std::string& listen, const char* who,
+                                                     std::function<std::string()> metrics,
+                                                     std::function<bool(std::string*)> healthy) {
+  if (listen.empty()) return std::unique_ptr<http::Server>();
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(ParseListen(listen, &host, &port).WithContext("--listen"));
+  http::ServerOptions ho;
+  ho.normal_workers = 2;
+  ho.priority_workers = 1;
+  auto server = std::make_unique<http::Server>(ho);
+  http::Server* self = server.get();
+  server->Get("/metrics", [metrics, self](const http::Request&, http::Response& res) {
+    res.set_content(metrics() + self->MetricsText("gpupool_kube_http"), "text/plain; version=0.0.4");
+  });
+  server->Get("/healthz", [healthy](const http::Request&, http::Response& res) {
+    std::string why;
+    res.status = healthy(&why) ? 200 : 503;
+    res.set_content(why + "\n", "text/plain");
+  }, http::Lane::kPriority);
+  auto bound = server->Listen(host, port);
+  if (!bound.ok()) return bound.status().WithContext("--listen " + listen);
+  std::cerr << fmt::format("{}: /metrics and /healthz on {}:{}\n", who, host, *bound);
+  return server;
+}
+
 int RunKubeScheduler(const KubeSchedulerFlags& f) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
+  sigset_t stop_signals = cli_internal::BlockStopSignals();
   sigaddset(&stop_signals, SIGUSR1);  // sent to ourselves when the lease is lost
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
 
   // Where the API server is: --kubeconfig, $KUBECONFIG, else the pod's service account.
   std::string kubeconfig = f.kubeconfig;
@@ -125,28 +150,9 @@ int RunKubeScheduler(const KubeSchedulerFlags& f) {
     kill(self, SIGUSR1);
   });
 
-  std::unique_ptr<http::Server> http;
-  if (!f.listen.empty()) {
-    std::string host;
-    int port = 0;
-    if (Status st = ParseListen(f.listen, &host, &port); !st.ok()) return Fail(st.WithContext("--listen"));
-    http::ServerOptions ho;
-    ho.normal_workers = 2;
-    ho.priority_workers = 1;
-    http = std::make_unique<http::Server>(ho);
-    http->Get("/metrics", [&s, &http](const http::Request&, http::Response& res) {
-      res.set_content(s.MetricsText() + http->MetricsText("gpupool_kube_http"), "text/plain; version=0.0.4");
-    });
-    http->Get("/healthz", [&s](const http::Request&, http::Response& res) {
-      std::string why;
-      const bool ok = s.Healthy(&why);
-      res.status = ok ? 200 : 503;
-      res.set_content(why + "\n", "text/plain");
-    }, http::Lane::kPriority);
-    auto bound = http->Listen(host, port);
-    if (!bound.ok()) return Fail(bound.status().WithContext("--listen " + f.listen));
-    std::cerr << fmt::format("gpupool kube-scheduler: /metrics and /healthz on {}:{}\n", host, *bound);
-  }
+  auto http = ServeEndpoints(
+      f.listen, "gpupool kube-scheduler", [&s] { return s.MetricsText(); }, [&s](std::string* why) { return s.Healthy(why); });
+  if (!http.ok()) return Fail(http.status());
   std::cerr << fmt::format("gpupool kube-scheduler: {} schedules pods with schedulerName {} on {}{}\n",
                            f.identity.empty() ? "this replica" : f.identity, f.scheduler_name, endpoint->server,
                            f.leader_elect ? " once it leads" : "");
@@ -154,7 +160,7 @@ int RunKubeScheduler(const KubeSchedulerFlags& f) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   s.Stop();
-  if (http) http->Stop();
+  if (*http) (*http)->Stop();
   if (lost.load()) {
     std::cerr << "gpupool kube-scheduler: exiting: the lease was lost (a restarted replica stands by again)\n";
     return 1;
@@ -173,12 +179,7 @@ struct KubeNodeFlags {
 };
 
 int RunKubeNode(const KubeNodeFlags& f) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals = cli_internal::BlockStopSignals();
   auto fail = [](const Status& st) {
     std::cerr << "gpupool kube-node: " << st.ToString() << "\n";
     return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
@@ -215,39 +216,28 @@ int RunKubeNode(const KubeNodeFlags& f) {
   if (nvml) health = [&nvml]() { return nvml->Health(); };
   kube::NodePublisher publisher(client->get(), inv, po, health);
 
-  std::unique_ptr<http::Server> http;
-  if (!f.listen.empty()) {
-    std::string host;
-    int port = 0;
-    if (Status st = ParseListen(f.listen, &host, &port); !st.ok()) return fail(st.WithContext("--listen"));
-    http::ServerOptions ho;
-    ho.normal_workers = 2;
-    ho.priority_workers = 1;
-    http = std::make_unique<http::Server>(ho);
-    http->Get("/metrics", [&](const http::Request&, http::Response& res) {
-      std::vector<GpuSample> samples;
-      if (nvml) {
-        if (auto s = nvml->Sample(); s.ok()) samples = std::move(s).value();
-      }
-      res.set_content(RenderGpuMetrics(node, publisher.inventory(), samples, {}), "text/plain; version=0.0.4");
-    });
-    http->Get("/healthz", [&](const http::Request&, http::Response& res) {
-      const bool ok = publisher.published();
-      res.status = ok ? 200 : 503;
-      res.set_content(ok ? "ok: the inventory is on the Node\n" : "not published: " + publisher.last_error() + "\n",
-                      "text/plain");
-    }, http::Lane::kPriority);
-    auto bound = http->Listen(host, port);
-    if (!bound.ok()) return fail(bound.status().WithContext("--listen " + f.listen));
-    std::cerr << fmt::format("gpupool kube-node: /metrics and /healthz on {}:{}\n", host, *bound);
-  }
+  auto http = ServeEndpoints(
+      f.listen, "gpupool kube-node",
+      [&] {
+        std::vector<GpuSample> samples;
+        if (nvml) {
+          if (auto sampled = nvml->Sample(); sampled.ok()) samples = std::move(sampled).value();
+        }
+        return RenderGpuMetrics(node, publisher.inventory(), samples, {});
+      },
+      [&](std::string* why) {
+        const bool ok = publisher.published();
+        *why = ok ? "ok: the inventory is on the Node" : "not published: " + publisher.last_error();
+        return ok;
+      });
+  if (!http.ok()) return fail(http.status());
   std::cerr << fmt::format("gpupool kube-node: node {}: {} GPU(s) ({}), publishing to {}\n", node, inv.gpus.size(),
                            inv.source, endpoint->server);
   publisher.Start();
   int sig = 0;
   sigwait(&stop_signals, &sig);
   publisher.Stop();
-  if (http) http->Stop();
+  if (*http) (*http)->Stop();
   return 0;
 }
 
