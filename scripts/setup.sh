@@ -17,6 +17,7 @@ PACKAGES=(
   iproute2 iptables
   qemu-system-x86 cpio e2fsprogs mount
   python3-kubernetes libcurl4-openssl-dev
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev python3-grpcio python3-protobuf
 )
 # kubectl, an independent client of the test Kubernetes API server (tests/kube): Debian's when the
 # machine has none of its own.

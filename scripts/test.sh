@@ -54,6 +54,9 @@ python3 tests/kube/apiserver_check.py build/kube-apiserver-check
 echo "== Kubernetes manifests (deploy/kubernetes): kubectl apply --dry-run=client, and RBAC against the scheduler's own requests"
 python3 tests/kube/manifests_check.py build/gpupool build/kube-manifests-check
 
+echo "== gpupool kube-node as the kubelet device plugin, driven by a kubelet played with grpcio over the real sockets (golden messages, registration, admission by pod UID, hostile requests, kubelet restart)"
+python3 tests/kube/kubelet_role_test.py build/gpupool build/kubelet-role
+
 echo "== gpupool kube-scheduler end to end: two replicas on a Lease, 160 simulated GPU nodes, 1,000 pods (whole, fractional, MIG, gangs), the leader SIGKILLed"
 python3 tests/e2e/kube_e2e.py build/gpupool build/e2e-kube
 

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
+#include <iterator>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -18,6 +20,9 @@
 #include "kube/kube_config.h"
 #include "kube/kube_scheduler.h"
 #include "kube/node_publisher.h"
+#include "kube/device_plugin.h"
+#include "kube/informer.h"
+#include "agent/cdi.h"
 #include "agent/gpu_metrics.h"
 #include "cli/server_internal.h"
 #include "server/config.h"
@@ -176,7 +181,26 @@ struct KubeNodeFlags {
   std::string nvml_library;
   double interval = 10;
   std::string listen = "0.0.0.0:9400";
+  std::string plugin_dir = "/var/lib/kubelet/device-plugins";
+  std::string pod_resources = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::vector<std::string> resources = {"gpupool.io/gpu"};
+  int slots_per_gpu = 0;
+  std::string cdi_kind;
+  std::string mps_pipe_root;
+  double allocate_wait = 10;
 };
+
+// The node's allocatable pods (kubelet's --max-pods): pods per GPU can never be more.
+int NodePodLimit(kube::KubeClient* client, const std::string& node) {
+  auto got = client->Get("/api/v1/nodes/" + node);
+  if (!got.ok() || got->code != 200 || !got->body.is_object()) return 0;
+  const nlohmann::json& alloc = got->body.value("status", nlohmann::json::object()).value("allocatable", nlohmann::json::object());
+  if (!alloc.is_object() || !alloc.contains("pods") || !alloc["pods"].is_string()) return 0;
+  const std::string& text = alloc["pods"].get_ref<const std::string&>();
+  int n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  return ec == std::errc() && end == text.data() + text.size() && n > 0 ? std::min(n, 1000) : 0;
+}
 
 int RunKubeNode(const KubeNodeFlags& f) {
   sigset_t stop_signals = cli_internal::BlockStopSignals();
@@ -216,6 +240,45 @@ int RunKubeNode(const KubeNodeFlags& f) {
   if (nvml) health = [&nvml]() { return nvml->Health(); };
   kube::NodePublisher publisher(client->get(), inv, po, health);
 
+  // The device plugin: this node's pods (to find the one kubelet admits), one plugin per resource.
+  std::unique_ptr<kube::Informer> pods;
+  std::vector<std::unique_ptr<kube::DevicePlugin>> plugins;
+  if (!f.plugin_dir.empty()) {
+    kube::Informer::Options io;
+    io.path = "/api/v1/pods";
+    io.query = "fieldSelector=spec.nodeName%3D" + node;
+    pods = std::make_unique<kube::Informer>(client->get(), io, [](const std::string&, const nlohmann::json&) {});
+    int slots = f.slots_per_gpu;
+    if (slots == 0) slots = NodePodLimit(client->get(), node);
+    if (slots == 0) slots = 110;  // kubelet's default --max-pods
+    for (const std::string& resource : f.resources) {
+      kube::DevicePlugin::Options o;
+      o.node = node;
+      o.resource = resource;
+      o.plugin_dir = f.plugin_dir;
+      o.pod_resources_socket = f.pod_resources;
+      o.slots_per_gpu = slots;
+      o.find_wait = Ms(f.allocate_wait);
+      o.grant.node = node;
+      o.grant.cdi_kind = f.cdi_kind;
+      o.grant.mps_pipe_root = f.mps_pipe_root;
+      if (!inv.simulated) {
+        o.grant.control_devices = FindDriverFiles("/").control_devices;
+        std::ifstream in("/proc/driver/nvidia-caps/mig-minors");
+        o.grant.mig_minors.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      kube::Informer* informer = pods.get();
+      plugins.push_back(std::make_unique<kube::DevicePlugin>(
+          o,
+          [informer] {
+            std::vector<nlohmann::json> out;
+            for (auto& [key, pod] : informer->Snapshot()) out.push_back(std::move(pod));
+            return out;
+          },
+          [&publisher] { return publisher.inventory(); }));
+    }
+  }
+
   auto http = ServeEndpoints(
       f.listen, "gpupool kube-node",
       [&] {
@@ -223,19 +286,37 @@ int RunKubeNode(const KubeNodeFlags& f) {
         if (nvml) {
           if (auto sampled = nvml->Sample(); sampled.ok()) samples = std::move(sampled).value();
         }
-        return RenderGpuMetrics(node, publisher.inventory(), samples, {});
+        std::string text = RenderGpuMetrics(node, publisher.inventory(), samples, {});
+        text += kube::DevicePluginMetrics(plugins);
+        return text;
       },
       [&](std::string* why) {
-        const bool ok = publisher.published();
+        bool ok = publisher.published();
         *why = ok ? "ok: the inventory is on the Node" : "not published: " + publisher.last_error();
+        for (const auto& p : plugins) {
+          if (p->registered()) continue;
+          ok = false;
+          *why += "; device plugin not registered with kubelet: " + p->last_error();
+        }
         return ok;
       });
   if (!http.ok()) return fail(http.status());
   std::cerr << fmt::format("gpupool kube-node: node {}: {} GPU(s) ({}), publishing to {}\n", node, inv.gpus.size(),
                            inv.source, endpoint->server);
   publisher.Start();
+  if (pods) pods->Start();
+  for (auto& p : plugins) {
+    if (Status st = p->Start(); !st.ok()) {
+      publisher.Stop();
+      return fail(st);
+    }
+    std::cerr << fmt::format("gpupool kube-node: device plugin for {} on {}\n", p->resource(),
+                             p->socket_path());
+  }
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  for (auto& p : plugins) p->Stop();
+  if (pods) pods->Stop();
   publisher.Stop();
   if (*http) (*http)->Stop();
   return 0;
@@ -277,6 +358,18 @@ std::function<int()> AddKubeCommands(CLI::App& app) {
   node_cmd->add_option("--interval", nf->interval, "seconds between health checks")->capture_default_str()
       ->check(CLI::Range(0.05, 3600.0));
   node_cmd->add_option("--listen", nf->listen, "host:port of /metrics and /healthz (empty: none)")->capture_default_str();
+  node_cmd->add_option("--device-plugin-dir", nf->plugin_dir, "kubelet's device-plugins directory (empty: no device plugin)")
+      ->capture_default_str();
+  node_cmd->add_option("--pod-resources-socket", nf->pod_resources, "kubelet's pod-resources socket (empty: not read)")
+      ->capture_default_str();
+  node_cmd->add_option("--resource", nf->resources, "extended resource to serve (repeat: also nvidia.com/gpu)")
+      ->capture_default_str();
+  node_cmd->add_option("--slots-per-gpu", nf->slots_per_gpu, "pods that may share a GPU as kubelet counts (0: the node's pods)")
+      ->capture_default_str()->check(CLI::Range(0, 1000));
+  node_cmd->add_option("--cdi-kind", nf->cdi_kind, "name GPUs to the runtime by CDI (nvidia.com/gpu) instead of device nodes");
+  node_cmd->add_option("--allocate-wait", nf->allocate_wait, "seconds Allocate waits to see the pod kubelet admits")
+      ->capture_default_str()->check(CLI::Range(0.0, 120.0));
+  node_cmd->add_option("--mps-pipe-root", nf->mps_pipe_root, "MPS pipe directories' root for mps pods (empty: not mounted)");
   return [cmd, flags, node_cmd, nf]() -> int {
     if (*cmd) return RunKubeScheduler(*flags);
     if (*node_cmd) return RunKubeNode(*nf);

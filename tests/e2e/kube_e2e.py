@@ -221,7 +221,7 @@ def main():
             nvml = i < 2
             nodes[name] = {"gpus": 4 if nvml else 8, "mig": (), "nvml": nvml}
             cmd = [binary, "kube-node", "--kubeconfig", kubeconfig, "--node-name", name, "--listen", "",
-                   "--interval", "0.5"]
+                   "--interval", "0.5", "--device-plugin-dir", ""]
             cmd += ["--nvml-library", fake_nvml] if nvml else ["--simulate", "8xA100-80GB"]
             procs.append(subprocess.Popen(cmd, stdout=open(os.path.join(work, "node-%s.log" % name), "w"),
                                           stderr=subprocess.STDOUT))

@@ -169,8 +169,11 @@ def main():
         post(url, "/api/v1/nodes", {"metadata": {"name": "n2"},
                                     "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}})
         open(request_log, "w").close()
+        plugin_dir = os.path.join(work, "device-plugins")
+        os.makedirs(plugin_dir, exist_ok=True)
         node = subprocess.Popen([binary, "kube-node", "--kubeconfig", kubeconfig, "--node-name", "n2",
-                                 "--simulate", "2xA100-80GB", "--listen", "", "--interval", "0.2"],
+                                 "--simulate", "2xA100-80GB", "--listen", "", "--interval", "0.2",
+                                 "--device-plugin-dir", plugin_dir, "--pod-resources-socket", ""],
                                 stdout=open(os.path.join(work, "node.log"), "w"), stderr=subprocess.STDOUT)
         deadline = time.time() + 20
         while not get(url, "/api/v1/nodes/n2")["metadata"].get("annotations", {}).get("gpupool.io/inventory"):

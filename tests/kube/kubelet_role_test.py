@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""kubelet's side of the device plugin, played against `gpupool kube-node` over real Unix sockets
+by Debian's grpcio (an implementation of gRPC independent of the C++ one kube-node links):
+
+  golden      the messages of src/kube/proto encode to bytes written here by hand from the field
+              numbers published in the Kubernetes API reference (device plugin v1beta1,
+              pod-resources v1), so a wrong number in the .proto files fails here
+  register    kube-node registers gpupool.io/gpu with kubelet's Registration service (version
+              v1beta1, its socket's name, GetPreferredAllocation available) and serves on that socket
+  devices     ListAndWatch sends <GPU UUID>::<n> slots for every GPU the Node's inventory names
+              (the fake NVML's four H100s), the node's pod limit of them per GPU, and marks the slots
+              of the GPU with a pending XID Unhealthy
+  admission   pods bound with gpupool.io/assignment annotations are admitted one at a time as
+              kubelet does (the pod appears in pod-resources, GetPreferredAllocation, Allocate, its
+              devices recorded): each container gets CUDA_VISIBLE_DEVICES and the device nodes of
+              exactly its assigned GPUs, the MPS limits of a fraction; the pod kubelet lists is the
+              one answered even when an older one waits; GetPreferredAllocation steers to the
+              assigned GPUs
+  hostile     a pod carrying another pod's assignment, device IDs that are not the plugin's, the
+              same ID twice, no IDs: refused with an error that says why; kube-node keeps serving
+  restart     kubelet restarts (removes the plugin sockets, new kubelet.sock): kube-node serves and
+              registers again, and the new socket answers
+
+usage: kubelet_role_test.py GPUPOOL_BINARY WORK_DIR
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent import futures
+
+import grpc
+
+import testenv
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+failures = []
+
+
+def fail(check, message):
+    failures.append(check)
+    print("kubelet_role_test: FAIL [%s] %s" % (check, message), flush=True)
+
+
+def api(url, method, path, obj=None):
+    data = json.dumps(obj).encode() if obj is not None else None
+    req = urllib.request.Request(url + path, data=data, method=method)
+    req.add_header("Content-Type", "application/merge-patch+json" if method == "PATCH" else "application/json")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise RuntimeError("timed out waiting for " + what)
+
+
+def golden(dp, pr):
+    """Hand-encoded bytes from the published field numbers."""
+    def s(field, text):  # a length-delimited field holding `text`
+        b = text.encode()
+        return bytes([(field << 3) | 2, len(b)]) + b
+
+    def m(field, body):
+        return bytes([(field << 3) | 2, len(body)]) + body
+
+    cases = [
+        ("RegisterRequest",
+         dp.RegisterRequest(version="v1beta1", endpoint="gpupool-gpu.sock", resource_name="gpupool.io/gpu",
+                            options=dp.DevicePluginOptions(pre_start_required=True,
+                                                           get_preferred_allocation_available=True)),
+         s(1, "v1beta1") + s(2, "gpupool-gpu.sock") + s(3, "gpupool.io/gpu") + m(4, bytes([0x08, 1, 0x10, 1]))),
+        ("Device",
+         dp.Device(ID="GPU-a::0", health="Healthy", topology=dp.TopologyInfo(nodes=[dp.NUMANode(ID=1)])),
+         s(1, "GPU-a::0") + s(2, "Healthy") + m(3, m(1, bytes([0x08, 1])))),
+        ("ListAndWatchResponse", dp.ListAndWatchResponse(devices=[dp.Device(ID="x")]), m(1, s(1, "x"))),
+        ("ContainerPreferredAllocationRequest",
+         dp.ContainerPreferredAllocationRequest(available_deviceIDs=["a", "b"], must_include_deviceIDs=["a"],
+                                                allocation_size=2),
+         s(1, "a") + s(1, "b") + s(2, "a") + bytes([0x18, 2])),
+        ("PreferredAllocationResponse",
+         dp.PreferredAllocationResponse(container_responses=[dp.ContainerPreferredAllocationResponse(deviceIDs=["a"])]),
+         m(1, s(1, "a"))),
+        ("AllocateRequest",
+         dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["a", "b"])]),
+         m(1, s(1, "a") + s(1, "b"))),
+        ("ContainerAllocateResponse",
+         dp.ContainerAllocateResponse(envs={"K": "V"}, mounts=[dp.Mount(container_path="/c", host_path="/h",
+                                                                         read_only=True)],
+                                      devices=[dp.DeviceSpec(container_path="/d", host_path="/e", permissions="rw")],
+                                      annotations={"A": "B"}, cdi_devices=[dp.CDIDevice(name="k=u")]),
+         m(1, s(1, "K") + s(2, "V")) + m(2, s(1, "/c") + s(2, "/h") + bytes([0x18, 1])) +
+         m(3, s(1, "/d") + s(2, "/e") + s(3, "rw")) + m(4, s(1, "A") + s(2, "B")) + m(5, s(1, "k=u"))),
+        ("PreStartContainerRequest", dp.PreStartContainerRequest(devices_ids=["a"]), s(1, "a")),
+        ("ListPodResourcesResponse",
+         pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(
+             name="p", namespace="ns", containers=[pr.ContainerResources(
+                 name="c", devices=[pr.ContainerDevices(resource_name="r", device_ids=["d"])])])]),
+         m(1, s(1, "p") + s(2, "ns") + m(3, s(1, "c") + m(2, s(1, "r") + s(2, "d"))))),
+    ]
+    for name, msg, want in cases:
+        got = msg.SerializeToString(deterministic=True)
+        if got != want:
+            fail("golden", "%s encodes to %s, the published numbers give %s" % (name, got.hex(), want.hex()))
+    # Services and methods by their published names (what kubelet calls).
+    for svc, methods in [(dp.DESCRIPTOR.services_by_name["Registration"], ["Register"]),
+                         (dp.DESCRIPTOR.services_by_name["DevicePlugin"],
+                          ["GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate",
+                           "PreStartContainer"]),
+                         (pr.DESCRIPTOR.services_by_name["PodResourcesLister"], ["List"])]:
+        have = [mm.name for mm in svc.methods]
+        if have != methods or svc.full_name not in ("v1beta1.Registration", "v1beta1.DevicePlugin",
+                                                    "v1.PodResourcesLister"):
+            fail("golden", "service %s has %s" % (svc.full_name, have))
+
+
+class Kubelet:
+    """Registration (in the device-plugins directory) and pod-resources, as kubelet serves them."""
+
+    def __init__(self, dp, pr, plugin_dir, pod_resources_sock):
+        self.dp, self.pr = dp, pr
+        self.plugin_dir = plugin_dir
+        self.pod_resources_sock = pod_resources_sock
+        self.registrations = []
+        self.pods = {}  # (namespace, name) -> {container: {resource: [ids]}}
+        self.lock = threading.Lock()
+        self.reg_server = None
+        self.pr_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.pr_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+            "List": grpc.unary_unary_rpc_method_handler(
+                self._list, request_deserializer=pr.ListPodResourcesRequest.FromString,
+                response_serializer=pr.ListPodResourcesResponse.SerializeToString)}),))
+        self.pr_server.add_insecure_port("unix:" + pod_resources_sock)
+        self.pr_server.start()
+        self.start_registration()
+
+    def start_registration(self):
+        self.reg_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.reg_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.Registration", {
+            "Register": grpc.unary_unary_rpc_method_handler(
+                self._register, request_deserializer=self.dp.RegisterRequest.FromString,
+                response_serializer=self.dp.Empty.SerializeToString)}),))
+        self.reg_server.add_insecure_port("unix:" + os.path.join(self.plugin_dir, "kubelet.sock"))
+        self.reg_server.start()
+
+    def restart(self):
+        """What a kubelet restart does to the directory: its socket anew, the plugins' removed."""
+        self.reg_server.stop(0).wait()
+        for f in os.listdir(self.plugin_dir):
+            os.unlink(os.path.join(self.plugin_dir, f))
+        self.start_registration()
+
+    def _register(self, req, ctx):
+        with self.lock:
+            self.registrations.append(req)
+        return self.dp.Empty()
+
+    def _list(self, req, ctx):
+        pr = self.pr
+        out = pr.ListPodResourcesResponse()
+        with self.lock:
+            for (ns, name), containers in sorted(self.pods.items()):
+                p = out.pod_resources.add(name=name, namespace=ns)
+                for cname, res in containers.items():
+                    c = p.containers.add(name=cname)
+                    for rname, ids in res.items():
+                        c.devices.add(resource_name=rname, device_ids=ids)
+        return out
+
+    def stop(self):
+        self.reg_server.stop(0)
+        self.pr_server.stop(0)
+
+
+class Plugin:
+    def __init__(self, dp, sock):
+        self.dp = dp
+        self.channel = grpc.insecure_channel("unix:" + sock)
+
+    def unary(self, method, req, resp_type):
+        call = self.channel.unary_unary("/v1beta1.DevicePlugin/" + method,
+                                        request_serializer=type(req).SerializeToString,
+                                        response_deserializer=resp_type.FromString)
+        return call(req, timeout=30)
+
+    def list_and_watch(self):
+        call = self.channel.unary_stream("/v1beta1.DevicePlugin/ListAndWatch",
+                                         request_serializer=self.dp.Empty.SerializeToString,
+                                         response_deserializer=self.dp.ListAndWatchResponse.FromString)
+        return call(self.dp.Empty(), timeout=60)
+
+
+def pod_object(name, created_order, containers, node, assignment=None, annotations=None):
+    meta = {"name": name, "namespace": "ml", "annotations": dict(annotations or {})}
+    if assignment is not None:
+        meta["annotations"]["gpupool.io/assignment"] = json.dumps(assignment)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"schedulerName": "gpupool", "nodeName": node,
+                     "containers": [{"name": c, "image": "busybox",
+                                     "resources": {"limits": {"gpupool.io/gpu": str(n)}}} for c, n in containers]}}
+
+
+def main():
+    binary, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    gen = os.path.join(work, "gen")
+    os.makedirs(gen)
+    proto_dir = os.path.join(ROOT, "src", "kube", "proto")
+    subprocess.check_call(["protoc", "--proto_path=" + proto_dir, "--python_out=" + gen,
+                           os.path.join(proto_dir, "deviceplugin_v1beta1.proto"),
+                           os.path.join(proto_dir, "podresources_v1.proto")])
+    sys.path.insert(0, gen)
+    import deviceplugin_v1beta1_pb2 as dp
+    import podresources_v1_pb2 as pr
+    golden(dp, pr)
+
+    server, url = testenv.start_apiserver(work)
+    kubeconfig = testenv.write_kubeconfig(os.path.join(work, "kubeconfig"), url, "ml")
+    plugin_dir = os.path.join(work, "device-plugins")
+    os.makedirs(plugin_dir)
+    pr_sock = os.path.join(work, "pod-resources.sock")
+    kubelet = Kubelet(dp, pr, plugin_dir, pr_sock)
+    node = None
+    fake_nvml = os.path.join(os.path.dirname(os.path.realpath(binary)), "fake_nvml", "libnvidia-ml.so.1")
+    nvml_conf = os.path.join(work, "fake-nvml.conf")
+    with open(nvml_conf, "w") as f:
+        f.write("xid.1=79\n")  # GPU 1 has a pending XID: unhealthy
+    try:
+        api(url, "POST", "/api/v1/namespaces", {"metadata": {"name": "ml"}})
+        api(url, "POST", "/api/v1/nodes", {"metadata": {"name": "n1"},
+                                            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "12"}}})
+        env = dict(os.environ, GPUPOOL_FAKE_NVML=nvml_conf)
+        node = subprocess.Popen([binary, "kube-node", "--kubeconfig", kubeconfig, "--node-name", "n1",
+                                 "--nvml-library", fake_nvml, "--listen", "127.0.0.1:0", "--interval", "0.2",
+                                 "--device-plugin-dir", plugin_dir, "--pod-resources-socket", pr_sock,
+                                 "--allocate-wait", "1"],
+                                env=env, stdout=open(os.path.join(work, "node.log"), "w"), stderr=subprocess.STDOUT)
+
+        # register
+        reg = wait_for(lambda: kubelet.registrations[:1], 20, "kube-node to register")[0]
+        if (reg.version, reg.resource_name, reg.endpoint) != ("v1beta1", "gpupool.io/gpu", "gpupool-gpu.sock") or \
+                not reg.options.get_preferred_allocation_available or reg.options.pre_start_required:
+            fail("register", "RegisterRequest %s" % reg)
+        sock = os.path.join(plugin_dir, reg.endpoint)
+        if not os.path.exists(sock):
+            fail("register", "no socket at %s" % sock)
+        plugin = Plugin(dp, sock)
+        opts = plugin.unary("GetDevicePluginOptions", dp.Empty(), dp.DevicePluginOptions)
+        if not opts.get_preferred_allocation_available:
+            fail("register", "GetDevicePluginOptions: %s" % opts)
+
+        # devices
+        inv = json.loads(wait_for(lambda: api(url, "GET", "/api/v1/nodes/n1")["metadata"].get("annotations", {})
+                                  .get("gpupool.io/inventory"), 20, "the inventory"))
+        uuids = [g["uuid"] for g in inv["gpus"]]
+        stream = plugin.list_and_watch()
+        devices = None
+        deadline = time.time() + 20
+        for resp in stream:
+            devices = {d.ID: d for d in resp.devices}
+            bad = [i for i, d in devices.items() if d.health != "Healthy"]
+            if bad or time.time() > deadline:
+                break
+        stream.cancel()
+        want_ids = {"%s::%d" % (u, n) for u in uuids for n in range(12)}
+        if set(devices) != want_ids:
+            fail("devices", "ListAndWatch IDs: %d, want %d (4 GPUs x the node's 12 pods)" % (len(devices), len(want_ids)))
+        unhealthy = {i.split("::")[0] for i, d in devices.items() if d.health == "Unhealthy"}
+        if unhealthy != {uuids[1]}:
+            fail("devices", "unhealthy GPUs %s, want only GPU 1 (its XID)" % unhealthy)
+        numa = {d.ID.split("::")[0]: [n.ID for n in d.topology.nodes] for d in devices.values()}
+        if numa.get(uuids[0]) != [0] or numa.get(uuids[3]) != [1]:
+            fail("devices", "NUMA nodes %s" % numa)
+
+        # admission
+        def assignment(uid, gpus, share=1000, memory="80Gi"):
+            return {"podUID": uid, "node": "n1", "cpu": "1", "memory": "2Gi", "shareTask": False,
+                    "gpus": [{"index": g, "uuid": uuids[g], "share": share, "memory": memory} for g in gpus]}
+
+        def create(name, containers, gpus=None, uid_from=None, **kw):
+            obj = pod_object(name, 0, containers, "n1", annotations=kw.get("annotations"))
+            created = api(url, "POST", "/api/v1/namespaces/ml/pods", obj)
+            uid = created["metadata"]["uid"]
+            if gpus is not None:
+                a = assignment(uid_from or uid, gpus, kw.get("share", 1000), kw.get("memory", "80Gi"))
+                api(url, "PATCH", "/api/v1/namespaces/ml/pods/" + name,
+                    {"metadata": {"annotations": {"gpupool.io/assignment": json.dumps(a)}}})
+            time.sleep(0.01)  # distinct creation order
+            return uid
+
+        free = set(want_ids)
+
+        def admit(name, containers, expect_gpus=None, expect_error=None):
+            """kubelet admitting pod `name`: in pod-resources first, then per container."""
+            with kubelet.lock:
+                kubelet.pods[("ml", name)] = {}
+            results = []
+            for cname, n in containers:
+                pref = plugin.unary("GetPreferredAllocation", dp.PreferredAllocationRequest(
+                    container_requests=[dp.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=sorted(free), allocation_size=n)]), dp.PreferredAllocationResponse)
+                ids = list(pref.container_responses[0].deviceIDs)
+                try:
+                    resp = plugin.unary("Allocate", dp.AllocateRequest(
+                        container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]), dp.AllocateResponse)
+                except grpc.RpcError as e:
+                    results.append((ids, None, e))
+                    continue
+                with kubelet.lock:
+                    kubelet.pods[("ml", name)][cname] = {"gpupool.io/gpu": ids}
+                free.difference_update(ids)
+                results.append((ids, resp.container_responses[0], None))
+            return results
+
+        create("whole", [("main", 2)], gpus=[2, 3])
+        create("frac", [("main", 1)], gpus=[0], share=250, memory="20Gi",
+               annotations={"gpupool.io/gpu-milli": "250", "gpupool.io/gpu-memory": "20Gi",
+                            "gpupool.io/isolation": "mps"})
+        create("pair", [("a", 1), ("b", 1)], gpus=[0, 3])
+        create("older", [("main", 1)], gpus=[0], share=500, memory="40Gi",
+               annotations={"gpupool.io/gpu-milli": "500"})
+        create("younger", [("main", 1)], gpus=[3], share=500, memory="40Gi",
+               annotations={"gpupool.io/gpu-milli": "500"})
+        wait_for(lambda: True, 0.5, "")  # the informer catches up (Allocate also waits for it)
+
+        def visible(resp):
+            return resp.envs.get("CUDA_VISIBLE_DEVICES", "<none>")
+
+        [(ids, resp, err)] = admit("whole", [("main", 2)])
+        if err or visible(resp) != "%s,%s" % (uuids[2], uuids[3]):
+            fail("admission", "whole: %s" % (err or resp))
+        elif {i.split("::")[0] for i in ids} != {uuids[2], uuids[3]}:
+            fail("admission", "whole: preferred slots %s are not on GPUs 2 and 3" % ids)
+        elif sorted(d.container_path for d in resp.devices) != ["/dev/nvidia2", "/dev/nvidia3"]:
+            fail("admission", "whole: device nodes %s" % [d.container_path for d in resp.devices])
+        [(ids, resp, err)] = admit("frac", [("main", 1)])
+        if err or visible(resp) != uuids[0] or resp.envs.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != "25" or \
+                resp.envs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") != "0=20480M" or \
+                resp.envs.get("GPUPOOL_ISOLATION") != "mps":
+            fail("admission", "frac: %s" % (err or dict(resp.envs)))
+        res = admit("pair", [("a", 1), ("b", 1)])
+        got = [visible(r) if r else str(e) for _, r, e in res]
+        if got != [uuids[0], uuids[3]]:
+            fail("admission", "pair: containers see %s, want GPU 0 then GPU 3" % got)
+        # kubelet admits the younger pod first (it lists it, not the older one): the younger's GPUs.
+        [(ids, resp, err)] = admit("younger", [("main", 1)])
+        if err or visible(resp) != uuids[3]:
+            fail("admission", "younger admitted first got %s, want GPU 3" % (err or visible(resp)))
+        [(ids, resp, err)] = admit("older", [("main", 1)])
+        if err or visible(resp) != uuids[0]:
+            fail("admission", "older got %s, want GPU 0" % (err or visible(resp)))
+
+        # hostile
+        create("thief", [("main", 1)], gpus=[2], uid_from="uid-of-another-pod")
+        time.sleep(0.3)
+        [(ids, resp, err)] = admit("thief", [("main", 1)])
+        if err is None or "pod UID 'uid-of-another-pod'" not in err.details():
+            fail("hostile", "a copied assignment was answered: %s" % (err.details() if err else dict(resp.envs)))
+        for ids, want in [(["GPU-not-here::0"], "not a device of this plugin"),
+                          (["%s::99" % uuids[0]], "not a device of this plugin"),
+                          (["%s::0" % uuids[0]] * 2, "given twice"),
+                          ([], "without device IDs")]:
+            try:
+                plugin.unary("Allocate", dp.AllocateRequest(
+                    container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]), dp.AllocateResponse)
+                fail("hostile", "Allocate %s was answered" % ids)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.INVALID_ARGUMENT or want not in e.details():
+                    fail("hostile", "Allocate %s: %s %s" % (ids, e.code(), e.details()))
+        opts = plugin.unary("GetDevicePluginOptions", dp.Empty(), dp.DevicePluginOptions)  # still serving
+
+        # restart
+        before = len(kubelet.registrations)
+        kubelet.restart()
+        wait_for(lambda: len(kubelet.registrations) > before and os.path.exists(sock), 20,
+                 "kube-node to register again after kubelet's restart")
+        plugin = Plugin(dp, sock)
+        opts = plugin.unary("GetDevicePluginOptions", dp.Empty(), dp.DevicePluginOptions)
+        if not opts.get_preferred_allocation_available:
+            fail("restart", "the new socket does not answer")
+        metrics_port = None
+        for line in open(os.path.join(work, "node.log")):
+            if "/metrics and /healthz on 127.0.0.1:" in line:
+                metrics_port = line.rsplit(":", 1)[1].strip()
+        if metrics_port:
+            text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % metrics_port, timeout=5).read().decode()
+            for want in ['gpupool_kube_node_device_plugin_registered{resource="gpupool.io/gpu"} 1',
+                         'gpupool_kube_node_allocations_total{resource="gpupool.io/gpu"} 6',
+                         'gpupool_kube_node_device_plugin_registrations_total{resource="gpupool.io/gpu"} 2']:
+                if want not in text:
+                    fail("restart", "metrics lack %s" % want)
+        else:
+            fail("restart", "kube-node's metrics address is not in its log")
+        if node.poll() is not None:
+            fail("restart", "kube-node exited")
+    except Exception as e:  # noqa: BLE001 - reported as a failure with its cause
+        import traceback
+        traceback.print_exc()
+        fail("run", "%s: %s" % (type(e).__name__, e))
+    finally:
+        if node and node.poll() is None:
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                fail("run", "kube-node did not stop on SIGTERM")
+        kubelet.stop()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)
+    if failures:
+        print("kubelet_role_test: %d failure(s); kube-node's log: %s/node.log" % (len(failures), work))
+        return 1
+    print("kubelet_role_test: golden, register, devices, admission, hostile, restart: all held")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
