@@ -13,7 +13,9 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "config/profile_yaml.h"
 #include "http/server.h"
@@ -251,6 +253,8 @@ int RunKubeNode(const KubeNodeFlags& f) {
     int slots = f.slots_per_gpu;
     if (slots == 0) slots = NodePodLimit(client->get(), node);
     if (slots == 0) slots = 110;  // kubelet's default --max-pods
+    if (std::set<std::string>(f.resources.begin(), f.resources.end()).size() != f.resources.size())
+      return fail(Status::InvalidArgument("--resource: a resource is named twice"));
     for (const std::string& resource : f.resources) {
       kube::DevicePlugin::Options o;
       o.node = node;
@@ -305,6 +309,10 @@ int RunKubeNode(const KubeNodeFlags& f) {
                            inv.source, endpoint->server);
   publisher.Start();
   if (pods) pods->Start();
+  // The inventory on the Node first: a node whose kubelet advertises slots before the scheduler can
+  // read its GPUs would be kept out of placement as unreadable for that while.
+  for (int i = 0; i < 100 && !plugins.empty() && !publisher.published(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   for (auto& p : plugins) {
     if (Status st = p->Start(); !st.ok()) {
       publisher.Stop();

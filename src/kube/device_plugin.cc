@@ -145,8 +145,11 @@ DevicePlugin::DevicePlugin(Options options, PodsFn pods, InventoryFn inventory)
     : options_(std::move(options)), pods_(std::move(pods)), inventory_(std::move(inventory)),
       grpc_(std::make_unique<Grpc>()) {
   if (options_.socket_name.empty()) {
-    std::string tail = options_.resource.substr(options_.resource.rfind('/') + 1);
-    options_.socket_name = "gpupool-" + tail + ".sock";
+    // One socket per resource: "gpupool-gpupool.io_gpu.sock", "gpupool-nvidia.com_gpu.sock".
+    std::string name = options_.resource;
+    for (char& ch : name)
+      if (ch == '/') ch = '_';
+    options_.socket_name = "gpupool-" + name + ".sock";
   }
   grpc_->service = std::make_unique<Service>(this);
 }

@@ -33,7 +33,7 @@ class DevicePlugin {
     std::string node;
     std::string resource = "gpupool.io/gpu";
     std::string plugin_dir = "/var/lib/kubelet/device-plugins";  // kubelet.sock is in it
-    std::string socket_name;  // the plugin's socket in plugin_dir (default "gpupool-<resource>.sock")
+    std::string socket_name;  // the plugin's socket in plugin_dir (default "gpupool-<resource, / as _>.sock")
     // kubelet's pod-resources socket; "": do without (the oldest waiting pod is taken).
     std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
     int slots_per_gpu = 110;  // pods that may share one GPU, as kubelet counts them

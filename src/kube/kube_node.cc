@@ -131,10 +131,11 @@ Result<KubeNode> ParseKubeNode(const Json& node, const GpuCatalog& catalog) {
     return out;
   }
 
-  // No inventory: whole GPUs as the device plugin advertises them, the model from GPU feature
-  // discovery's labels.
+  // No inventory: whole GPUs as NVIDIA's device plugin advertises them, the model from GPU feature
+  // discovery's labels. (gpupool.io/gpu is not a GPU count: kube-node advertises slots, several per
+  // GPU, and always publishes the inventory.)
   int64_t count = 0;
-  for (const char* res : {"gpupool.io/gpu", "nvidia.com/gpu"}) {
+  for (const char* res : {"nvidia.com/gpu"}) {
     const std::string text = QuantityText(At(alloc, res));
     if (text.empty()) continue;
     auto v = Count(text, std::string("status.allocatable.") + res);

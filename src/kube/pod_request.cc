@@ -201,8 +201,12 @@ Result<PodRequest> ParsePodRequest(const Json& pod) {
     mig = mig_text;
   }
   if (!mig.empty()) {
-    if (gpus > 0 || milli > 0 || gpu_memory.units() > 0)
-      return r.Bad("resources", "a MIG instance is the pod's whole GPU request: no GPUs, gpu-milli or gpu-memory besides");
+    // One gpupool.io/gpu device is the slot through which kube-node's device plugin hands the
+    // container its instance; more would be GPUs besides.
+    const bool slot_only = app.gpus == 1 && app.nvidia_gpus == 0;
+    if ((gpus > 0 && !slot_only) || milli > 0 || gpu_memory.units() > 0)
+      return r.Bad("resources", fmt::format("a MIG instance is the pod's whole GPU request: no GPUs, gpu-milli or "
+                                            "gpu-memory besides (one {} device may carry it)", kGpuResource));
     q.gpu_count = 1;
     q.mig_profile = mig;
   } else if (milli > 0 || gpu_memory.units() > 0) {

@@ -58,6 +58,11 @@ TEST(PodRequest, MigModelsInterconnectQueueAndGang) {
   ASSERT_TRUE(mig.ok()) << mig.status().ToString();
   EXPECT_EQ(mig->request.mig_profile, "3g.40gb");
   EXPECT_EQ(mig->isolation, IsolationMode::kMig);
+  // One gpupool.io/gpu device beside it: the slot the device plugin gives the instance through.
+  auto slot = ParsePodRequest(PodWith({{"nvidia.com/mig-3g.40gb", "1"}, {"gpupool.io/gpu", "1"}}));
+  ASSERT_TRUE(slot.ok()) << slot.status().ToString();
+  EXPECT_EQ(slot->request.mig_profile, "3g.40gb");
+  EXPECT_EQ(slot->request.gpu_count, 1);
   auto ann = ParsePodRequest(PodWith({{"gpupool.io/gpu", "4"}},
                                      {{"gpupool.io/gpu-models", "A100-80GB, H100-80GB"},
                                       {"gpupool.io/interconnect", "nvlink"},
@@ -108,7 +113,8 @@ TEST(PodRequest, AHostilePodGetsAnErrorNamingItsField) {
       {PodWith({{"gpupool.io/gpu-memory", "lots"}}), "gpupool.io/gpu-memory"},
       {PodWith({{"nvidia.com/mig-3g.40gb", "2"}}), "must be in [0, 1]"},
       {PodWith({{"nvidia.com/mig-3g.40gb", "1"}, {"nvidia.com/mig-1g.10gb", "1"}}), "two MIG instances"},
-      {PodWith({{"nvidia.com/mig-3g.40gb", "1"}, {"gpupool.io/gpu", "1"}}), "a MIG instance is the pod's whole"},
+      {PodWith({{"nvidia.com/mig-3g.40gb", "1"}, {"gpupool.io/gpu", "2"}}), "a MIG instance is the pod's whole"},
+      {PodWith({{"nvidia.com/mig-3g.40gb", "1"}, {"nvidia.com/gpu", "1"}}), "a MIG instance is the pod's whole"},
       {PodWith({{"gpupool.io/gpu-milli", "250"}}, {{"gpupool.io/gpu-milli", "250"}}), "both as a resource"},
       {PodWith({{"gpupool.io/gpu-milli", "250"}}, {{"gpupool.io/isolation", "exclusive"}}), "'exclusive' needs whole"},
       {PodWith({{"gpupool.io/gpu", "1"}}, {{"gpupool.io/isolation", "magic"}}), "gpupool.io/isolation"},

@@ -14,6 +14,10 @@ never fit and pods that are malformed; SIGKILLs the leader once a third are boun
                no node has more GPUs in use, gpupool's and the other scheduler's, than it has
   nvlink       pods asking for two NVLink-connected H100s get a linked pair on a node whose
                inventory `gpupool kube-node` published from the fake NVML
+  kubelet      on those two nodes and a third (kn-4, tainted for three pods pinned to it) kube-node is
+               also the device plugin (gpupool.io/gpu and nvidia.com/gpu): a kubelet played with
+               grpcio admits every pod bound there, and each container sees exactly the GPUs of its
+               pod's assignment (CUDA_VISIBLE_DEVICES)
   gangs        every gang is bound whole (each member), or not at all
   failover     the lease changed hands after the kill, and the new leader bound the rest
   reasons      the pods that cannot fit show PodScheduled=False with gpupool's per-node reasons,
@@ -41,12 +45,19 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "kube"))
+import kubelet_role  # noqa: E402  (tests/kube; first: it may restart this under Debian's Python, for grpcio)
 import testenv  # noqa: E402  (tests/kube)
 GPU_MEMORY_MIB = 81920
 # A100-80GB MIG geometry: profile -> (slices, memory slices)
 MIG = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 3, "7g.80gb": 7}
 
 failures = []
+# Pods pinned to kn-4 (4 x H100 of the fake NVML, tainted for them): the quarters take
+# two GPUs at most, the pair two more, so they fit together wherever the scheduler puts them.
+PINNED_NODE = "kn-4"
+PINNED = [("pinned-quarter-0", {"gpupool.io/gpu": "1", "gpupool.io/gpu-milli": "250", "gpupool.io/gpu-memory": "16Gi"}, {}),
+          ("pinned-quarter-1", {"gpupool.io/gpu": "1", "gpupool.io/gpu-milli": "250", "gpupool.io/gpu-memory": "16Gi"}, {}),
+          ("pinned-pair", {"nvidia.com/gpu": "2"}, {})]
 
 
 def fail(check, message):
@@ -191,6 +202,8 @@ def main():
     os.makedirs(work)
     rng = random.Random(args.seed)
     procs = []
+    kubelets = {}
+    dp, pr = kubelet_role.compile_protos(work)
 
     binding_log = os.path.join(work, "bindings.log")
     apiserver, url = testenv.start_apiserver(work, "--history", "200000", "--bookmark-seconds", "1",
@@ -213,21 +226,34 @@ def main():
         # Four nodes describe themselves: `gpupool kube-node` publishes their inventory, two from the
         # fake NVML (4 x H100 80GB, NVLink between GPUs 0-1 and 2-3), two simulated (8 x A100-80GB).
         fake_nvml = os.path.join(os.path.dirname(os.path.realpath(binary)), "fake_nvml", "libnvidia-ml.so.1")
-        for i in range(4):
+        # A fifth, kn-4 (fake NVML too), tainted for the pods pinned to it only: what kubelet admits
+        # there through the device plugin is known in advance, whatever the others do.
+        for i in range(5):
             name = "kn-%d" % i
             n = node_object(name, 0)
             n["metadata"]["annotations"] = {}
+            if name == PINNED_NODE:
+                n["spec"]["taints"] = [{"key": "gpupool.io/test", "value": "kubelet", "effect": "NoSchedule"}]
             api.create("/api/v1/nodes", n)
-            nvml = i < 2
+            nvml = i < 2 or name == PINNED_NODE
             nodes[name] = {"gpus": 4 if nvml else 8, "mig": (), "nvml": nvml}
             cmd = [binary, "kube-node", "--kubeconfig", kubeconfig, "--node-name", name, "--listen", "",
-                   "--interval", "0.5", "--device-plugin-dir", ""]
-            cmd += ["--nvml-library", fake_nvml] if nvml else ["--simulate", "8xA100-80GB"]
+                   "--interval", "0.5"]
+            if nvml:
+                # kubelet's two sockets, played by grpcio (tests/kube/kubelet_role.py).
+                pdir = os.path.join(work, "kubelet-" + name)
+                os.makedirs(pdir)
+                kubelets[name] = kubelet_role.Kubelet(dp, pr, pdir, os.path.join(pdir, "pod-resources.sock"))
+                cmd += ["--nvml-library", fake_nvml, "--device-plugin-dir", pdir, "--pod-resources-socket",
+                        os.path.join(pdir, "pod-resources.sock"), "--resource", "gpupool.io/gpu",
+                        "--resource", "nvidia.com/gpu", "--allocate-wait", "2"]
+            else:
+                cmd += ["--simulate", "8xA100-80GB", "--device-plugin-dir", ""]
             procs.append(subprocess.Popen(cmd, stdout=open(os.path.join(work, "node-%s.log" % name), "w"),
                                           stderr=subprocess.STDOUT))
         deadline = time.time() + 20
         while not all(api.call("GET", "/api/v1/nodes/kn-%d" % i)[1]["metadata"].get("annotations", {})
-                      .get("gpupool.io/inventory") for i in range(4)):
+                      .get("gpupool.io/inventory") for i in range(5)):
             if time.time() > deadline:
                 raise RuntimeError("kube-node did not publish: see node-kn-*.log")
             time.sleep(0.1)
@@ -283,6 +309,12 @@ def main():
                 created[name] = {"uid": body["metadata"]["uid"], "gang": gang}
             for name, limits, ann in impossible + malformed:
                 api.create("/api/v1/namespaces/ml/pods", pod_object(name, limits, ann))
+            for name, limits, ann in PINNED:
+                p = pod_object(name, limits, ann)
+                p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": PINNED_NODE}
+                p["spec"]["tolerations"] = [{"key": "gpupool.io/test", "operator": "Exists", "effect": "NoSchedule"}]
+                body = api.create("/api/v1/namespaces/ml/pods", p)
+                created[name] = {"uid": body["metadata"]["uid"], "gang": None}
 
         creator = threading.Thread(target=create_all)
         creator.start()
@@ -303,7 +335,7 @@ def main():
                 killed_at = time.time()
                 killed_bound = n
                 print("kube_e2e: SIGKILLed the leader %s with %d pods bound" % (leader, n), flush=True)
-            if (not creator.is_alive() and n >= len(plan)) or time.time() > deadline:
+            if (not creator.is_alive() and n >= len(plan) + len(PINNED)) or time.time() > deadline:
                 break
             time.sleep(0.1)
         creator.join()
@@ -394,6 +426,36 @@ def main():
             if node not in ("kn-0", "kn-1") or pair not in ([0, 1], [2, 3]):
                 fail("nvlink", "%s: on %s GPUs %s, wanted an NVLink pair of kn-0 or kn-1" % (name, node, pair))
 
+        # kubelet on kn-0, kn-1 and kn-4: every pod bound there admitted through the device plugin.
+        admitted = 0
+        for node_name, kubelet in kubelets.items():
+            regs = {r.resource_name: r.endpoint for r in kubelet.registrations}
+            if set(regs) != {"gpupool.io/gpu", "nvidia.com/gpu"}:
+                fail("kubelet", "%s: kube-node registered %s" % (node_name, sorted(regs)))
+                continue
+            inv = json.loads(api.call("GET", "/api/v1/nodes/" + node_name)[1]["metadata"]["annotations"]
+                             ["gpupool.io/inventory"])
+            uuids = [g["uuid"] for g in inv["gpus"]]
+            plugins = {res: kubelet_role.Plugin(dp, os.path.join(kubelet.plugin_dir, ep)) for res, ep in regs.items()}
+            free = {res: {"%s::%d" % (u, k) for u in uuids for k in range(250)} for res in regs}
+            here = sorted((p for p in pods.values() if p["spec"].get("nodeName") == node_name),
+                          key=lambda p: p["metadata"]["name"])
+            for p in here:
+                a = json.loads(p["metadata"]["annotations"]["gpupool.io/assignment"])
+                want = ",".join(g["uuid"] for g in a["gpus"])
+                for res in regs:
+                    for cname, ids, resp, err in kubelet_role.admit(plugins[res], kubelet, p, res, free[res]):
+                        admitted += 1
+                        seen = resp.envs.get("CUDA_VISIBLE_DEVICES") if resp else None
+                        if err or seen != want:
+                            fail("kubelet", "%s/%s on %s: sees %s, its assignment names %s" % (
+                                p["metadata"]["name"], cname, node_name, err.details() if err else seen, want))
+        pinned_seen = [name for name, _, _ in PINNED if pods[name]["spec"].get("nodeName") == PINNED_NODE]
+        if len(pinned_seen) != len(PINNED):
+            fail("kubelet", "pods pinned to %s bound there: %s" % (PINNED_NODE, pinned_seen))
+        print("kube_e2e: kubelet role: %d containers admitted on kn-0, kn-1 and kn-4 through the device plugin"
+              % admitted)
+
         # Gangs: whole or nothing.
         gangs = collections.defaultdict(list)
         for name, c in created.items():
@@ -467,6 +529,8 @@ def main():
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for k in kubelets.values():
+            k.stop()
     if failures:
         print("kube_e2e: %d failure(s): %s" % (len(failures), sorted(set(failures))))
         return 1

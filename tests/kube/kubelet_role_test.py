@@ -29,14 +29,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from concurrent import futures
 
+import kubelet_role  # first: it may restart this under Debian's Python, which has grpcio
 import grpc
-
 import testenv
+from kubelet_role import Kubelet, Plugin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -125,82 +124,6 @@ def golden(dp, pr):
             fail("golden", "service %s has %s" % (svc.full_name, have))
 
 
-class Kubelet:
-    """Registration (in the device-plugins directory) and pod-resources, as kubelet serves them."""
-
-    def __init__(self, dp, pr, plugin_dir, pod_resources_sock):
-        self.dp, self.pr = dp, pr
-        self.plugin_dir = plugin_dir
-        self.pod_resources_sock = pod_resources_sock
-        self.registrations = []
-        self.pods = {}  # (namespace, name) -> {container: {resource: [ids]}}
-        self.lock = threading.Lock()
-        self.reg_server = None
-        self.pr_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.pr_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=pr.ListPodResourcesRequest.FromString,
-                response_serializer=pr.ListPodResourcesResponse.SerializeToString)}),))
-        self.pr_server.add_insecure_port("unix:" + pod_resources_sock)
-        self.pr_server.start()
-        self.start_registration()
-
-    def start_registration(self):
-        self.reg_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.reg_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.Registration", {
-            "Register": grpc.unary_unary_rpc_method_handler(
-                self._register, request_deserializer=self.dp.RegisterRequest.FromString,
-                response_serializer=self.dp.Empty.SerializeToString)}),))
-        self.reg_server.add_insecure_port("unix:" + os.path.join(self.plugin_dir, "kubelet.sock"))
-        self.reg_server.start()
-
-    def restart(self):
-        """What a kubelet restart does to the directory: its socket anew, the plugins' removed."""
-        self.reg_server.stop(0).wait()
-        for f in os.listdir(self.plugin_dir):
-            os.unlink(os.path.join(self.plugin_dir, f))
-        self.start_registration()
-
-    def _register(self, req, ctx):
-        with self.lock:
-            self.registrations.append(req)
-        return self.dp.Empty()
-
-    def _list(self, req, ctx):
-        pr = self.pr
-        out = pr.ListPodResourcesResponse()
-        with self.lock:
-            for (ns, name), containers in sorted(self.pods.items()):
-                p = out.pod_resources.add(name=name, namespace=ns)
-                for cname, res in containers.items():
-                    c = p.containers.add(name=cname)
-                    for rname, ids in res.items():
-                        c.devices.add(resource_name=rname, device_ids=ids)
-        return out
-
-    def stop(self):
-        self.reg_server.stop(0)
-        self.pr_server.stop(0)
-
-
-class Plugin:
-    def __init__(self, dp, sock):
-        self.dp = dp
-        self.channel = grpc.insecure_channel("unix:" + sock)
-
-    def unary(self, method, req, resp_type):
-        call = self.channel.unary_unary("/v1beta1.DevicePlugin/" + method,
-                                        request_serializer=type(req).SerializeToString,
-                                        response_deserializer=resp_type.FromString)
-        return call(req, timeout=30)
-
-    def list_and_watch(self):
-        call = self.channel.unary_stream("/v1beta1.DevicePlugin/ListAndWatch",
-                                         request_serializer=self.dp.Empty.SerializeToString,
-                                         response_deserializer=self.dp.ListAndWatchResponse.FromString)
-        return call(self.dp.Empty(), timeout=60)
-
-
 def pod_object(name, created_order, containers, node, assignment=None, annotations=None):
     meta = {"name": name, "namespace": "ml", "annotations": dict(annotations or {})}
     if assignment is not None:
@@ -215,15 +138,7 @@ def main():
     binary, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    gen = os.path.join(work, "gen")
-    os.makedirs(gen)
-    proto_dir = os.path.join(ROOT, "src", "kube", "proto")
-    subprocess.check_call(["protoc", "--proto_path=" + proto_dir, "--python_out=" + gen,
-                           os.path.join(proto_dir, "deviceplugin_v1beta1.proto"),
-                           os.path.join(proto_dir, "podresources_v1.proto")])
-    sys.path.insert(0, gen)
-    import deviceplugin_v1beta1_pb2 as dp
-    import podresources_v1_pb2 as pr
+    dp, pr = kubelet_role.compile_protos(work)
     golden(dp, pr)
 
     server, url = testenv.start_apiserver(work)
@@ -250,7 +165,7 @@ def main():
 
         # register
         reg = wait_for(lambda: kubelet.registrations[:1], 20, "kube-node to register")[0]
-        if (reg.version, reg.resource_name, reg.endpoint) != ("v1beta1", "gpupool.io/gpu", "gpupool-gpu.sock") or \
+        if (reg.version, reg.resource_name, reg.endpoint) != ("v1beta1", "gpupool.io/gpu", "gpupool-gpupool.io_gpu.sock") or \
                 not reg.options.get_preferred_allocation_available or reg.options.pre_start_required:
             fail("register", "RegisterRequest %s" % reg)
         sock = os.path.join(plugin_dir, reg.endpoint)
@@ -302,27 +217,13 @@ def main():
 
         free = set(want_ids)
 
-        def admit(name, containers, expect_gpus=None, expect_error=None):
-            """kubelet admitting pod `name`: in pod-resources first, then per container."""
-            with kubelet.lock:
-                kubelet.pods[("ml", name)] = {}
-            results = []
-            for cname, n in containers:
-                pref = plugin.unary("GetPreferredAllocation", dp.PreferredAllocationRequest(
-                    container_requests=[dp.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=sorted(free), allocation_size=n)]), dp.PreferredAllocationResponse)
-                ids = list(pref.container_responses[0].deviceIDs)
-                try:
-                    resp = plugin.unary("Allocate", dp.AllocateRequest(
-                        container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]), dp.AllocateResponse)
-                except grpc.RpcError as e:
-                    results.append((ids, None, e))
-                    continue
-                with kubelet.lock:
-                    kubelet.pods[("ml", name)][cname] = {"gpupool.io/gpu": ids}
-                free.difference_update(ids)
-                results.append((ids, resp.container_responses[0], None))
-            return results
+        def admit(name, containers):
+            """kubelet admitting pod `name` (containers: [(name, devices)])."""
+            pod = {"metadata": {"namespace": "ml", "name": name},
+                   "spec": {"containers": [{"name": c, "resources": {"limits": {"gpupool.io/gpu": str(n)}}}
+                                           for c, n in containers]}}
+            return [(ids, resp, err) for _, ids, resp, err in kubelet_role.admit(plugin, kubelet, pod,
+                                                                                   "gpupool.io/gpu", free)]
 
         create("whole", [("main", 2)], gpus=[2, 3])
         create("frac", [("main", 1)], gpus=[0], share=250, memory="20Gi",
