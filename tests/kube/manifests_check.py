@@ -4,7 +4,8 @@
   dry-run     `kubectl apply --dry-run=client` accepts every manifest (against the test API server,
               tests/kube/apiserver.py, for discovery), then `kubectl apply` stores them and
               `kubectl get` reads them back
-  config      the scheduler starts with the ConfigMap's config.yaml, as the Deployment mounts it
+  config      the scheduler starts with the ConfigMap's config.yaml, as the Deployment mounts it; a
+              config with a key it does not honour (preemption) is refused, naming the key
   rbac        every request the scheduler makes while it leads, binds a pod, reports one that does
               not fit, writes Events and gives its Lease up, is allowed by the manifests' ClusterRole
               or Role (verb, API group, resource, namespace, resource name); so is every request of
@@ -128,6 +129,16 @@ def main():
         config_path = os.path.join(work, "config.yaml")
         with open(config_path, "w") as f:
             f.write(config)
+
+        # A config key the kube-scheduler does not honour is refused by name, not ignored.
+        bad_config = os.path.join(work, "bad-config.yaml")
+        with open(bad_config, "w") as f:
+            f.write(config + "\npreemption:\n  enabled: true\n")
+        r = subprocess.run([binary, "kube-scheduler", "--kubeconfig", kubeconfig, "--config", bad_config,
+                            "--listen", ""], capture_output=True, text=True, timeout=30)
+        if r.returncode != 2 or "preemption: the kube-scheduler reads profile, ordering, tenants and queues only" \
+                not in r.stderr:
+            fail("config", "a config with preemption: exit %d, %s" % (r.returncode, r.stderr.strip()[-300:]))
 
         # A node, a pod that fits and one that does not.
         inv = {"gpus": [{"index": i, "uuid": "GPU-n1-%d" % i, "model": "A100-80GB"} for i in range(8)]}
