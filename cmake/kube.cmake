@@ -9,6 +9,7 @@ add_library(gpupool_kube
   src/kube/kube_node.cc
   src/kube/cluster_state.cc
   src/kube/cluster_cycle.cc
+  src/kube/cluster_preempt.cc
   src/kube/leader.cc
   src/kube/kube_scheduler.cc
 )

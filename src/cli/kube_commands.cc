@@ -108,8 +108,8 @@ int RunKubeScheduler(const KubeSchedulerFlags& f) {
   options.cluster.scheduler_name = f.scheduler_name;
   std::string profile = f.profile;
   if (!f.config.empty()) {
-    // The server's config format, of which the kube-scheduler honours four keys: any other is
-    // refused rather than silently ignored (preemption, say, is not done here yet).
+    // The server's config format, of which the kube-scheduler honours five keys: any other is
+    // refused rather than silently ignored (backfill, say, is not done here).
     std::ifstream in(f.config);
     std::stringstream text;
     text << in.rdbuf();
@@ -118,13 +118,15 @@ int RunKubeScheduler(const KubeSchedulerFlags& f) {
     if (!tree.ok()) return Fail(tree.status());
     if (const Value::Map* top = tree->AsMap()) {
       for (const auto& [key, value] : *top)
-        if (key != "profile" && key != "ordering" && key != "tenants" && key != "queues")
+        if (key != "profile" && key != "ordering" && key != "tenants" && key != "queues" && key != "preemption")
           return Fail(Status::InvalidArgument(fmt::format(
-              "{}: {}: the kube-scheduler reads profile, ordering, tenants and queues only", f.config, key)));
+              "{}: {}: the kube-scheduler reads profile, ordering, tenants, queues and preemption only", f.config, key)));
     }
     auto config = LoadServerConfig(f.config);
     if (!config.ok()) return Fail(config.status());
     options.cluster.ordering = config->ordering;
+    options.cluster.preemption = config->preemption;
+    options.eviction_grace_seconds = config->grace_period_seconds;
     if (profile.empty()) profile = config->profile;
   }
   if (profile.empty()) profile = "balanced";
@@ -337,7 +339,7 @@ std::function<int()> AddKubeCommands(CLI::App& app) {
   auto* cmd = app.add_subcommand("kube-scheduler", "Schedule Kubernetes pods with schedulerName gpupool (docs/kubernetes.md)");
   cmd->add_option("--kubeconfig", flags->kubeconfig, "kubeconfig file (default: $KUBECONFIG, else in-cluster)");
   cmd->add_option("--context", flags->context, "the kubeconfig's context (default: its current one)");
-  cmd->add_option("--config", flags->config, "server config YAML: its profile, ordering, tenants and queues");
+  cmd->add_option("--config", flags->config, "server config YAML: its profile, ordering, tenants, queues and preemption");
   cmd->add_option("--profile", flags->profile, "placement policy or profile YAML (default: the config's, else balanced)");
   cmd->add_option("--scheduler-name", flags->scheduler_name, "the pods' spec.schedulerName")->capture_default_str();
   cmd->add_option("--listen", flags->listen, "host:port of /metrics and /healthz (empty: none)")->capture_default_str();

@@ -62,6 +62,26 @@ void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const 
       {p.uid, p.namespace_name, p.name, p.node, AssignmentJson(p.uid, placement, *ledger_).dump()});
 }
 
+Job ClusterState::GangJob(const Unit& u, int held, int priority) const {
+  const PodRequest& first = *u.members.front()->request;
+  const int members = static_cast<int>(u.members.size());
+  Job job;
+  job.id = u.gang;
+  job.name = u.gang;
+  job.tenant = first.tenant;
+  job.queue = first.queue;
+  job.priority = priority;
+  job.qos = first.qos;
+  job.min_available = u.gang_min > 0 ? std::min(u.gang_min - held, members) : 0;
+  for (size_t i = 0; i < u.members.size(); ++i) {
+    TaskGroup g;
+    g.name = fmt::format("m{}", i);
+    g.request = u.members[i]->request->request;
+    job.groups.push_back(std::move(g));
+  }
+  return job;
+}
+
 CycleResult ClusterState::Cycle() {
   CycleResult out;
   // The profile built once already, so neither can fail.
@@ -73,11 +93,6 @@ CycleResult ClusterState::Cycle() {
   if (pending_.empty()) return out;
 
   // Units: a pod alone, or a gang's pending members (namespace/gang), in first-seen order.
-  struct Unit {
-    std::vector<Pod*> members;
-    std::string gang;
-    int gang_min = 0;
-  };
   std::vector<Unit> units;
   std::map<std::string, size_t> gang_unit;
   for (const auto& [seq, uid] : pending_uid_) {
@@ -161,6 +176,7 @@ CycleResult ClusterState::Cycle() {
       shape = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", r.cpu.units(), r.memory.units(), r.gpu_count, r.gpu_share.units(),
                           r.gpu_memory.units(), fmt::join(r.gpu_models, ","), r.mig_profile, r.nvlink);
       shape += first.constraints->key();
+      shape += fmt::format("/p{}", first.request->priority);  // a higher priority may preempt where a lower could not
       if (auto f = failed_shapes.find(shape); f != failed_shapes.end()) {
         first.failed_epoch = capacity_epoch_;
         Report(first, "Unschedulable", f->second, out);
@@ -182,6 +198,7 @@ CycleResult ClusterState::Cycle() {
           continue;
         }
         p->failed_epoch = capacity_epoch_;
+        if (u.gang.empty() && d.error.ok() && TryPreempt(u, 0, entries[*next], mask, out)) continue;
         std::string message = d.error.ok() ? d.diagnosis.ToString() : d.error.message();
         if (!u.gang.empty()) message = fmt::format("gang {}: {}", u.gang, message);
         if (!shape.empty()) failed_shapes[shape] = message;
@@ -192,19 +209,7 @@ CycleResult ClusterState::Cycle() {
       else pass.Skipped(*next);
       continue;
     }
-    Job job;
-    job.id = u.gang;
-    job.name = u.gang;
-    job.tenant = first.request->tenant;
-    job.queue = first.request->queue;
-    job.priority = entries[*next].priority;
-    job.min_available = u.gang_min > 0 ? std::min(u.gang_min - held, members) : 0;
-    for (size_t i = 0; i < u.members.size(); ++i) {
-      TaskGroup g;
-      g.name = fmt::format("m{}", i);
-      g.request = u.members[i]->request->request;
-      job.groups.push_back(std::move(g));
-    }
+    Job job = GangJob(u, held, entries[*next].priority);
     RecordingBinder binder;
     JobResult r = scheduler_->ScheduleJob(job, &binder);
     scheduler_->SetNodeMask(nullptr);
@@ -214,6 +219,11 @@ CycleResult ClusterState::Cycle() {
         Assume(p, *p.request, b.allocation, b.placement, out);
       }
       pass.Placed(*next);
+      continue;
+    }
+    for (Pod* p : u.members) p->failed_epoch = capacity_epoch_;
+    if (TryPreempt(u, held, entries[*next], mask, out)) {
+      pass.Skipped(*next);
       continue;
     }
     const std::string why = r.status.message().empty() ? r.diagnosis.ToString() : r.status.message();

@@ -283,6 +283,9 @@ void ClusterState::Hold(Pod& pod, const PodRequest& req) {
   pod.queue = req.queue;
   pod.gang = req.gang.empty() ? std::string() : req.namespace_name + "/" + req.gang;
   pod.demand = DemandOf(req.request);
+  pod.priority = req.priority;
+  pod.qos = req.qos;
+  pod.held_seq = next_held_seq_++;
   usage_[{pod.tenant, pod.queue}] += pod.demand;
   if (!pod.gang.empty()) ++gang_held_[pod.gang];
 }
@@ -392,6 +395,25 @@ void ClusterState::BindFailed(const std::string& uid, bool park) {
   p.last_message.clear();
   p.parked = park;
   if (!park && pending_.insert(p.seq).second) pending_uid_[p.seq] = uid;
+}
+
+void ClusterState::EvictFailed(const std::string& uid) {
+  auto it = pods_.find(uid);
+  if (it == pods_.end() || !it->second.evicting) return;
+  it->second.evicting = false;
+  it->second.protected_ = true;
+  for (auto p = preempting_.begin(); p != preempting_.end();) {
+    p->second.erase(uid);
+    p = p->second.empty() ? preempting_.erase(p) : std::next(p);
+  }
+  ++capacity_epoch_;  // its preemptor tries again (and may plan anew)
+}
+
+void ClusterState::Unprotect(const std::string& uid) {
+  auto it = pods_.find(uid);
+  if (it == pods_.end() || !it->second.protected_) return;
+  it->second.protected_ = false;
+  ++capacity_epoch_;
 }
 
 void ClusterState::Unpark(const std::string& uid) {

@@ -43,6 +43,16 @@ struct ClusterOptions {
   Profile profile;                         // the placement pipeline (ProfileForPolicy("balanced"))
   QueueOrderOptions ordering;              // queues and their order
   int max_pods_per_cycle = 5000;           // decisions per cycle (bound: a cycle stays short)
+  // Evict gpupool's best-effort pods (gpupool.io/qos: best-effort) of lower priority, or of queues
+  // over their guarantee, for a pod or gang that does not fit otherwise (sched/preemption.h's rules,
+  // as the pool server applies them).
+  bool preemption = true;
+};
+
+// One pod to evict (the policy/v1 Eviction subresource) so that a preemptor fits.
+struct EvictOrder {
+  std::string uid, namespace_name, name;
+  std::string message;  // "preempted by ns/p (priority 10 > 0)"
 };
 
 // One pod to bind: POST its binding with the assignment annotation.
@@ -60,6 +70,7 @@ struct PendingReport {
 
 struct CycleResult {
   std::vector<BindOrder> binds;
+  std::vector<EvictOrder> evictions;
   std::vector<PendingReport> pending;  // every pod that was tried and stays pending
   int decisions = 0;
 };
@@ -85,6 +96,10 @@ class ClusterState {
   // again; `park`: it is not tried again until Unpark (a back-off the caller times).
   void BindFailed(const std::string& uid, bool park = false);
   void Unpark(const std::string& uid);
+  // The eviction was refused (a PodDisruptionBudget, say): the pod is not a victim again until
+  // Unprotect (a back-off the caller times), and its preemptor may plan anew without it.
+  void EvictFailed(const std::string& uid);
+  void Unprotect(const std::string& uid);
 
   ClusterCounts counts() const;
   const Ledger& ledger() const { return *ledger_; }
@@ -118,6 +133,17 @@ class ClusterState {
     bool counted = false;
     std::string tenant, queue, gang;
     Resources demand;
+    int priority = 0;
+    QosClass qos = QosClass::kBurstable;
+    uint64_t held_seq = 0;  // when it started holding (preemption takes the most recent first)
+    bool evicting = false;  // a preemption victim whose eviction is on its way
+    bool protected_ = false;  // its eviction was refused: no victim until Unprotect
+  };
+  // A unit of a cycle: a pod alone, or a gang's pending members.
+  struct Unit {
+    std::vector<Pod*> members;
+    std::string gang;
+    int gang_min = 0;
   };
 
   ClusterState(ClusterOptions options, GpuCatalog catalog);
@@ -133,6 +159,10 @@ class ClusterState {
   void Report(Pod& pod, const std::string& reason, const std::string& message, CycleResult& out);
   void Assume(Pod& pod, const PodRequest& req, AllocationId id, const Placement& placement, CycleResult& out);
   Result<Placement> ForeignPlacement(NodeIndex n, const nlohmann::json& object) const;
+  Job GangJob(const Unit& u, int held, int priority) const;
+  // Plans evictions for a unit that does not fit (cluster_preempt.cc): true when it did (the unit
+  // is then reported as waiting for them), or when evictions planned earlier are still on their way.
+  bool TryPreempt(const Unit& u, int held, const PendingEntry& entry, const NodeMask* mask, CycleResult& out);
   const NodeMask* MaskFor(const NodeConstraints& c);
   Resources ClusterTotal() const;
 
@@ -166,6 +196,9 @@ class ClusterState {
   uint64_t next_seq_ = 1;
   std::map<std::pair<std::string, std::string>, Resources> usage_;  // (tenant, queue) -> held
   std::map<std::string, int> gang_held_;  // namespace/gang -> members bound or assumed
+  uint64_t next_held_seq_ = 1;
+  // Preemptor (its first member's uid) -> the victims evicted for it, until they are gone.
+  std::map<std::string, std::set<std::string>> preempting_;
   size_t unaccounted_ = 0;
 };
 

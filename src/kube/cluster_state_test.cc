@@ -296,3 +296,143 @@ TEST_F(ClusterStateTest, ANodeThatGoesAwayOrChangesIsRebuiltAround) {
 
 }  // namespace
 }  // namespace gpupool::kube
+
+namespace gpupool::kube {
+namespace {
+
+// Preemption: gpupool's best-effort pods of lower priority make room for a pod that does not fit
+// otherwise; the rest keep running; nothing else is evicted.
+TEST_F(ClusterStateTest, PreemptsLowerPriorityBestEffortPodsOnlyAsFarAsNeeded) {
+  state->ApplyNode("ADDED", NodeObj("n1", 4));
+  // Four best-effort one-GPU pods (priority 0, 0, 0, 5) and nothing free.
+  std::vector<Json> low;
+  for (int i = 0; i < 4; ++i) {
+    low.push_back(PodObj(fmt::format("be-{}", i), {{"nvidia.com/gpu", 1}},
+                         {{"gpupool.io/qos", "best-effort"}, {"gpupool.io/priority", i == 3 ? "5" : "0"}}));
+    state->ApplyPod("ADDED", low.back());
+  }
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) state->ApplyPod("MODIFIED", Bound(low[i], *Find(r, low[i]["metadata"]["name"])));
+  EXPECT_TRUE(r.evictions.empty());
+
+  // A burstable pod of priority 1 that needs two GPUs: two priority-0 pods go, the most recently
+  // started first; the priority-5 one stays, as does the third priority-0 one.
+  Json big = PodObj("big", {{"nvidia.com/gpu", 2}}, {{"gpupool.io/priority", "1"}});
+  state->ApplyPod("ADDED", big);
+  r = state->Cycle();
+  EXPECT_TRUE(r.binds.empty());
+  ASSERT_EQ(r.evictions.size(), 2u);
+  EXPECT_EQ(r.evictions[0].name, "be-2");
+  EXPECT_EQ(r.evictions[1].name, "be-1");
+  EXPECT_NE(r.evictions[0].message.find("preempted by ml/big (priority 1 > 0)"), std::string::npos) << r.evictions[0].message;
+  const PendingReport* rep = FindReport(r, "big");
+  ASSERT_NE(rep, nullptr);
+  EXPECT_EQ(rep->reason, "Preempting");
+  ASSERT_TRUE(state->CheckInvariants().ok()) << state->CheckInvariants().ToString();  // the what-if left the ledger as it was
+
+  // While the victims are on their way out, nothing more is evicted.
+  r = state->Cycle();
+  EXPECT_TRUE(r.evictions.empty());
+  EXPECT_TRUE(r.binds.empty());
+  // They end: the preemptor is placed.
+  state->ApplyPod("DELETED", low[2]);
+  state->ApplyPod("DELETED", low[1]);
+  r = state->Cycle();
+  ASSERT_NE(Find(r, "big"), nullptr);
+  EXPECT_TRUE(r.evictions.empty());
+  ASSERT_TRUE(state->CheckInvariants().ok());
+}
+
+TEST_F(ClusterStateTest, NeverPreemptsBurstableOrForeignPodsOrForEqualPriority) {
+  state->ApplyNode("ADDED", NodeObj("n1", 2));
+  Json burst = PodObj("burst", {{"nvidia.com/gpu", 1}});  // burstable: never a victim
+  Json theirs = PodObj("theirs", {{"nvidia.com/gpu", 1}}, Json::object(), "default-scheduler");
+  theirs["spec"]["nodeName"] = "n1";
+  state->ApplyPod("ADDED", theirs);
+  state->ApplyPod("ADDED", burst);
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  state->ApplyPod("MODIFIED", Bound(burst, r.binds[0]));
+  Json hi = PodObj("hi", {{"nvidia.com/gpu", 1}}, {{"gpupool.io/priority", "100"}});
+  state->ApplyPod("ADDED", hi);
+  r = state->Cycle();
+  EXPECT_TRUE(r.evictions.empty());
+  ASSERT_NE(FindReport(r, "hi"), nullptr);
+  EXPECT_EQ(FindReport(r, "hi")->reason, "Unschedulable");
+
+  // A best-effort pod of the same priority as the preemptor is not a victim either.
+  state->ApplyNode("ADDED", NodeObj("n2", 1));
+  Json be = PodObj("be", {{"nvidia.com/gpu", 1}}, {{"gpupool.io/qos", "best-effort"}, {"gpupool.io/priority", "100"}});
+  state->ApplyPod("DELETED", hi);
+  state->ApplyPod("ADDED", be);
+  r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  state->ApplyPod("MODIFIED", Bound(be, r.binds[0]));
+  Json same = PodObj("same", {{"nvidia.com/gpu", 1}}, {{"gpupool.io/priority", "100"}});
+  state->ApplyPod("ADDED", same);
+  r = state->Cycle();
+  EXPECT_TRUE(r.evictions.empty());
+
+  // A refused eviction (a PodDisruptionBudget): the pod is no victim until its back-off ends, then
+  // a candidate again.
+  Json higher = PodObj("higher", {{"nvidia.com/gpu", 1}}, {{"gpupool.io/priority", "101"}});
+  state->ApplyPod("ADDED", higher);
+  r = state->Cycle();
+  ASSERT_EQ(r.evictions.size(), 1u);
+  EXPECT_EQ(r.evictions[0].name, "be");
+  state->EvictFailed(r.evictions[0].uid);
+  r = state->Cycle();
+  EXPECT_TRUE(r.evictions.empty());
+  ASSERT_NE(FindReport(r, "higher"), nullptr);
+  EXPECT_EQ(FindReport(r, "higher")->reason, "Unschedulable");
+  state->Unprotect("uid-be");
+  r = state->Cycle();
+  ASSERT_EQ(r.evictions.size(), 1u);
+  EXPECT_EQ(r.evictions[0].name, "be");
+}
+
+TEST_F(ClusterStateTest, AGangIsEvictedWhole) {
+  state->ApplyNode("ADDED", NodeObj("n1", 4));
+  std::vector<Json> gang;
+  for (int i = 0; i < 2; ++i) {
+    gang.push_back(PodObj(fmt::format("g-{}", i), {{"nvidia.com/gpu", 2}},
+                          {{"gpupool.io/qos", "best-effort"}, {"gpupool.io/gang", "g"}, {"gpupool.io/gang-min", "2"}}));
+    state->ApplyPod("ADDED", gang.back());
+  }
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 2u);
+  for (auto& g : gang) state->ApplyPod("MODIFIED", Bound(g, *Find(r, g["metadata"]["name"])));
+  // One pod needing 2 GPUs: the whole gang (both members) is the victim, not one member.
+  Json p = PodObj("p", {{"nvidia.com/gpu", 2}}, {{"gpupool.io/priority", "3"}});
+  state->ApplyPod("ADDED", p);
+  r = state->Cycle();
+  ASSERT_EQ(r.evictions.size(), 2u);
+  std::set<std::string> names = {r.evictions[0].name, r.evictions[1].name};
+  EXPECT_EQ(names, (std::set<std::string>{"g-0", "g-1"}));
+}
+
+TEST_F(ClusterStateTest, AGangPreemptsForAllItsMembersTogether) {
+  state->ApplyNode("ADDED", NodeObj("n1", 4));
+  std::vector<Json> low;
+  for (int i = 0; i < 4; ++i) {
+    low.push_back(PodObj(fmt::format("be-{}", i), {{"nvidia.com/gpu", 1}}, {{"gpupool.io/qos", "best-effort"}}));
+    state->ApplyPod("ADDED", low.back());
+  }
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 4u);
+  for (auto& p : low) state->ApplyPod("MODIFIED", Bound(p, *Find(r, p["metadata"]["name"])));
+  for (int i = 0; i < 2; ++i)
+    state->ApplyPod("ADDED", PodObj(fmt::format("m-{}", i), {{"nvidia.com/gpu", 2}},
+                                    {{"gpupool.io/priority", "2"}, {"gpupool.io/gang", "m"}, {"gpupool.io/gang-min", "2"}}));
+  r = state->Cycle();
+  EXPECT_EQ(r.evictions.size(), 4u);  // two members of two GPUs: every one-GPU pod goes
+  EXPECT_TRUE(r.binds.empty());
+  for (auto& p : low) state->ApplyPod("DELETED", p);
+  r = state->Cycle();
+  EXPECT_EQ(r.binds.size(), 2u);
+  EXPECT_TRUE(state->CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace gpupool::kube

@@ -170,6 +170,18 @@ void KubeScheduler::Loop() {
     }
     events.clear();
     for (const BindResult& r : results) {
+      if (r.eviction) {
+        if (!r.ok) {
+          // Not a victim again for 10 s, doubling to 5 minutes: a budget that forbids it is not
+          // asked again at the cycle rate.
+          state_->EvictFailed(r.uid);
+          Backoff& b = evict_backoff_[r.uid];
+          b.due = Clock::now() + std::chrono::milliseconds(std::min<int64_t>(300000, int64_t{10000} << std::min(b.failures, 5)));
+          ++b.failures;
+          b.unparked = false;
+        }
+        continue;
+      }
       if (r.ok) {
         backoff_.erase(r.uid);
       } else {
@@ -183,6 +195,14 @@ void KubeScheduler::Loop() {
       }
     }
     results.clear();
+    for (auto it = evict_backoff_.begin(); it != evict_backoff_.end();) {
+      if (it->second.due <= Clock::now() && !it->second.unparked) {
+        state_->Unprotect(it->first);
+        it->second.unparked = true;
+      }
+      if (Clock::now() - it->second.due > std::chrono::minutes(30)) it = evict_backoff_.erase(it);
+      else ++it;
+    }
     for (auto it = backoff_.begin(); it != backoff_.end();) {
       if (it->second.due <= Clock::now() && !it->second.unparked) {
         state_->Unpark(it->first);
@@ -222,6 +242,7 @@ void KubeScheduler::Loop() {
         stats_.decisions += static_cast<uint64_t>(r.decisions);
       }
       for (BindOrder& b : r.binds) binds_.push_back(std::move(b));
+      for (EvictOrder& e : r.evictions) evictions_.push_back(std::move(e));
       for (PendingReport& p : r.pending) {
         const std::string uid = p.uid;
         if (!reports_.count(uid)) report_order_.push_back(uid);
@@ -230,19 +251,26 @@ void KubeScheduler::Loop() {
       counts_ = state_->counts();
       pending_by_reason_ = state_->PendingByReason();
     }
-    if (!r.binds.empty() || !r.pending.empty()) work_cv_.notify_all();
+    if (!r.binds.empty() || !r.pending.empty() || !r.evictions.empty()) work_cv_.notify_all();
   }
 }
 
 void KubeScheduler::Worker() {
   while (true) {
     BindOrder order;
+    EvictOrder eviction;
     Report report;
-    bool have_bind = false, have_report = false;
+    bool have_bind = false, have_report = false, have_eviction = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       while (true) {
         if (stop_.load()) return;
+        if (!evictions_.empty()) {
+          eviction = std::move(evictions_.front());
+          evictions_.pop_front();
+          have_eviction = true;
+          break;
+        }
         if (!binds_.empty()) {
           order = std::move(binds_.front());
           binds_.pop_front();
@@ -273,9 +301,58 @@ void KubeScheduler::Worker() {
         work_cv_.wait(lock);
       }
     }
+    if (have_eviction) Evict(eviction);
     if (have_bind) Bind(order);
     if (have_report) Write(report);
   }
+}
+
+void KubeScheduler::Evict(const EvictOrder& order) {
+  bool ok = false;
+  std::string why = "not leading";
+  // Through the Eviction subresource (PodDisruptionBudgets are honoured), for that very pod (uid).
+  if (!elector_ || elector_->IsLeader()) {
+    Json eviction = {{"apiVersion", "policy/v1"},
+                     {"kind", "Eviction"},
+                     {"metadata", {{"name", order.name}, {"namespace", order.namespace_name}}},
+                     {"deleteOptions", {{"preconditions", {{"uid", order.uid}}}}}};
+    if (options_.eviction_grace_seconds >= 0)
+      eviction["deleteOptions"]["gracePeriodSeconds"] = options_.eviction_grace_seconds;
+    auto r = client_->Request("POST", PodPath(order.namespace_name, order.name) + "/eviction", &eviction);
+    if (!r.ok()) {
+      why = r.status().message();
+    } else if (r->code == 201 || r->code == 200 || r->code == 404) {
+      ok = true;  // 404: gone already
+    } else {
+      why = ErrorOf(*r, "eviction").message();
+    }
+  }
+  if (ok && options_.events) {
+    const std::string stamp = MicroTimeNow().substr(0, 19) + "Z";
+    Json event = {{"apiVersion", "v1"},
+                  {"kind", "Event"},
+                  {"metadata", {{"name", EventName(order.name)}, {"namespace", order.namespace_name}}},
+                  {"involvedObject",
+                   {{"apiVersion", "v1"}, {"kind", "Pod"}, {"namespace", order.namespace_name}, {"name", order.name}, {"uid", order.uid}}},
+                  {"reason", "Preempted"},
+                  {"message", order.message},
+                  {"type", "Normal"},
+                  {"source", {{"component", "gpupool-scheduler"}}},
+                  {"reportingComponent", "gpupool-scheduler"},
+                  {"reportingInstance", options_.leader.identity},
+                  {"firstTimestamp", stamp},
+                  {"lastTimestamp", stamp},
+                  {"count", 1}};
+    (void)client_->Request("POST", fmt::format("/api/v1/namespaces/{}/events", KubeClient::Escape(order.namespace_name)), &event);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_.push_back({order.uid, ok, true});
+    ++(ok ? stats_.evictions : stats_.eviction_failures);
+  }
+  if (!ok)
+    std::cerr << fmt::format("gpupool kube-scheduler: evicting {}/{}: {}\n", order.namespace_name, order.name, why);
+  loop_cv_.notify_one();
 }
 
 void KubeScheduler::Bind(const BindOrder& order) {
@@ -377,6 +454,10 @@ std::string KubeScheduler::MetricsText() const {
   RenderSample("gpupool_kube_pods_bound_total", {}, static_cast<double>(stats_.bound), out);
   RenderHeader("gpupool_kube_bind_failures_total", "counter", "Bindings the API server refused or that failed", out);
   RenderSample("gpupool_kube_bind_failures_total", {}, static_cast<double>(stats_.bind_failures), out);
+  RenderHeader("gpupool_kube_preemption_evictions_total", "counter", "Pods evicted to make room for a preemptor", out);
+  RenderSample("gpupool_kube_preemption_evictions_total", {}, static_cast<double>(stats_.evictions), out);
+  RenderHeader("gpupool_kube_preemption_eviction_failures_total", "counter", "Evictions the API server refused (a PodDisruptionBudget, ...)", out);
+  RenderSample("gpupool_kube_preemption_eviction_failures_total", {}, static_cast<double>(stats_.eviction_failures), out);
   RenderHeader("gpupool_kube_cycles_total", "counter", "Scheduling cycles run", out);
   RenderSample("gpupool_kube_cycles_total", {}, static_cast<double>(stats_.cycles), out);
   RenderHeader("gpupool_kube_decisions_total", "counter", "Placement decisions (a gang is one)", out);

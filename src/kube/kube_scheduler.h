@@ -36,7 +36,8 @@ struct KubeSchedulerOptions {
   int bind_workers = 16;
   std::chrono::milliseconds cycle_interval{20};  // the least time between cycles (events batch up)
   double report_qps = 50;  // pending-pod conditions and Events written per second, at most
-  bool events = true;      // write Events (FailedScheduling, Scheduled)
+  bool events = true;      // write Events (FailedScheduling, Scheduled, Preempted)
+  int eviction_grace_seconds = -1;  // a preemption victim's grace period (-1: the pod's own)
 };
 
 class KubeScheduler {
@@ -60,6 +61,7 @@ class KubeScheduler {
 
   struct Stats {
     uint64_t bound = 0, bind_failures = 0, cycles = 0, decisions = 0, reports = 0;
+    uint64_t evictions = 0, eviction_failures = 0;
   };
   Stats stats() const;
 
@@ -71,12 +73,14 @@ class KubeScheduler {
   struct BindResult {
     std::string uid;
     bool ok = false;
+    bool eviction = false;  // the result of an eviction, not of a binding
   };
 
   KubeScheduler(KubeClient* client, KubeSchedulerOptions options, std::unique_ptr<ClusterState> state);
   void Loop();
   void Worker();
   void Bind(const BindOrder& order);
+  void Evict(const EvictOrder& order);
   void Write(const Report& report);
   void Inbox(bool node, const std::string& type, const nlohmann::json& object);
 
@@ -103,6 +107,7 @@ class KubeScheduler {
   std::vector<Event> inbox_;             // guarded by mu_
   std::vector<BindResult> results_;      // guarded by mu_
   std::deque<BindOrder> binds_;          // guarded by mu_
+  std::deque<EvictOrder> evictions_;     // guarded by mu_
   std::deque<std::string> report_order_;  // guarded by mu_: uids, each once, oldest first
   std::unordered_map<std::string, Report> reports_;  // guarded by mu_: the newest per pod
   double report_tokens_ = 0;             // guarded by mu_
@@ -114,6 +119,7 @@ class KubeScheduler {
     bool unparked = false;
   };
   std::unordered_map<std::string, Backoff> backoff_;  // the loop's: pods whose binding failed
+  std::unordered_map<std::string, Backoff> evict_backoff_;  // the loop's: pods whose eviction was refused
 
   // Metrics (guarded by mu_ unless atomic).
   Histogram latency_{{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}};

@@ -26,7 +26,8 @@ const char kLease[] = "/apis/coordination.k8s.io/v1/namespaces/sys/leases/gpupoo
 class KubeSchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = std::make_unique<TestApiServer>(dir_.path(), std::vector<std::string>{"--bookmark-seconds", "0.5"});
+    server_ = std::make_unique<TestApiServer>(
+        dir_.path(), std::vector<std::string>{"--bookmark-seconds", "0.5", "--refuse-eviction", "ml/guarded"});
     ASSERT_FALSE(server_->url().empty()) << ReadText(dir_.path() + "/server.log");
     KubeEndpoint ep;
     ep.server = server_->url();
@@ -61,9 +62,9 @@ class KubeSchedulerTest : public ::testing::Test {
                             {{"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
                              {"conditions", json::array({{{"type", "Ready"}, {"status", "True"}}})}}}});
   }
-  void AddPod(const std::string& name, int gpus) {
+  void AddPod(const std::string& name, int gpus, const json& annotations = json::object()) {
     Post("/api/v1/namespaces/ml/pods",
-         {{"metadata", {{"name", name}}},
+         {{"metadata", {{"name", name}, {"annotations", annotations}}},
           {"spec",
            {{"schedulerName", "gpupool"},
             {"containers", json::array({{{"name", "c"}, {"image", "x"}, {"resources", {{"limits", {{"nvidia.com/gpu", gpus}}}}}}})}}}});
@@ -233,6 +234,45 @@ TEST_F(KubeSchedulerTest, ANewLeaderSeesWhatTheOldOneBoundAndOvercommitsNothing)
   json aa = json::parse(pa["metadata"]["annotations"][kAssignmentKey].get<std::string>());
   for (const auto& g : aa["gpus"]) EXPECT_NE(g["index"], ac["gpus"][0]["index"]);
   (*second)->Stop();
+}
+
+TEST_F(KubeSchedulerTest, PreemptsThroughTheEvictionSubresourceAndBacksOffWhenABudgetRefuses) {
+  AddNode("n1", 4);
+  AddNode("n2", 2);
+  KubeSchedulerOptions o;
+  o.leader_elect = false;
+  o.bind_workers = 2;
+  auto s = KubeScheduler::Create(client_.get(), o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  (*s)->Start();
+  const json be = {{"gpupool.io/qos", "best-effort"}};
+  AddPod("guarded", 4, be);  // its eviction is refused (the test server's stand-in for a budget)
+  AddPod("free", 2, be);
+  ASSERT_TRUE(Eventually([&] { return !NodeOf("guarded").empty() && !NodeOf("free").empty(); }));
+  const json urgent = {{"gpupool.io/priority", "10"}};
+  AddPod("urgent", 4, urgent);
+  AddPod("urgent2", 2, urgent);
+  ASSERT_TRUE(Eventually([&] { return NodeOf("urgent2") == "n2"; }));
+  EXPECT_TRUE(Get("/api/v1/namespaces/ml/pods/free").is_null());  // evicted
+  ASSERT_TRUE(Eventually([&] {
+    auto events = client_->List("/api/v1/namespaces/ml/events", "fieldSelector=involvedObject.name%3Dfree");
+    if (!events.ok()) return false;
+    for (const auto& e : events->items)
+      if (e["reason"] == "Preempted" && e["message"].get<std::string>().find("preempted by ml/urgent") != std::string::npos)
+        return true;
+    return false;
+  }));
+  // The guarded pod stays; its eviction is not asked again at the cycle rate (10 s back-off).
+  ASSERT_TRUE(Eventually([&] { return (*s)->stats().eviction_failures >= 1; }));
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ((*s)->stats().eviction_failures, 1u);
+  EXPECT_EQ((*s)->stats().evictions, 1u);
+  EXPECT_EQ(NodeOf("guarded"), "n1");
+  EXPECT_TRUE(NodeOf("urgent").empty());
+  const std::string metrics = (*s)->MetricsText();
+  EXPECT_NE(metrics.find("gpupool_kube_preemption_evictions_total 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("gpupool_kube_preemption_eviction_failures_total 1"), std::string::npos) << metrics;
+  (*s)->Stop();
 }
 
 }  // namespace

@@ -7,7 +7,10 @@ independent clients (kubectl, Debian's python3-kubernetes) by tests/kube/apiserv
 What it serves (JSON only; HTTPS with --tls-cert/--tls-key, a bearer token with --token):
   discovery   /version, /api, /api/v1, /apis, /apis/<group>[/v1]
   core/v1     namespaces, nodes (cluster-scoped); pods, events (namespaced);
-              pods/binding and bindings (POST), pods/status (GET, PUT, PATCH)
+              pods/binding and bindings (POST), pods/status (GET, PUT, PATCH), pods/eviction (POST,
+              policy/v1 Eviction: the pod is deleted at once, as with no grace period and no
+              PodDisruptionBudget; a pod named in --refuse-eviction is refused with 429, as a
+              budget would)
   coord/v1    leases (namespaced)
   stored only serviceaccounts, configmaps, apps/v1 deployments and daemonsets, rbac/v1 (cluster)roles
               and (cluster)rolebindings: kept as written, no controller acts on them (so kubectl can
@@ -72,7 +75,7 @@ RESOURCES = {
     "rolebindings": ("rbac.authorization.k8s.io", "v1", "RoleBinding", True),
 }
 GROUPS = sorted({g for g, _, _, _ in RESOURCES.values() if g})
-SUBRESOURCES = {"pods": ("binding", "status")}
+SUBRESOURCES = {"pods": ("binding", "status", "eviction")}
 # Strategic merge: list fields merged by a key (the rest are replaced).
 MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name", "ports": "containerPort",
               "env": "name", "volumes": "name", "volumeMounts": "mountPath", "tolerations": None,
@@ -430,8 +433,8 @@ def discovery(group):
         items.append({"name": res, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind, "verbs": verbs})
         for sub in SUBRESOURCES.get(res, ()):
             items.append({"name": res + "/" + sub, "singularName": "", "namespaced": namespaced,
-                          "kind": "Binding" if sub == "binding" else kind,
-                          "verbs": ["create"] if sub == "binding" else ["get", "patch", "update"]})
+                          "kind": {"binding": "Binding", "eviction": "Eviction"}.get(sub, kind),
+                          "verbs": ["create"] if sub in ("binding", "eviction") else ["get", "patch", "update"]})
     if not group:
         items.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
                       "verbs": ["create"]})
@@ -584,6 +587,10 @@ class Handler(BaseHTTPRequestHandler):
             if verb != "POST":
                 raise ApiError(405, "MethodNotAllowed", "bindings are created")
             return self.bind(key, self.read_body())
+        if sub == "eviction":
+            if verb != "POST":
+                raise ApiError(405, "MethodNotAllowed", "evictions are created")
+            return self.evict(key, self.read_body())
         if verb == "GET":
             with store.lock:
                 return self.send_json(200, store.get(key))
@@ -652,6 +659,25 @@ class Handler(BaseHTTPRequestHandler):
             if self.server.binding_log:
                 with open(self.server.binding_log, "a") as f:
                     f.write("%s %s/%s %s %.6f\n" % (pod["metadata"]["uid"], key[1], key[2], target["name"], time.time()))
+        self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+    def evict(self, key, eviction):
+        store = self.server.store
+        if not isinstance(eviction, dict) or eviction.get("kind") not in (None, "Eviction") or \
+                eviction.get("apiVersion") not in (None, "policy/v1", "policy/v1beta1"):
+            raise bad("an Eviction of policy/v1 is expected")
+        if (eviction.get("metadata") or {}).get("name") not in (None, key[2]):
+            raise bad("the name of the Eviction does not match the pod's")
+        with store.lock:
+            pod = store.get(key)
+            uid = ((eviction.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+            if uid and uid != pod["metadata"]["uid"]:
+                raise conflict("pods", key[2], "Precondition failed: UID in precondition: %s, UID in object meta: %s" %
+                               (uid, pod["metadata"]["uid"]))
+            if "%s/%s" % (key[1], key[2]) in self.server.refuse_eviction:
+                raise ApiError(429, "TooManyRequests",
+                               "Cannot evict pod as it would violate the pod's disruption budget.")
+            store.delete(key)
         self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
     def list(self, res, ns, query, kind, api_version):
@@ -803,6 +829,8 @@ def main():
     ap.add_argument("--history", type=int, default=10000)
     ap.add_argument("--bookmark-seconds", type=float, default=1.0)
     ap.add_argument("--ready-file", help="written with the URL once the server listens")
+    ap.add_argument("--refuse-eviction", action="append", default=[],
+                    help="namespace/name of a pod whose eviction is refused (429), as a disruption budget would")
     ap.add_argument("--binding-log", help="appended with 'uid namespace/name node unix-time' for every binding made")
     ap.add_argument("--request-log", help="appended with each resource request as RBAC sees it (JSON lines)")
     ap.add_argument("--verbose", action="store_true")
@@ -814,6 +842,7 @@ def main():
     httpd.stopping = False
     httpd.verbose = args.verbose
     httpd.binding_log = args.binding_log
+    httpd.refuse_eviction = set(args.refuse_eviction)
     httpd.request_log = args.request_log
     scheme = "http"
     if args.tls_cert:

@@ -13,7 +13,8 @@ a short event history (so that 410 Gone can be reached) and short bookmark inter
            is not in it), a watch from a resourceVersion with bookmarks, 410 Gone for a
            resourceVersion older than the history, binding (201, then 409 for a second one and
            for a stale uid), a Lease updated with its resourceVersion (and 409 with a stale one),
-           a strategic-merge patch of a pod's status conditions
+           a strategic-merge patch of a pod's status conditions, eviction (201 and gone, 409 for a
+           stale uid, 429 where a disruption budget would forbid it)
 
 usage: apiserver_check.py WORK_DIR
 Exit 0 when every check holds.
@@ -143,6 +144,26 @@ v1.patch_namespaced_pod_status("py-3", "default", {"status": {"conditions": [
 conds = v1.read_namespaced_pod_status("py-3", "default").status.conditions
 out["conditions"] = sorted((c.type, c.status, c.reason or "") for c in conds)
 
+# Eviction (policy/v1): the pod goes; a stale uid precondition is a conflict; a pod whose disruption
+# budget forbids it is 429.
+evicted = []
+for name, uid in (("ev-0", None), ("ev-1", "not-its-uid"), ("ev-pdb", None)):
+    made = v1.create_namespaced_pod("default", pod(name))
+    opts = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid or made.metadata.uid))
+    try:
+        v1.create_namespaced_pod_eviction(name, "default", client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace="default"), delete_options=opts))
+        code = 201
+    except ApiException as e:
+        code = e.status
+    try:
+        v1.read_namespaced_pod(name, "default")
+        still = True
+    except ApiException:
+        still = False
+    evicted.append([code, still])
+out["evict"] = evicted
+
 # 410 Gone: a watch from before the history.
 for i in range(60):
     v1.patch_namespaced_pod("py-4", "default", {"metadata": {"labels": {"n": str(i)}}})
@@ -173,6 +194,7 @@ def main():
     ready = os.path.join(work, "url")
     server = subprocess.Popen([sys.executable, os.path.join(HERE, "apiserver.py"), "--port", "0", "--tls-cert", cert,
                                "--tls-key", key, "--token", token, "--history", "50", "--bookmark-seconds", "0.3",
+                                   "--refuse-eviction", "default/ev-pdb",
                                "--ready-file", ready], stdout=open(os.path.join(work, "server.log"), "w"),
                               stderr=subprocess.STDOUT)
     try:
@@ -282,6 +304,8 @@ spec:
             check("a strategic-merge patch of status conditions merges them by type",
                   res["conditions"] == [["PodScheduled", "False", "Unschedulable"], ["Ready", "False", ""]], res)
             check("a watch from before the event history: 410 Gone", res["gone"] == 410, res)
+            check("eviction: 201 and the pod gone; a stale uid 409; a disruption budget 429, the pods kept",
+                  res["evict"] == [[201, False], [409, True], [429, True]], res["evict"])
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -5,10 +5,11 @@
               tests/kube/apiserver.py, for discovery), then `kubectl apply` stores them and
               `kubectl get` reads them back
   config      the scheduler starts with the ConfigMap's config.yaml, as the Deployment mounts it; a
-              config with a key it does not honour (preemption) is refused, naming the key
+              config with a key it does not honour (backfill) is refused, naming the key
   rbac        every request the scheduler makes while it leads, binds a pod, reports one that does
               not fit, writes Events and gives its Lease up, is allowed by the manifests' ClusterRole
-              or Role (verb, API group, resource, namespace, resource name); so is every request of
+              or Role (verb, API group, resource, namespace, resource name) — a preemption's eviction
+              too; so is every request of
               kube-node publishing a node's GPUs, by its own ClusterRole; and every rule is used:
               the RBAC grants only what the code needs
 
@@ -133,12 +134,12 @@ def main():
         # A config key the kube-scheduler does not honour is refused by name, not ignored.
         bad_config = os.path.join(work, "bad-config.yaml")
         with open(bad_config, "w") as f:
-            f.write(config + "\npreemption:\n  enabled: true\n")
+            f.write(config + "\nbackfill: true\n")
         r = subprocess.run([binary, "kube-scheduler", "--kubeconfig", kubeconfig, "--config", bad_config,
                             "--listen", ""], capture_output=True, text=True, timeout=30)
-        if r.returncode != 2 or "preemption: the kube-scheduler reads profile, ordering, tenants and queues only" \
+        if r.returncode != 2 or "backfill: the kube-scheduler reads profile, ordering, tenants, queues and preemption only" \
                 not in r.stderr:
-            fail("config", "a config with preemption: exit %d, %s" % (r.returncode, r.stderr.strip()[-300:]))
+            fail("config", "a config with backfill: exit %d, %s" % (r.returncode, r.stderr.strip()[-300:]))
 
         # A node, a pod that fits and one that does not.
         inv = {"gpus": [{"index": i, "uuid": "GPU-n1-%d" % i, "model": "A100-80GB"} for i in range(8)]}
@@ -146,9 +147,10 @@ def main():
                                     "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
                                                "conditions": [{"type": "Ready", "status": "True"}]}})
         post(url, "/api/v1/namespaces", {"metadata": {"name": "ml"}})
-        for name, gpus in (("fits", 2), ("too-big", 16)):
+        for name, gpus, ann in (("fits", 2, {}), ("too-big", 16, {}),
+                                ("filler", 6, {"gpupool.io/qos": "best-effort"})):
             post(url, "/api/v1/namespaces/ml/pods", {
-                "metadata": {"name": name},
+                "metadata": {"name": name, "annotations": ann},
                 "spec": {"schedulerName": "gpupool",
                          "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}})
         open(request_log, "w").close()  # from here on: the scheduler's requests only
@@ -166,9 +168,20 @@ def main():
             big = get(url, "/api/v1/namespaces/ml/pods/too-big")
             conds = [c for c in big.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"]
             events = get(url, "/api/v1/namespaces/ml/events")["items"]
-            done = bool(fits["spec"].get("nodeName")) and bool(conds) and len(events) >= 2
+            names = [p["metadata"]["name"] for p in get(url, "/api/v1/namespaces/ml/pods")["items"]]
+            if "filler" in names and get(url, "/api/v1/namespaces/ml/pods/filler")["spec"].get("nodeName") \
+                    and "urgent" not in names:
+                # The node is full: a pod of higher priority preempts the best-effort filler.
+                post(url, "/api/v1/namespaces/ml/pods", {
+                    "metadata": {"name": "urgent", "annotations": {"gpupool.io/priority": "10"}},
+                    "spec": {"schedulerName": "gpupool", "containers": [
+                        {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 4}}}]}})
+                names.append("urgent")
+            urgent = get(url, "/api/v1/namespaces/ml/pods/urgent") if "urgent" in names else {"spec": {}}
+            done = bool(fits["spec"].get("nodeName")) and bool(conds) and len(events) >= 2 and \
+                "filler" not in names and bool(urgent["spec"].get("nodeName"))
         if not done:
-            fail("config", "the scheduler did not bind and report with the ConfigMap's config: %s" %
+            fail("config", "the scheduler did not bind, report and preempt with the ConfigMap's config: %s" %
                  open(os.path.join(work, "scheduler.log")).read()[-800:])
         sched.send_signal(signal.SIGTERM)
         sched.wait(timeout=20)
