@@ -37,7 +37,10 @@ bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry
   std::vector<RunningEntry> running;
   std::vector<std::vector<Pod*>> victims;
   std::map<std::string, size_t> gang_index;
-  for (auto& [uid, p] : pods_) {
+  for (const std::string& uid : best_effort_held_) {
+    const auto found = pods_.find(uid);
+    if (found == pods_.end()) continue;
+    Pod& p = found->second;
     if (!p.ours || !p.counted || !p.alloc || p.evicting || p.protected_ || p.qos != QosClass::kBestEffort) continue;
     size_t i = running.size();
     if (!p.gang.empty()) {

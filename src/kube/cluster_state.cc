@@ -286,6 +286,7 @@ void ClusterState::Hold(Pod& pod, const PodRequest& req) {
   pod.priority = req.priority;
   pod.qos = req.qos;
   pod.held_seq = next_held_seq_++;
+  if (pod.qos == QosClass::kBestEffort) best_effort_held_.insert(pod.uid);
   usage_[{pod.tenant, pod.queue}] += pod.demand;
   if (!pod.gang.empty()) ++gang_held_[pod.gang];
 }
@@ -308,6 +309,7 @@ void ClusterState::Uncharge(Pod& pod) {
   pod.object = Json();
   if (pod.counted) {
     pod.counted = false;
+    best_effort_held_.erase(pod.uid);
     usage_[{pod.tenant, pod.queue}] -= pod.demand;
     if (!pod.gang.empty() && --gang_held_[pod.gang] <= 0) gang_held_.erase(pod.gang);
   }
