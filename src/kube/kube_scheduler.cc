@@ -195,23 +195,20 @@ void KubeScheduler::Loop() {
       }
     }
     results.clear();
-    for (auto it = evict_backoff_.begin(); it != evict_backoff_.end();) {
-      if (it->second.due <= Clock::now() && !it->second.unparked) {
-        state_->Unprotect(it->first);
-        it->second.unparked = true;
+    // Back-offs that ended: the pod is tried (or a victim) again; forgotten once long over (a pod
+    // bound or gone meanwhile leaves no trace).
+    auto sweep = [](std::unordered_map<std::string, Backoff>& backoffs, auto&& release, std::chrono::minutes forget) {
+      for (auto it = backoffs.begin(); it != backoffs.end();) {
+        if (it->second.due <= Clock::now() && !it->second.unparked) {
+          release(it->first);
+          it->second.unparked = true;
+        }
+        if (Clock::now() - it->second.due > forget) it = backoffs.erase(it);
+        else ++it;
       }
-      if (Clock::now() - it->second.due > std::chrono::minutes(30)) it = evict_backoff_.erase(it);
-      else ++it;
-    }
-    for (auto it = backoff_.begin(); it != backoff_.end();) {
-      if (it->second.due <= Clock::now() && !it->second.unparked) {
-        state_->Unpark(it->first);
-        it->second.unparked = true;
-      }
-      // Forgotten once it is long over (a pod bound or gone meanwhile leaves no trace).
-      if (Clock::now() - it->second.due > std::chrono::minutes(10)) it = backoff_.erase(it);
-      else ++it;
-    }
+    };
+    sweep(backoff_, [this](const std::string& uid) { state_->Unpark(uid); }, std::chrono::minutes(10));
+    sweep(evict_backoff_, [this](const std::string& uid) { state_->Unprotect(uid); }, std::chrono::minutes(30));
 
     // A new leader lists everything again before its first decision: whatever the previous leader
     // bound is then in the state, seen as a quorum read would see it.
@@ -327,24 +324,7 @@ void KubeScheduler::Evict(const EvictOrder& order) {
       why = ErrorOf(*r, "eviction").message();
     }
   }
-  if (ok && options_.events) {
-    const std::string stamp = MicroTimeNow().substr(0, 19) + "Z";
-    Json event = {{"apiVersion", "v1"},
-                  {"kind", "Event"},
-                  {"metadata", {{"name", EventName(order.name)}, {"namespace", order.namespace_name}}},
-                  {"involvedObject",
-                   {{"apiVersion", "v1"}, {"kind", "Pod"}, {"namespace", order.namespace_name}, {"name", order.name}, {"uid", order.uid}}},
-                  {"reason", "Preempted"},
-                  {"message", order.message},
-                  {"type", "Normal"},
-                  {"source", {{"component", "gpupool-scheduler"}}},
-                  {"reportingComponent", "gpupool-scheduler"},
-                  {"reportingInstance", options_.leader.identity},
-                  {"firstTimestamp", stamp},
-                  {"lastTimestamp", stamp},
-                  {"count", 1}};
-    (void)client_->Request("POST", fmt::format("/api/v1/namespaces/{}/events", KubeClient::Escape(order.namespace_name)), &event);
-  }
+  if (ok && options_.events) PostEvent(order.namespace_name, order.name, order.uid, "Preempted", order.message, "Normal");
   {
     std::lock_guard<std::mutex> lock(mu_);
     results_.push_back({order.uid, ok, true});
@@ -401,7 +381,7 @@ void KubeScheduler::Bind(const BindOrder& order) {
 void KubeScheduler::Write(const Report& report) {
   const PendingReport& p = report.pending;
   const std::string now = MicroTimeNow();
-  const std::string stamp = now.substr(0, 19) + "Z";  // Events' and conditions' Time: whole seconds
+  const std::string stamp = now.substr(0, 19) + "Z";  // a condition's Time: whole seconds
   if (!p.reason.empty()) {
     // PodScheduled=False with gpupool's words, as kube-scheduler writes it for the pods it cannot place.
     Json patch = {{"status",
@@ -421,23 +401,28 @@ void KubeScheduler::Write(const Report& report) {
   }
   if (!options_.events) return;
   const bool scheduled = p.reason.empty();
-  Json event = {
-      {"apiVersion", "v1"},
-      {"kind", "Event"},
-      {"metadata", {{"name", EventName(p.name)}, {"namespace", p.namespace_name}}},
-      {"involvedObject",
-       {{"apiVersion", "v1"}, {"kind", "Pod"}, {"namespace", p.namespace_name}, {"name", p.name}, {"uid", p.uid}}},
-      {"reason", scheduled ? "Scheduled" : "FailedScheduling"},
-      {"message", scheduled ? fmt::format("Successfully assigned {}/{} to {}", p.namespace_name, p.name, report.node)
-                            : p.message},
-      {"type", scheduled ? "Normal" : "Warning"},
-      {"source", {{"component", "gpupool-scheduler"}}},
-      {"reportingComponent", "gpupool-scheduler"},
-      {"reportingInstance", options_.leader.identity},
-      {"firstTimestamp", stamp},
-      {"lastTimestamp", stamp},
-      {"count", 1}};
-  (void)client_->Request("POST", fmt::format("/api/v1/namespaces/{}/events", KubeClient::Escape(p.namespace_name)), &event);
+  PostEvent(p.namespace_name, p.name, p.uid, scheduled ? "Scheduled" : "FailedScheduling",
+            scheduled ? fmt::format("Successfully assigned {}/{} to {}", p.namespace_name, p.name, report.node) : p.message,
+            scheduled ? "Normal" : "Warning");
+}
+
+void KubeScheduler::PostEvent(const std::string& ns, const std::string& name, const std::string& uid,
+                              const char* reason, const std::string& message, const char* type) {
+  const std::string stamp = MicroTimeNow().substr(0, 19) + "Z";  // Events' Time: whole seconds
+  Json event = {{"apiVersion", "v1"},
+                {"kind", "Event"},
+                {"metadata", {{"name", EventName(name)}, {"namespace", ns}}},
+                {"involvedObject", {{"apiVersion", "v1"}, {"kind", "Pod"}, {"namespace", ns}, {"name", name}, {"uid", uid}}},
+                {"reason", reason},
+                {"message", message},
+                {"type", type},
+                {"source", {{"component", "gpupool-scheduler"}}},
+                {"reportingComponent", "gpupool-scheduler"},
+                {"reportingInstance", options_.leader.identity},
+                {"firstTimestamp", stamp},
+                {"lastTimestamp", stamp},
+                {"count", 1}};
+  (void)client_->Request("POST", fmt::format("/api/v1/namespaces/{}/events", KubeClient::Escape(ns)), &event);
 }
 
 KubeScheduler::Stats KubeScheduler::stats() const {

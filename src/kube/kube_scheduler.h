@@ -82,6 +82,8 @@ class KubeScheduler {
   void Bind(const BindOrder& order);
   void Evict(const EvictOrder& order);
   void Write(const Report& report);
+  void PostEvent(const std::string& ns, const std::string& name, const std::string& uid, const char* reason,
+                 const std::string& message, const char* type);
   void Inbox(bool node, const std::string& type, const nlohmann::json& object);
 
   KubeClient* client_;

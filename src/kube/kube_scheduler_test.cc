@@ -69,6 +69,15 @@ class KubeSchedulerTest : public ::testing::Test {
            {{"schedulerName", "gpupool"},
             {"containers", json::array({{{"name", "c"}, {"image", "x"}, {"resources", {{"limits", {{"nvidia.com/gpu", gpus}}}}}}})}}}});
   }
+  // A scheduler without leader election (it leads at once), started.
+  Result<std::unique_ptr<KubeScheduler>> StartAlone() {
+    KubeSchedulerOptions o;
+    o.leader_elect = false;
+    o.bind_workers = 2;
+    auto s = KubeScheduler::Create(client_.get(), o);
+    if (s.ok()) (*s)->Start();
+    return s;
+  }
   std::string NodeOf(const std::string& pod) {
     json p = Get("/api/v1/namespaces/ml/pods/" + pod);
     return p.is_object() ? p["spec"].value("nodeName", "") : "";
@@ -167,12 +176,8 @@ TEST_F(KubeSchedulerTest, AMalformedLeaseIsOverwrittenNotTrusted) {
 TEST_F(KubeSchedulerTest, BindsWithTheAssignmentAndSaysWhyAPodStaysPending) {
   AddNode("n1", 8);
   AddNode("n2", 8);
-  KubeSchedulerOptions o;
-  o.leader_elect = false;
-  o.bind_workers = 2;
-  auto s = KubeScheduler::Create(client_.get(), o);
+  auto s = StartAlone();
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  (*s)->Start();
   for (int i = 0; i < 6; ++i) AddPod(fmt::format("p{}", i), 2);
   AddPod("big", 16);
   ASSERT_TRUE(Eventually([&] {
@@ -239,12 +244,8 @@ TEST_F(KubeSchedulerTest, ANewLeaderSeesWhatTheOldOneBoundAndOvercommitsNothing)
 TEST_F(KubeSchedulerTest, PreemptsThroughTheEvictionSubresourceAndBacksOffWhenABudgetRefuses) {
   AddNode("n1", 4);
   AddNode("n2", 2);
-  KubeSchedulerOptions o;
-  o.leader_elect = false;
-  o.bind_workers = 2;
-  auto s = KubeScheduler::Create(client_.get(), o);
+  auto s = StartAlone();
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  (*s)->Start();
   const json be = {{"gpupool.io/qos", "best-effort"}};
   AddPod("guarded", 4, be);  // its eviction is refused (the test server's stand-in for a budget)
   AddPod("free", 2, be);
