@@ -41,11 +41,36 @@ const NodeMask* ClusterState::MaskFor(const NodeConstraints& c) {
   return &mask;
 }
 
-void ClusterState::Report(Pod& p, const std::string& reason, const std::string& message, CycleResult& out) {
+void ClusterState::Report(Pod& p, const std::string& reason, const std::string& message, CycleResult& out,
+                          const std::string& nominated_node) {
   if (p.last_reason == reason && p.last_message == message) return;
   p.last_reason = reason;
   p.last_message = message;
-  out.pending.push_back({p.uid, p.namespace_name, p.name, reason, message});
+  out.pending.push_back({p.uid, p.namespace_name, p.name, reason, message, nominated_node});
+}
+
+// A preemptor whose victims are gone gets their space held for it while the units before it in the
+// queue order are placed, so that a pod ahead of it cannot take what was freed for it (and make it
+// preempt again). A nomination that no longer fits (the node changed) is dropped.
+void ClusterState::Reserve() {
+  for (const auto& [seq, uid] : pending_uid_) {
+    Pod& p = pods_[uid];
+    if (!p.nominated || p.reservation) continue;
+    if (VictimsLeft(p.uid) > 0) continue;
+    auto id = ledger_->Commit(*p.nominated);
+    if (id.ok()) p.reservation = *id;
+    else p.nominated.reset();
+  }
+}
+
+void ClusterState::Unreserve(Pod& p) {
+  if (!p.reservation) return;
+  (void)ledger_->Release(*p.reservation);
+  p.reservation.reset();
+}
+
+void ClusterState::ReleaseReserved() {
+  for (const auto& [seq, uid] : pending_uid_) Unreserve(pods_[uid]);
 }
 
 void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const Placement& placement,
@@ -57,6 +82,7 @@ void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const 
   p.placement = placement;
   p.last_reason.clear();
   p.last_message.clear();
+  p.nominated.reset();
   Hold(p, req);
   out.binds.push_back(
       {p.uid, p.namespace_name, p.name, p.node, AssignmentJson(p.uid, placement, *ledger_).dump()});
@@ -144,6 +170,7 @@ CycleResult ClusterState::Cycle() {
   std::vector<UsageEntry> usage;
   for (const auto& [key, r] : usage_) usage.push_back({key.first, key.second, r});
   QueueOrder::Pass pass = order_->Begin(entries, usage, ClusterTotal());
+  Reserve();
   // Shapes that failed this cycle: capacity only shrinks within a cycle, so the same shape
   // cannot fit either.
   std::map<std::string, std::string> failed_shapes;
@@ -162,11 +189,12 @@ CycleResult ClusterState::Cycle() {
       continue;
     }
     bool unchanged = true;
-    for (const Pod* p : u.members) unchanged &= p->failed_epoch == capacity_epoch_;
+    for (const Pod* p : u.members) unchanged &= p->failed_epoch == capacity_epoch_ && !p->reservation;
     if (unchanged) {
       pass.Skipped(*next);
       continue;
     }
+    for (Pod* p : u.members) Unreserve(*p);  // its own reserved space is its to take
     Pod& first = *u.members.front();
     const NodeMask* mask = MaskFor(*first.constraints);
     const bool alone = u.gang.empty() || (u.gang_min > 0 && held >= u.gang_min);
@@ -177,7 +205,7 @@ CycleResult ClusterState::Cycle() {
                           r.gpu_memory.units(), fmt::join(r.gpu_models, ","), r.mig_profile, r.nvlink);
       shape += first.constraints->key();
       shape += fmt::format("/p{}", first.request->priority);  // a higher priority may preempt where a lower could not
-      if (auto f = failed_shapes.find(shape); f != failed_shapes.end()) {
+      if (auto f = failed_shapes.find(shape); f != failed_shapes.end() && !first.nominated) {
         first.failed_epoch = capacity_epoch_;
         Report(first, "Unschedulable", f->second, out);
         pass.Skipped(*next);
@@ -236,6 +264,7 @@ CycleResult ClusterState::Cycle() {
     }
     pass.Skipped(*next);
   }
+  ReleaseReserved();
   return out;
 }
 

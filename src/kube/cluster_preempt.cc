@@ -15,22 +15,28 @@
 
 namespace gpupool::kube {
 
+size_t ClusterState::VictimsLeft(const std::string& preemptor) {
+  auto it = preempting_.find(preemptor);
+  if (it == preempting_.end()) return 0;
+  for (auto v = it->second.begin(); v != it->second.end();) {
+    const auto p = pods_.find(*v);
+    v = (p == pods_.end() || !p->second.evicting) ? it->second.erase(v) : std::next(v);
+  }
+  const size_t left = it->second.size();
+  if (left == 0) preempting_.erase(it);
+  return left;
+}
+
 bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry, const NodeMask* mask,
                               CycleResult& out) {
   if (!options_.preemption || u.members.empty()) return false;
   Pod& first = *u.members.front();
   // Victims evicted for it earlier and not gone yet: wait for them, plan nothing more.
-  if (auto it = preempting_.find(first.uid); it != preempting_.end()) {
-    for (auto v = it->second.begin(); v != it->second.end();) {
-      const auto p = pods_.find(*v);
-      v = (p == pods_.end() || !p->second.evicting) ? it->second.erase(v) : std::next(v);
-    }
-    if (!it->second.empty()) {
-      for (Pod* p : u.members)
-        Report(*p, "Preempting", fmt::format("waiting for {} preempted pod(s) to end", it->second.size()), out);
-      return true;
-    }
-    preempting_.erase(it);
+  if (const size_t left = VictimsLeft(first.uid); left > 0) {
+    for (Pod* p : u.members)
+      Report(*p, "Preempting", fmt::format("waiting for {} preempted pod(s) to end", left), out,
+             p->nominated ? node_of_index_[p->nominated->node] : std::string());
+    return true;
   }
 
   // gpupool's running best-effort pods, a gang's bound members together.
@@ -67,6 +73,7 @@ bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry
 
   // What if: release victims in order until the unit fits, then put everything back exactly.
   std::vector<Pod*> released;
+  std::vector<Placement> planned;  // where the unit's members would go, in member order
   size_t needed = 0;
   bool fits = false;
   for (size_t c = 0; c < candidates.size() && !fits; ++c) {
@@ -77,15 +84,18 @@ bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry
     needed = c + 1;
     scheduler_->SetNodeMask(mask);
     if (u.gang.empty()) {
-      auto id = scheduler_->Place(req.request);
+      Decision d;
+      auto id = scheduler_->Place(req.request, &d);
       if (id.ok()) {
         (void)ledger_->Release(*id);
+        planned = {d.placement};
         fits = true;
       }
     } else {
       JobResult trial = scheduler_->ScheduleJob(GangJob(u, held, entry.priority));
       if (trial.placed) {
         for (AllocationId a : trial.allocations) (void)ledger_->Release(a);
+        planned = trial.placements;
         fits = true;
       }
     }
@@ -117,7 +127,16 @@ bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry
   }
   const std::string message =
       fmt::format("preempting {} pod(s): {}", names.size(), fmt::join(names.begin(), names.begin() + std::min<size_t>(names.size(), 10), ", "));
-  for (Pod* p : u.members) Report(*p, "Preempting", message, out);
+  for (size_t i = 0; i < u.members.size(); ++i) {
+    Pod& p = *u.members[i];
+    p.nominated.reset();
+    std::string node;
+    if (i < planned.size()) {
+      p.nominated = planned[i];
+      node = node_of_index_[planned[i].node];
+    }
+    Report(p, "Preempting", message + (node.empty() ? "" : fmt::format(" (nominated node {})", node)), out, node);
+  }
   return true;
 }
 

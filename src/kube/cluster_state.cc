@@ -140,6 +140,8 @@ Status ClusterState::Rebuild() {
     ApplyHealth(*idx, kn);
   }
   for (const std::string& name : refused) nodes_.erase(name);
+  // Nominations name nodes of the old ledger: preemptors plan again.
+  for (auto& [uid, p] : pods_) p.nominated.reset();
   // Pods hold again what they held, in a fixed order (uids sorted) so a rebuild is reproducible.
   std::vector<std::string> uids;
   for (const auto& [uid, p] : pods_)

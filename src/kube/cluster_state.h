@@ -64,8 +64,10 @@ struct BindOrder {
 // A pod that stays pending, and why (gpupool's per-node reasons, or what is wrong with it).
 struct PendingReport {
   std::string uid, namespace_name, name;
-  std::string reason;  // "Unschedulable" (does not fit now) or "Invalid" (can never be placed as written)
+  std::string reason;  // "Unschedulable" (does not fit now), "Invalid" (can never be placed as
+                       // written), "WaitingForGang" or "Preempting"
   std::string message;
+  std::string nominated_node;  // Preempting: the node its victims are leaving (status.nominatedNodeName)
 };
 
 struct CycleResult {
@@ -138,6 +140,10 @@ class ClusterState {
     uint64_t held_seq = 0;  // when it started holding (preemption takes the most recent first)
     bool evicting = false;  // a preemption victim whose eviction is on its way
     bool protected_ = false;  // its eviction was refused: no victim until Unprotect
+    // A preemptor: where its victims' GPUs are. Once they are gone the space is reserved for it
+    // at the start of each cycle (others cannot take it) until it is placed or preempts anew.
+    std::optional<Placement> nominated;
+    std::optional<AllocationId> reservation;  // within a cycle only
   };
   // A unit of a cycle: a pod alone, or a gang's pending members.
   struct Unit {
@@ -156,12 +162,17 @@ class ClusterState {
   void Uncharge(Pod& pod);
   void Unpend(Pod& pod);
   void ForgetPod(const std::string& uid);
-  void Report(Pod& pod, const std::string& reason, const std::string& message, CycleResult& out);
+  void Report(Pod& pod, const std::string& reason, const std::string& message, CycleResult& out,
+              const std::string& nominated_node = "");
+  void Reserve();          // the nominated preemptors' space, at a cycle's start
+  void ReleaseReserved();  // at its end
+  void Unreserve(Pod& pod);
   void Assume(Pod& pod, const PodRequest& req, AllocationId id, const Placement& placement, CycleResult& out);
   Result<Placement> ForeignPlacement(NodeIndex n, const nlohmann::json& object) const;
   Job GangJob(const Unit& u, int held, int priority) const;
   // Plans evictions for a unit that does not fit (cluster_preempt.cc): true when it did (the unit
   // is then reported as waiting for them), or when evictions planned earlier are still on their way.
+  size_t VictimsLeft(const std::string& preemptor);  // its victims not gone yet (forgets the gone)
   bool TryPreempt(const Unit& u, int held, const PendingEntry& entry, const NodeMask* mask, CycleResult& out);
   const NodeMask* MaskFor(const NodeConstraints& c);
   Resources ClusterTotal() const;

@@ -434,5 +434,40 @@ TEST_F(ClusterStateTest, AGangPreemptsForAllItsMembersTogether) {
   EXPECT_TRUE(state->CheckInvariants().ok());
 }
 
+// The space a preemptor's victims free is held for it: a pod of another tenant that DRF offers
+// first cannot take it (and make the preemptor preempt again, or wait for nothing).
+TEST(ClusterStatePreemption, TheFreedSpaceIsReservedForThePreemptor) {
+  ClusterOptions o;
+  o.ordering.policy = OrderingPolicy::kDrf;
+  auto created = ClusterState::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  ClusterState& state = **created;
+  state.ApplyNode("ADDED", NodeObj("n1", 2));
+  state.ApplyNode("ADDED", NodeObj("n2", 2));
+  Json anchor = PodObj("anchor", {{"nvidia.com/gpu", 2}});  // tenant ml uses something: DRF puts it last
+  Json be = PodObj("be", {{"nvidia.com/gpu", 2}}, {{"gpupool.io/qos", "best-effort"}});
+  for (Json* p : {&anchor, &be}) state.ApplyPod("ADDED", *p);
+  CycleResult r = state.Cycle();
+  ASSERT_EQ(r.binds.size(), 2u);
+  for (const BindOrder& b : r.binds) state.ApplyPod("MODIFIED", Bound(b.name == "be" ? be : anchor, b));
+  const std::string be_node = r.binds[0].name == "be" ? r.binds[0].node : r.binds[1].node;
+
+  Json big = PodObj("big", {{"nvidia.com/gpu", 2}}, {{"gpupool.io/priority", "5"}});
+  state.ApplyPod("ADDED", big);
+  r = state.Cycle();
+  ASSERT_EQ(r.evictions.size(), 1u);
+  ASSERT_EQ(r.pending.size(), 1u);
+  EXPECT_EQ(r.pending[0].nominated_node, be_node);
+  Json sneaky = PodObj("sneaky", {{"nvidia.com/gpu", 1}}, {{"gpupool.io/tenant", "other"}});
+  state.ApplyPod("ADDED", sneaky);
+  state.ApplyPod("DELETED", be);
+  r = state.Cycle();
+  ASSERT_EQ(r.binds.size(), 1u) << (r.pending.empty() ? "" : r.pending[0].name + ": " + r.pending[0].message);
+  EXPECT_EQ(r.binds[0].name, "big");
+  EXPECT_EQ(r.binds[0].node, be_node);
+  EXPECT_TRUE(r.evictions.empty());
+  EXPECT_TRUE(state.CheckInvariants().ok()) << state.CheckInvariants().ToString();  // no reservation left behind
+}
+
 }  // namespace
 }  // namespace gpupool::kube

@@ -366,7 +366,7 @@ void KubeScheduler::Bind(const BindOrder& order) {
       ++stats_.bound;
       if (options_.events) {
         if (!reports_.count(order.uid)) report_order_.push_back(order.uid);
-        reports_[order.uid] = Report{{order.uid, order.namespace_name, order.name, "", ""}, order.node};
+        reports_[order.uid] = Report{{order.uid, order.namespace_name, order.name, "", "", ""}, order.node};
       }
     } else {
       ++stats_.bind_failures;
@@ -391,6 +391,9 @@ void KubeScheduler::Write(const Report& report) {
                                                   {"message", p.message},
                                                   {"lastProbeTime", nullptr},
                                                   {"lastTransitionTime", stamp}}})}}}};
+    // A preemptor names the node its victims leave, as kube-scheduler does; any other report
+    // clears a nomination that no longer holds (null deletes the field).
+    patch["status"]["nominatedNodeName"] = p.nominated_node.empty() ? Json(nullptr) : Json(p.nominated_node);
     auto r = client_->Request("PATCH", PodPath(p.namespace_name, p.name) + "/status", &patch,
                               "application/strategic-merge-patch+json");
     (void)r;  // a pod that is gone or bound meanwhile: nothing to say
