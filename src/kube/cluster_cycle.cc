@@ -53,10 +53,16 @@ void ClusterState::Report(Pod& p, const std::string& reason, const std::string& 
 // queue order are placed, so that a pod ahead of it cannot take what was freed for it (and make it
 // preempt again). A nomination that no longer fits (the node changed) is dropped.
 void ClusterState::Reserve() {
-  for (const auto& [seq, uid] : pending_uid_) {
-    Pod& p = pods_[uid];
-    if (!p.nominated || p.reservation) continue;
-    if (VictimsLeft(p.uid) > 0) continue;
+  for (auto it = nominated_uids_.begin(); it != nominated_uids_.end();) {
+    const auto found = pods_.find(*it);
+    if (found == pods_.end() || !found->second.nominated || found->second.phase != PodPhase::kPending) {
+      if (found != pods_.end()) found->second.nominated.reset();
+      it = nominated_uids_.erase(it);
+      continue;
+    }
+    Pod& p = found->second;
+    ++it;
+    if (p.reservation || p.parked || VictimsLeft(p.uid) > 0) continue;
     auto id = ledger_->Commit(*p.nominated);
     if (id.ok()) p.reservation = *id;
     else p.nominated.reset();
@@ -70,7 +76,8 @@ void ClusterState::Unreserve(Pod& p) {
 }
 
 void ClusterState::ReleaseReserved() {
-  for (const auto& [seq, uid] : pending_uid_) Unreserve(pods_[uid]);
+  for (const std::string& uid : nominated_uids_)
+    if (auto it = pods_.find(uid); it != pods_.end()) Unreserve(it->second);
 }
 
 void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const Placement& placement,

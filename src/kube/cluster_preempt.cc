@@ -133,6 +133,7 @@ bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry
     std::string node;
     if (i < planned.size()) {
       p.nominated = planned[i];
+      nominated_uids_.insert(p.uid);
       node = node_of_index_[planned[i].node];
     }
     Report(p, "Preempting", message + (node.empty() ? "" : fmt::format(" (nominated node {})", node)), out, node);

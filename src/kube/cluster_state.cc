@@ -142,6 +142,7 @@ Status ClusterState::Rebuild() {
   for (const std::string& name : refused) nodes_.erase(name);
   // Nominations name nodes of the old ledger: preemptors plan again.
   for (auto& [uid, p] : pods_) p.nominated.reset();
+  nominated_uids_.clear();
   // Pods hold again what they held, in a fixed order (uids sorted) so a rebuild is reproducible.
   std::vector<std::string> uids;
   for (const auto& [uid, p] : pods_)

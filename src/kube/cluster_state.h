@@ -209,6 +209,7 @@ class ClusterState {
   std::map<std::string, int> gang_held_;  // namespace/gang -> members bound or assumed
   uint64_t next_held_seq_ = 1;
   std::set<std::string> best_effort_held_;  // uids of our best-effort pods that hold (victim candidates)
+  std::set<std::string> nominated_uids_;  // preemptors with a nominated placement (pruned lazily)
   // Preemptor (its first member's uid) -> the victims evicted for it, until they are gone.
   std::map<std::string, std::set<std::string>> preempting_;
   size_t unaccounted_ = 0;
