@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <charconv>
 #include <iterator>
 #include <cstdlib>
 #include <fstream>
@@ -24,6 +23,7 @@
 #include "kube/node_publisher.h"
 #include "kube/device_plugin.h"
 #include "kube/informer.h"
+#include "kube/kube_node.h"
 #include "agent/cdi.h"
 #include "agent/gpu_metrics.h"
 #include "cli/server_internal.h"
@@ -194,16 +194,13 @@ struct KubeNodeFlags {
   double allocate_wait = 10;
 };
 
-// The node's allocatable pods (kubelet's --max-pods): pods per GPU can never be more.
+// The node's allocatable pods (kubelet's --max-pods), as the scheduler reads them: pods per GPU can
+// never be more. 0 when the Node cannot be read.
 int NodePodLimit(kube::KubeClient* client, const std::string& node) {
   auto got = client->Get("/api/v1/nodes/" + node);
-  if (!got.ok() || got->code != 200 || !got->body.is_object()) return 0;
-  const nlohmann::json& alloc = got->body.value("status", nlohmann::json::object()).value("allocatable", nlohmann::json::object());
-  if (!alloc.is_object() || !alloc.contains("pods") || !alloc["pods"].is_string()) return 0;
-  const std::string& text = alloc["pods"].get_ref<const std::string&>();
-  int n = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  return ec == std::errc() && end == text.data() + text.size() && n > 0 ? std::min(n, 1000) : 0;
+  if (!got.ok() || got->code != 200) return 0;
+  auto parsed = kube::ParseKubeNode(got->body, GpuCatalog::Builtin());
+  return parsed.ok() ? std::min(parsed->spec.max_tasks, 1000) : 0;
 }
 
 int RunKubeNode(const KubeNodeFlags& f) {

@@ -208,10 +208,11 @@ CycleResult ClusterState::Cycle() {
     std::string shape;
     if (u.gang.empty()) {
       const TaskRequest& r = first.request->request;
-      shape = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}", r.cpu.units(), r.memory.units(), r.gpu_count, r.gpu_share.units(),
-                          r.gpu_memory.units(), fmt::join(r.gpu_models, ","), r.mig_profile, r.nvlink);
+      // With the priority: a higher one may preempt where a lower could not.
+      shape = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/p{}", r.cpu.units(), r.memory.units(), r.gpu_count,
+                          r.gpu_share.units(), r.gpu_memory.units(), fmt::join(r.gpu_models, ","), r.mig_profile,
+                          r.nvlink, first.request->priority);
       shape += first.constraints->key();
-      shape += fmt::format("/p{}", first.request->priority);  // a higher priority may preempt where a lower could not
       if (auto f = failed_shapes.find(shape); f != failed_shapes.end() && !first.nominated) {
         first.failed_epoch = capacity_epoch_;
         Report(first, "Unschedulable", f->second, out);

@@ -28,11 +28,8 @@ class InformerTest : public ::testing::Test {
     if (Sh("python3 -c 'import http.server' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
     server_ = std::make_unique<TestApiServer>(dir_.path(), extra);
     ASSERT_FALSE(server_->url().empty()) << ReadText(dir_.path() + "/server.log");
-    KubeEndpoint ep;
-    ep.server = server_->url();
-    auto c = KubeClient::Create(ep);
-    ASSERT_TRUE(c.ok());
-    client_ = std::move(c).value();
+    client_ = ClientOf(*server_);
+    ASSERT_NE(client_, nullptr);
   }
   void Pod(const std::string& name, const std::string& scheduler = "gpupool") {
     const json pod = {{"apiVersion", "v1"},

@@ -308,8 +308,7 @@ Json AssignmentJson(const std::string& pod_uid, const Placement& placement, cons
   return j;
 }
 
-Result<Placement> ParseAssignment(const std::string& text, const std::string& pod_uid, const std::string& node,
-                                  const Ledger& ledger) {
+Result<Json> ReadAssignment(const std::string& text, const std::string& pod_uid, const std::string& node) {
   if (text.size() > 64 * 1024) return Status::InvalidArgument("the assignment is over 64 KiB");
   ASSIGN_OR_RETURN(Json j, ParseJsonBody(text, 8));
   if (!j.is_object()) return Status::InvalidArgument("the assignment must be a JSON object");
@@ -319,6 +318,12 @@ Result<Placement> ParseAssignment(const std::string& text, const std::string& po
   if (Str(At(j, "node")) != node)
     return Status::InvalidArgument(
         fmt::format("the assignment is for node '{}', the pod is bound to '{}'", Str(At(j, "node")), node));
+  return j;
+}
+
+Result<Placement> ParseAssignment(const std::string& text, const std::string& pod_uid, const std::string& node,
+                                  const Ledger& ledger) {
+  ASSIGN_OR_RETURN(Json j, ReadAssignment(text, pod_uid, node));
   j.erase("podUID");
   return PlacementFromJson(j, ledger);
 }

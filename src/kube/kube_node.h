@@ -74,6 +74,10 @@ class NodeConstraints {
 // "share", "memory", "mig"?}], "shareTask"} (the placement JSON of docs/api.md plus the pod's UID,
 // so a node never acts on an assignment copied onto another pod).
 nlohmann::json AssignmentJson(const std::string& pod_uid, const Placement& placement, const Ledger& ledger);
+// The assignment's JSON (≤ 64 KiB, ≤ 8 levels), when it is made out to this pod UID on this node;
+// errors otherwise (an assignment copied onto another pod is refused). The scheduler and the node
+// daemon both read it through this.
+Result<nlohmann::json> ReadAssignment(const std::string& text, const std::string& pod_uid, const std::string& node);
 // The placement an assignment gives, when it is for this pod UID on this node; errors otherwise.
 Result<Placement> ParseAssignment(const std::string& text, const std::string& pod_uid, const std::string& node,
                                   const Ledger& ledger);

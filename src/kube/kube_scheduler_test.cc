@@ -29,11 +29,8 @@ class KubeSchedulerTest : public ::testing::Test {
     server_ = std::make_unique<TestApiServer>(
         dir_.path(), std::vector<std::string>{"--bookmark-seconds", "0.5", "--refuse-eviction", "ml/guarded"});
     ASSERT_FALSE(server_->url().empty()) << ReadText(dir_.path() + "/server.log");
-    KubeEndpoint ep;
-    ep.server = server_->url();
-    auto c = KubeClient::Create(ep);
-    ASSERT_TRUE(c.ok());
-    client_ = std::move(c).value();
+    client_ = ClientOf(*server_);
+    ASSERT_NE(client_, nullptr);
     for (const char* ns : {"sys", "ml"}) Post("/api/v1/namespaces", {{"metadata", {{"name", ns}}}});
   }
   json Post(const std::string& path, const json& body) {

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "kube/kube_client.h"
+
 namespace gpupool::kube::test {
 
 namespace fs = std::filesystem;
@@ -100,5 +102,13 @@ class TestApiServer {
   pid_t pid_ = -1;
   std::string url_;
 };
+
+// A client of `server` (plain HTTP, no credentials); nullptr when it cannot be made.
+inline std::unique_ptr<KubeClient> ClientOf(const TestApiServer& server) {
+  KubeEndpoint ep;
+  ep.server = server.url();
+  auto c = KubeClient::Create(ep);
+  return c.ok() ? std::move(c).value() : nullptr;
+}
 
 }  // namespace gpupool::kube::test

@@ -69,25 +69,22 @@ Status NodePublisher::PublishOnce() {
     return fail(ErrorOf(*node, fmt::format("reading Node {}", options_.node)));
   }
   const Json& have = json_fields::At(json_fields::At(json_fields::At(node->body, "metadata"), "annotations"), kInventoryKey);
-  if (have.is_string() && have.get_ref<const std::string&>() == want) {
+  // The Node carries `want` now: published, and nothing to read again until the resync period.
+  auto done = [&] {
     published_ = true;
     std::lock_guard<std::mutex> lock(mu_);
     last_error_.clear();
     last_seen_ = want;
     last_check_ = std::chrono::steady_clock::now();
     return Status::Ok();
-  }
+  };
+  if (have.is_string() && have.get_ref<const std::string&>() == want) return done();
   Json patch = {{"metadata", {{"annotations", {{kInventoryKey, want}}}}}};
   auto r = client_->Request("PATCH", path, &patch, "application/merge-patch+json");
   if (!r.ok()) return fail(r.status().WithContext("writing the inventory annotation"));
   if (r->code != 200) return fail(ErrorOf(*r, fmt::format("writing the inventory annotation of Node {}", options_.node)));
   ++writes_;
-  published_ = true;
-  std::lock_guard<std::mutex> lock(mu_);
-  last_error_.clear();
-  last_seen_ = want;
-  last_check_ = std::chrono::steady_clock::now();
-  return Status::Ok();
+  return done();
 }
 
 void NodePublisher::Start() {

@@ -19,11 +19,8 @@ class NodePublisherTest : public ::testing::Test {
   void SetUp() override {
     server_ = std::make_unique<TestApiServer>(dir_.path(), std::vector<std::string>{});
     ASSERT_FALSE(server_->url().empty()) << ReadText(dir_.path() + "/server.log");
-    KubeEndpoint ep;
-    ep.server = server_->url();
-    auto c = KubeClient::Create(ep);
-    ASSERT_TRUE(c.ok());
-    client_ = std::move(c).value();
+    client_ = ClientOf(*server_);
+    ASSERT_NE(client_, nullptr);
   }
   void AddNode(const std::string& name) {
     json node = {{"metadata", {{"name", name}}},

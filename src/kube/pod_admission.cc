@@ -20,7 +20,6 @@ using json_fields::Str;
 
 namespace {
 
-constexpr size_t kMaxAssignmentBytes = 64 * 1024;
 constexpr size_t kMaxAssignedGpus = 64;
 constexpr int64_t kMaxDevices = 1 << 20;
 
@@ -90,17 +89,9 @@ std::string SlotGpu(std::string_view id) {
 
 Result<std::vector<AssignedGpu>> ParseNodeAssignment(const std::string& text, const std::string& pod_uid,
                                                      const std::string& node) {
-  if (text.size() > kMaxAssignmentBytes) return Status::InvalidArgument("the assignment is over 64 KiB");
-  auto parsed = ParseJsonBody(text, 8);
-  if (!parsed.ok()) return parsed.status().WithContext("the assignment");
-  const Json& j = *parsed;
-  if (!j.is_object()) return Status::InvalidArgument("the assignment must be a JSON object");
-  if (Str(At(j, "podUID")) != pod_uid)
-    return Status::InvalidArgument(
-        fmt::format("the assignment is for pod UID '{}', not this pod ({})", Str(At(j, "podUID")), pod_uid));
-  if (Str(At(j, "node")) != node)
-    return Status::InvalidArgument(
-        fmt::format("the assignment is for node '{}', not this one ({})", Str(At(j, "node")), node));
+  auto read = ReadAssignment(text, pod_uid, node);
+  if (!read.ok()) return read.status();
+  const Json& j = *read;
   const Json& gpus = At(j, "gpus");
   if (!gpus.is_array()) return Status::InvalidArgument("the assignment's gpus must be a list");
   if (gpus.size() > kMaxAssignedGpus) return Status::InvalidArgument("the assignment names more than 64 GPUs");
