@@ -126,6 +126,7 @@ int RunKubeScheduler(const KubeSchedulerFlags& f) {
     if (!config.ok()) return Fail(config.status());
     options.cluster.ordering = config->ordering;
     options.cluster.preemption = config->preemption;
+    options.cluster.namespace_tenants = config->namespace_tenants;
     options.eviction_grace_seconds = config->grace_period_seconds;
     if (profile.empty()) profile = config->profile;
   }

@@ -8,6 +8,7 @@
 
 #include "kube/cluster_state.h"
 #include "kube/cluster_state_internal.h"
+#include "sched/queue_access.h"
 #include "sched/recording_binder.h"
 
 namespace gpupool::kube {
@@ -141,6 +142,11 @@ CycleResult ClusterState::Cycle() {
     const PodRequest& r = *p.request;
     if (!order_->HasQueue(r.queue)) {
       Report(p, "Invalid", fmt::format("queue '{}' does not exist", r.queue), out);
+      continue;
+    }
+    if (Status st = CheckQueueAccess(*order_, r.queue, r.tenant, r.priority, r.qos); !st.ok()) {
+      Report(p, "Invalid", fmt::format("pod {}/{} (tenant '{}'): {}", p.namespace_name, p.name, r.tenant, st.message()),
+             out);
       continue;
     }
     if (r.gang.empty()) {

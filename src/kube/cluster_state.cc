@@ -279,6 +279,12 @@ void ClusterState::Charge(Pod& pod, const Json& object) {
   ++unaccounted_;
 }
 
+Result<PodRequest> ClusterState::ReadRequest(const Json& pod) const {
+  ASSIGN_OR_RETURN(PodRequest r, ParsePodRequest(pod));
+  RETURN_IF_ERROR(BindTenant(r, options_.namespace_tenants));
+  return r;
+}
+
 void ClusterState::Hold(Pod& pod, const PodRequest& req) {
   if (pod.counted || !pod.ours) return;
   pod.counted = true;
@@ -368,7 +374,7 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
     p.node = node;
     Charge(p, pod);
     if (ours) {
-      auto req = ParsePodRequest(pod);
+      auto req = ReadRequest(pod);
       if (req.ok()) Hold(p, *req);
     }
     return;
@@ -379,7 +385,7 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
   const size_t hash = SchedulingHash(pod);
   if (p.seq != 0 && (pending_.count(p.seq) || p.parked) && hash == p.hash) return;  // a status update: nothing to redo
   p.hash = hash;
-  p.request = ParsePodRequest(pod);
+  p.request = ReadRequest(pod);
   p.constraints = NodeConstraints::FromPod(pod);
   p.failed_epoch = ~uint64_t{0};
   if (p.seq == 0) p.seq = next_seq_++;

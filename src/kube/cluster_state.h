@@ -47,6 +47,9 @@ struct ClusterOptions {
   // over their guarantee, for a pod or gang that does not fit otherwise (sched/preemption.h's rules,
   // as the pool server applies them).
   bool preemption = true;
+  // namespace -> tenant (the config's tenants.<name>.namespaces); a namespace not here is a tenant
+  // of its own name, and a pod naming another tenant is refused (BindTenant).
+  std::map<std::string, std::string> namespace_tenants;
 };
 
 // One pod to evict (the policy/v1 Eviction subresource) so that a preemptor fits.
@@ -158,6 +161,8 @@ class ClusterState {
   void Observe(const TaskRequest& task);
   void ApplyHealth(NodeIndex idx, const KubeNode& node);
   void Charge(Pod& pod, const nlohmann::json& object);
+  // The pod's request with its tenant bound to its namespace's (BindTenant).
+  Result<PodRequest> ReadRequest(const nlohmann::json& pod) const;
   void Hold(Pod& pod, const PodRequest& req);
   void Uncharge(Pod& pod);
   void Unpend(Pod& pod);

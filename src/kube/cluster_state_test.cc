@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include <fmt/format.h>
 
 namespace gpupool::kube {
@@ -458,7 +461,8 @@ TEST(ClusterStatePreemption, TheFreedSpaceIsReservedForThePreemptor) {
   ASSERT_EQ(r.evictions.size(), 1u);
   ASSERT_EQ(r.pending.size(), 1u);
   EXPECT_EQ(r.pending[0].nominated_node, be_node);
-  Json sneaky = PodObj("sneaky", {{"nvidia.com/gpu", 1}}, {{"gpupool.io/tenant", "other"}});
+  Json sneaky = PodObj("sneaky", {{"nvidia.com/gpu", 1}});  // of tenant "other", its namespace
+  sneaky["metadata"]["namespace"] = "other";
   state.ApplyPod("ADDED", sneaky);
   state.ApplyPod("DELETED", be);
   r = state.Cycle();
@@ -467,6 +471,60 @@ TEST(ClusterStatePreemption, TheFreedSpaceIsReservedForThePreemptor) {
   EXPECT_EQ(r.binds[0].node, be_node);
   EXPECT_TRUE(r.evictions.empty());
   EXPECT_TRUE(state.CheckInvariants().ok()) << state.CheckInvariants().ToString();  // no reservation left behind
+}
+
+// A pod's tenant is its namespace's; the queues' access rules hold for pods as for submissions.
+TEST(ClusterStateTenants, APodCannotNameAnotherTenantOrStepOverAQueuesRules) {
+  ClusterOptions o;
+  o.namespace_tenants = {{"vision-train", "vision"}, {"vision-serve", "vision"}};
+  QueueSpec vision;
+  vision.name = "vision";
+  vision.tenants = {"vision"};
+  vision.max_priority = 100;
+  vision.allowed_qos = {QosClass::kBurstable, QosClass::kBestEffort};
+  QueueSpec open;
+  open.name = "default";
+  o.ordering.queues = {open, vision};
+  auto created = ClusterState::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  ClusterState& state = **created;
+  state.ApplyNode("ADDED", NodeObj("n1", 8));
+  auto pod = [](const std::string& name, const std::string& ns, Json annotations) {
+    Json p = PodObj(name, {{"nvidia.com/gpu", 1}}, std::move(annotations));
+    p["metadata"]["namespace"] = ns;
+    return p;
+  };
+  const std::vector<Json> pods = {
+      pod("ok", "vision-train", {{"gpupool.io/queue", "vision"}, {"gpupool.io/priority", "100"}}),
+      pod("ok-named", "vision-serve", {{"gpupool.io/queue", "vision"}, {"gpupool.io/tenant", "vision"}}),
+      pod("own-ns", "ml", {{"gpupool.io/tenant", "ml"}}),
+      pod("claims", "ml", {{"gpupool.io/tenant", "vision"}, {"gpupool.io/queue", "vision"}}),
+      pod("claims-unmapped", "vision-train", {{"gpupool.io/tenant", "vision-train"}}),
+      pod("outsider", "ml", {{"gpupool.io/queue", "vision"}}),
+      pod("too-high", "vision-train", {{"gpupool.io/queue", "vision"}, {"gpupool.io/priority", "101"}}),
+      pod("qos", "vision-train", {{"gpupool.io/queue", "vision"}, {"gpupool.io/qos", "guaranteed"}}),
+  };
+  for (const Json& p : pods) state.ApplyPod("ADDED", p);
+  const CycleResult r = state.Cycle();
+  std::set<std::string> bound;
+  for (const BindOrder& b : r.binds) bound.insert(b.name);
+  EXPECT_EQ(bound, (std::set<std::string>{"ok", "ok-named", "own-ns"}));
+  std::map<std::string, std::string> why;
+  for (const PendingReport& p : r.pending) {
+    EXPECT_EQ(p.reason, "Invalid") << p.name;
+    why[p.name] = p.message;
+  }
+  ASSERT_EQ(why.size(), 5u);
+  EXPECT_NE(why["claims"].find("names tenant 'vision', but the pods of namespace 'ml' belong to its own tenant 'ml'"),
+            std::string::npos) << why["claims"];
+  EXPECT_NE(why["claims-unmapped"].find("belong to tenant 'vision' (tenants.vision.namespaces)"), std::string::npos)
+      << why["claims-unmapped"];
+  EXPECT_NE(why["outsider"].find("queue 'vision' takes jobs of tenant(s) vision only (queue.tenants), not of 'ml'"),
+            std::string::npos) << why["outsider"];
+  EXPECT_NE(why["too-high"].find("allows priority up to 100 (queue.maxPriority), the job asks for 101"),
+            std::string::npos) << why["too-high"];
+  EXPECT_NE(why["qos"].find("(queue.allowedQos), not guaranteed"), std::string::npos) << why["qos"];
+  EXPECT_TRUE(state.CheckInvariants().ok()) << state.CheckInvariants().ToString();
 }
 
 }  // namespace

@@ -252,8 +252,8 @@ Result<PodRequest> ParsePodRequest(const Json& pod) {
 
   ASSIGN_OR_RETURN(std::string queue, Setting(r, meta, kQueueKey));
   if (!queue.empty()) out.queue = queue;
-  ASSIGN_OR_RETURN(out.tenant, Setting(r, meta, kTenantKey));
-  if (out.tenant.empty()) out.tenant = out.namespace_name;
+  ASSIGN_OR_RETURN(out.named_tenant, Setting(r, meta, kTenantKey));
+  out.tenant = out.named_tenant.empty() ? out.namespace_name : out.named_tenant;
   ASSIGN_OR_RETURN(std::string priority, Setting(r, meta, kPriorityKey));
   if (!priority.empty()) {
     ASSIGN_OR_RETURN(int64_t p, Integer(r, priority, kPriorityKey, -kMaxPriority, kMaxPriority));
@@ -267,6 +267,22 @@ Result<PodRequest> ParsePodRequest(const Json& pod) {
     out.gang_min = static_cast<int>(n);
   }
   return out;
+}
+
+Status BindTenant(PodRequest& r, const std::map<std::string, std::string>& namespace_tenants) {
+  const auto it = namespace_tenants.find(r.namespace_name);
+  const std::string& owner = it == namespace_tenants.end() ? r.namespace_name : it->second;
+  if (!r.named_tenant.empty() && r.named_tenant != owner) {
+    const std::string whose = it == namespace_tenants.end()
+                                  ? fmt::format("its own tenant '{}' (no tenants.<name>.namespaces lists it)", owner)
+                                  : fmt::format("tenant '{}' (tenants.{}.namespaces)", owner, owner);
+    return Status::InvalidArgument(fmt::format(
+        "pod {}/{}: {}: names tenant '{}', but the pods of namespace '{}' belong to {}; a pod cannot name another "
+        "tenant",
+        r.namespace_name, r.name, kTenantKey, r.named_tenant, r.namespace_name, whose));
+  }
+  r.tenant = owner;
+  return Status::Ok();
 }
 
 }  // namespace gpupool::kube

@@ -4,6 +4,7 @@
 // request or an error naming the field out. Every pod is untrusted input (a tenant writes it).
 #pragma once
 
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -38,7 +39,8 @@ struct PodRequest {
   QosClass qos = QosClass::kBurstable;
   IsolationMode isolation = IsolationMode::kExclusive;
   std::string queue = "default";
-  std::string tenant;  // empty: the pod's namespace
+  std::string tenant;         // the pod's namespace, or what gpupool.io/tenant names (BindTenant decides)
+  std::string named_tenant;   // what gpupool.io/tenant names ("" when it is absent)
   int priority = 0;
   std::string gang;    // empty: the pod alone
   int gang_min = 0;    // gang only: members that must fit together (0: every member seen)
@@ -46,5 +48,11 @@ struct PodRequest {
 
 // Errors are InvalidArgument "<namespace>/<name>: <field>: <reason>".
 Result<PodRequest> ParsePodRequest(const nlohmann::json& pod);
+
+// The tenant a pod belongs to is its namespace's: `namespace_tenants[namespace]` (the config's
+// tenants.<name>.namespaces), else the namespace's own name. A namespace is the boundary Kubernetes'
+// RBAC draws around who may create pods, so a pod cannot step over it by naming another tenant in
+// gpupool.io/tenant: InvalidArgument when it names any but its own. Sets `r.tenant`.
+Status BindTenant(PodRequest& r, const std::map<std::string, std::string>& namespace_tenants);
 
 }  // namespace gpupool::kube

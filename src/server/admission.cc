@@ -8,32 +8,6 @@
 
 namespace gpupool {
 
-Status CheckQueueAccess(const QueueOrder& order, const Job& job) {
-  const std::string queue = job.queue.empty() ? "default" : job.queue;
-  for (const std::string& name : order.Ancestry(queue)) {
-    const QueueSpec* q = order.FindQueue(name);
-    if (q == nullptr) continue;
-    const std::string which =
-        name == queue ? fmt::format("queue '{}'", name) : fmt::format("queue '{}' (parent of '{}')", name, queue);
-    if (!q->tenants.empty() && std::find(q->tenants.begin(), q->tenants.end(), job.tenant) == q->tenants.end()) {
-      return Status::PermissionDenied(fmt::format("queue: {} takes jobs of tenant(s) {} only (queue.tenants), not of '{}'",
-                                                  which, fmt::join(q->tenants, ", "), job.tenant));
-    }
-    if (q->max_priority && job.priority > *q->max_priority) {
-      return Status::PermissionDenied(fmt::format("priority: {} allows priority up to {} (queue.maxPriority), the job asks for {}",
-                                                  which, *q->max_priority, job.priority));
-    }
-    if (!q->allowed_qos.empty() &&
-        std::find(q->allowed_qos.begin(), q->allowed_qos.end(), job.qos) == q->allowed_qos.end()) {
-      std::vector<std::string_view> allowed;
-      for (QosClass c : q->allowed_qos) allowed.push_back(QosClassName(c));
-      return Status::PermissionDenied(fmt::format("qos: {} allows QoS {} only (queue.allowedQos), not {}", which,
-                                                  fmt::join(allowed, ", "), QosClassName(job.qos)));
-    }
-  }
-  return Status::Ok();
-}
-
 Status PendingCounts::CheckRoom(const ServerConfig& config, const QueueSpec* spec, const std::string& tenant,
                                 const std::string& queue, int64_t tasks, const PendingCounts* in_flight) const {
   auto plus = [](PendingCount a, PendingCount b) { return PendingCount{a.jobs + b.jobs, a.tasks + b.tasks}; };

@@ -13,15 +13,11 @@
 
 #include "common/status.h"
 #include "model/workload.h"
+#include "sched/queue_access.h"
 #include "sched/queueing.h"
 #include "server/config.h"
 
 namespace gpupool {
-
-// The queue's access rules and those of its ancestors, for a job about to be submitted to it:
-// PermissionDenied naming the queue and the rule (queue.tenants, queue.maxPriority,
-// queue.allowedQos) when one refuses it. REQUIRES: order.HasQueue(job.queue).
-Status CheckQueueAccess(const QueueOrder& order, const Job& job);
 
 struct PendingCount {
   int64_t jobs = 0;

@@ -261,11 +261,11 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
       const auto& t = j["tenants"];
       if (!t.is_object())
         return fail(Status::InvalidArgument(
-            "tenants: must be a map of tenant -> {weight, maxPendingJobs, maxPendingTasks}"));
+            "tenants: must be a map of tenant -> {weight, maxPendingJobs, maxPendingTasks, uid, gid, namespaces}"));
       for (auto it = t.begin(); it != t.end(); ++it) {
         const std::string where = "tenants." + it.key();
         if (Status st = CheckSpecName(it.key(), where); !st.ok()) return fail(st);
-        if (Status st = CheckKeys(it.value(), where, {"weight", "maxPendingJobs", "maxPendingTasks", "uid", "gid"});
+        if (Status st = CheckKeys(it.value(), where, {"weight", "maxPendingJobs", "maxPendingTasks", "uid", "gid", "namespaces"});
             !st.ok())
           return fail(st);
         if (it.value().contains("uid") || it.value().contains("gid")) {
@@ -283,6 +283,21 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
           if (id.uid == 65534 || id.gid == 65534)
             return fail(Status::InvalidArgument(where + ": 65534 is nobody's id, shared by every daemon that drops to it"));
           c.sandbox.identities[it.key()] = id;
+        }
+        if (it.value().contains("namespaces")) {
+          const auto& list = it.value()["namespaces"];
+          if (!list.is_array() || list.size() > 1000)
+            return fail(Status::InvalidArgument(where + ".namespaces: must be a list of at most 1000 namespaces"));
+          for (size_t i = 0; i < list.size(); ++i) {
+            const std::string at = fmt::format("{}.namespaces[{}]", where, i);
+            auto ns = GetString(list[i], at);
+            if (!ns.ok()) return fail(ns.status());
+            if (Status st = CheckSpecName(*ns, at); !st.ok()) return fail(st);
+            auto [owner, fresh] = c.namespace_tenants.emplace(*ns, it.key());
+            if (!fresh)
+              return fail(Status::InvalidArgument(
+                  fmt::format("{}: namespace '{}' belongs to tenant '{}' already", at, *ns, owner->second)));
+          }
         }
         for (const char* key : {"maxPendingJobs", "maxPendingTasks"}) {
           if (!it.value().contains(key)) continue;

@@ -76,6 +76,9 @@ struct ServerConfig {
     int64_t max_pending_tasks = 0;  // 0: the default above
   };
   std::map<std::string, TenantLimits> tenant_limits;
+  // Kubernetes only (docs/kubernetes.md#tenants-and-queues): namespace -> the tenant its pods belong
+  // to (config `tenants.<name>.namespaces`); a namespace not listed is a tenant of its own name.
+  std::map<std::string, std::string> namespace_tenants;
   // The task sandbox (docs/agent.md#the-task-sandbox): every task runs as its tenant's own uid and
   // gid, never root. A tenant's identity is `identities[tenant]` when the config gives one
   // (`tenants.<name>.uid/gid`), else the lowest free uid of [uid_base, uid_base + uid_count) the

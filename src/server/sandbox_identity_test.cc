@@ -268,6 +268,32 @@ TEST(SandboxConfig, IdentitiesAndTheRangeAreChecked) {
   std::filesystem::remove_all(dir);
 }
 
+// The Kubernetes scheduler's namespace -> tenant map: one owner per namespace, names checked.
+TEST(SandboxConfig, TenantNamespacesHaveOneOwnerEach) {
+  char tmpl[] = "/tmp/gpupool-nscfg-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto load = [&](const std::string& text) {
+    std::ofstream(dir + "/c.yaml") << text;
+    return LoadServerConfig(dir + "/c.yaml");
+  };
+  auto good = load("tenants: {vision: {namespaces: [vision-train, vision-serve]}, nlp: {namespaces: [nlp]}}\n");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->namespace_tenants, (std::map<std::string, std::string>{
+                                         {"vision-train", "vision"}, {"vision-serve", "vision"}, {"nlp", "nlp"}}));
+  const std::pair<const char*, const char*> bad[] = {
+      {"tenants: {vision: {namespaces: [a]}, nlp: {namespaces: [a]}}\n", "namespace 'a' belongs to tenant"},
+      {"tenants: {vision: {namespaces: a}}\n", "tenants.vision.namespaces: must be a list"},
+      {"tenants: {vision: {namespaces: ['Bad Name']}}\n", "tenants.vision.namespaces[0]"},
+      {"tenants: {vision: {namespaces: [1]}}\n", "tenants.vision.namespaces[0]"},
+  };
+  for (const auto& [text, needle] : bad) {
+    auto c = load(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(needle), std::string::npos) << text << " -> " << c.status().ToString();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace gpupool
 
