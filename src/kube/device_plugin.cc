@@ -306,7 +306,7 @@ std::optional<std::vector<KubeletPod>> DevicePlugin::KubeletPods() {
   return out;
 }
 
-Result<AdmittedContainer> DevicePlugin::Find(size_t count, std::chrono::milliseconds wait) {
+Result<AdmittedContainer> DevicePlugin::Find(size_t count, std::chrono::milliseconds wait, const Inventory* capacity) {
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
     AdmissionQuery q;
@@ -315,8 +315,18 @@ Result<AdmittedContainer> DevicePlugin::Find(size_t count, std::chrono::millisec
     q.count = count;
     q.answered = answered_;
     q.kubelet = KubeletPods();
-    auto found = FindAdmittedContainer(pods_(), q);
-    if (found.ok() || found.status().code() != StatusCode::kNotFound) return found;
+    const std::vector<nlohmann::json> pods = pods_();
+    auto found = FindAdmittedContainer(pods, q);
+    bool retry = !found.ok() && found.status().code() == StatusCode::kNotFound;
+    if (found.ok() && capacity != nullptr) {
+      // A pod that has left may still be seen here holding its GPU for a moment (this informer lags
+      // the scheduler's): an overcommit is waited out like a pod not seen yet, then refused.
+      if (Status st = CheckNodeCapacity(pods, *found, *capacity, options_.node); !st.ok()) {
+        found = st;
+        retry = true;
+      }
+    }
+    if (!retry) return found;
     if (std::chrono::steady_clock::now() >= deadline || stop_.load()) return found;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -342,7 +352,7 @@ Result<ContainerGrant> DevicePlugin::AllocateOne(const std::vector<std::string>&
     if (!seen.insert(id).second) return fail(Status::InvalidArgument(fmt::format("Allocate: '{}' given twice", id)));
   }
   std::lock_guard<std::mutex> lock(alloc_mu_);
-  auto found = Find(ids.size(), options_.find_wait);
+  auto found = Find(ids.size(), options_.find_wait, &inv);
   if (!found.ok()) return fail(found.status());
   auto grant = GrantFor(*found, inv, options_.grant);
   if (!grant.ok())

@@ -82,7 +82,9 @@ class DevicePlugin {
   Status Serve();     // (re)starts the gRPC server on a fresh socket
   Status Register();  // kubelet's Registration.Register
   std::optional<std::vector<KubeletPod>> KubeletPods();
-  Result<AdmittedContainer> Find(size_t count, std::chrono::milliseconds wait);
+  // The container kubelet admits now; with `capacity`, one whose pod's assignment fits beside what
+  // this node's other pods hold (CheckNodeCapacity).
+  Result<AdmittedContainer> Find(size_t count, std::chrono::milliseconds wait, const Inventory* capacity = nullptr);
   void SetError(const std::string& e);
 
   Options options_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <tuple>
 
 #include "api/jobspec.h"
 #include "common/quantity.h"
@@ -222,6 +223,7 @@ Result<AdmittedContainer> FindAdmittedContainer(const std::vector<Json>& pods, c
     // take the first ones; app containers take consecutive runs in order. Counts that do not add up
     // to the GPUs (a fraction asked as one device) give the container all of them.
     std::vector<AssignedGpu> all = std::move(gpus).value();
+    c.pod_gpus = all;
     size_t offset = 0;
     if (!next->init) {
       for (const ContainerNeed& n : needs) {
@@ -249,6 +251,73 @@ Result<AdmittedContainer> FindAdmittedContainer(const std::vector<Json>& pods, c
     return std::tie(x.created, x.key) < std::tie(y.created, y.key);
   });
   return std::move(found.front().c);
+}
+
+Status CheckNodeCapacity(const std::vector<Json>& pods, const AdmittedContainer& c, const Inventory& inv,
+                         const std::string& node) {
+  struct Held {
+    int64_t share = 0, memory = 0;
+    std::string by;  // a pod holding part of it
+  };
+  std::vector<Held> held(inv.gpus.size());
+  std::map<std::tuple<int, int, std::string, int>, std::string> instances;  // (gpu, start, profile, id) -> pod
+  const std::string self = fmt::format("{}/{}", c.namespace_name, c.name);
+  // Adds one pod's GPUs; `check` says whether going over is this pod's fault (the candidate's).
+  auto add = [&](const std::vector<AssignedGpu>& gpus, const std::string& who, bool check) -> Status {
+    for (const AssignedGpu& g : gpus) {
+      if (g.index < 0 || static_cast<size_t>(g.index) >= inv.gpus.size()) {
+        if (!check) continue;
+        return Status::FailedPrecondition(fmt::format("the assignment names GPU {}, node {} has {}", g.index, node,
+                                                      inv.gpus.size()));
+      }
+      const GpuInfo& info = inv.gpus[static_cast<size_t>(g.index)];
+      if (check && !g.uuid.empty() && g.uuid != info.uuid)
+        return Status::FailedPrecondition(
+            fmt::format("the assignment names GPU {} as {}, node {} has {} there", g.index, g.uuid, node, info.uuid));
+      const bool mig = !g.mig_profile.empty() || g.mig_profile_id >= 0;
+      if (check && mig != info.mig_enabled)
+        return Status::FailedPrecondition(fmt::format(
+            "the assignment asks for {} on GPU {} ({}), which is {}", mig ? "a MIG instance" : "a share", g.index,
+            info.uuid, info.mig_enabled ? "in MIG mode" : "not in MIG mode"));
+      Held& h = held[static_cast<size_t>(g.index)];
+      if (mig) {
+        auto [it, fresh] = instances.try_emplace({g.index, g.mig_start, g.mig_profile, g.mig_profile_id}, who);
+        if (!fresh && check)
+          return Status::FailedPrecondition(fmt::format("the MIG instance {} at slice {} of GPU {} ({}) is pod {}'s",
+                                                        g.mig_profile, g.mig_start, g.index, info.uuid, it->second));
+        continue;
+      }
+      h.share += g.share_milli;
+      h.memory += g.memory_bytes;
+      if (check && (h.share > 1000 || h.memory > info.memory_bytes)) {
+        const std::string what = h.share > 1000
+                                     ? fmt::format("shares would add up to {} milli-GPU of 1000", h.share)
+                                     : fmt::format("memory grants would add up to {} MiB of its {} MiB", h.memory >> 20,
+                                                   info.memory_bytes >> 20);
+        return Status::FailedPrecondition(fmt::format("GPU {} ({}) would be overcommitted: its {} with this pod's ({})",
+                                                      g.index, info.uuid, what,
+                                                      h.by.empty() ? std::string("no other pod holds it")
+                                                                   : fmt::format("pod {} holds part of it", h.by)));
+      }
+      if (h.by.empty()) h.by = who;
+    }
+    return Status::Ok();
+  };
+  for (const Json& pod : pods) {
+    const Json& meta = At(pod, "metadata");
+    const std::string uid = Str(At(meta, "uid"));
+    if (uid == c.uid || Str(At(At(pod, "spec"), "nodeName")) != node) continue;
+    const std::string phase = Str(At(At(pod, "status"), "phase"));
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    const Json& annotation = At(At(meta, "annotations"), kAssignmentKey);
+    if (!annotation.is_string()) continue;
+    auto gpus = ParseNodeAssignment(annotation.get<std::string>(), uid, node);
+    if (!gpus.ok()) continue;  // unreadable: it was never given a GPU here
+    (void)add(*gpus, PodName(pod), false);
+  }
+  if (Status st = add(c.pod_gpus, self, true); !st.ok())
+    return Status::FailedPrecondition(fmt::format("pod {}: {}", self, st.message()));
+  return Status::Ok();
 }
 
 Result<ContainerGrant> GrantFor(const AdmittedContainer& c, const Inventory& inv, const GrantOptions& options) {

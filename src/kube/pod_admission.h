@@ -43,6 +43,7 @@ struct AdmittedContainer {
   std::string uid, namespace_name, name, container;
   int64_t requested = 0;       // devices of the resource the container asks for
   Assignment assignment;       // the pod's GPUs (this container's part of them), as the agent reads one
+  std::vector<AssignedGpu> pod_gpus;  // all the pod's GPUs, as its assignment names them
 };
 
 // Reads the assignment annotation on the node side (no ledger here): the GPUs by index with UUID,
@@ -64,6 +65,17 @@ struct AdmissionQuery {
 // `pods` are this node's pods (the node daemon's informer). NotFound, saying what each pod near it
 // lacks, when no pod waits for exactly `count` devices; the caller waits for its informer then.
 Result<AdmittedContainer> FindAdmittedContainer(const std::vector<nlohmann::json>& pods, const AdmissionQuery& q);
+
+// Defence in depth against an assignment a tenant wrote rather than gpupool's scheduler (the
+// admission policy in deploy/kubernetes keeps tenants from writing one; a cluster without it must not
+// be overcommitted either): what `c`'s pod takes, added to what the assignments of this node's other
+// live pods (`pods`: bound here, not Succeeded or Failed) hold, stays within every GPU — at most
+// 1000 milli-GPU, at most the GPU's memory, a MIG instance to one pod, a GPU of the UUID the node
+// has, MIG instances only on a MIG GPU and shares only on a whole one. FailedPrecondition naming
+// the GPU and a pod already holding it when not: kubelet then refuses the pod being admitted and
+// the pods that run keep what they have.
+Status CheckNodeCapacity(const std::vector<nlohmann::json>& pods, const AdmittedContainer& c, const Inventory& inv,
+                         const std::string& node);
 
 // What one container gets.
 struct ContainerGrant {

@@ -239,6 +239,77 @@ TEST(Grant, RealGpusGetDeviceNodesOrCdiNames) {
   EXPECT_NE(gw.status().message().find("GPU-elsewhere"), std::string::npos) << gw.status().message();
 }
 
+// A tenant that writes an assignment itself (no admission policy installed) gets nothing that a
+// pod already on the node holds, and nothing the GPU does not have.
+TEST(NodeCapacity, AForgedAssignmentCannotOvercommitAGpu) {
+  const Inventory inv = Sim();
+  const std::string g0 = inv.gpus[0].uuid, g1 = inv.gpus[1].uuid;
+  Json running = Pod("a", "t1", {1}, Assignment("uid-a", "n1", {Gpu(0, g0, 600, "40Gi")}));
+  running["status"]["phase"] = "Running";
+  Json whole = Pod("w", "t1", {1}, Assignment("uid-w", "n1", {Gpu(2, inv.gpus[2].uuid, 1000, "80Gi")}));
+  whole["status"]["phase"] = "Running";
+  auto check = [&](const Json& pod, std::vector<Json> others) {
+    others.push_back(pod);
+    auto c = FindAdmittedContainer(others, Query(1));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? CheckNodeCapacity(others, *c, inv, "n1") : c.status();
+  };
+  // What fits beside them is let through.
+  EXPECT_TRUE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(0, g0, 400, "40Gi")})), {running, whole}).ok());
+  EXPECT_TRUE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(1, g1, 1000, "80Gi")})), {running, whole}).ok());
+  // Shares over 1000 milli, memory over the GPU's, a whole GPU another pod has.
+  Status over = check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(0, g0, 500, "10Gi")})), {running, whole});
+  EXPECT_EQ(over.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(over.message().find("1100 milli-GPU of 1000"), std::string::npos) << over.message();
+  EXPECT_NE(over.message().find("pod ml/a holds part of it"), std::string::npos) << over.message();
+  Status memory = check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(0, g0, 100, "50Gi")})), {running, whole});
+  EXPECT_NE(memory.message().find("memory grants would add up to 92160 MiB"), std::string::npos) << memory.message();
+  EXPECT_FALSE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(2, inv.gpus[2].uuid, 1000)})), {running, whole}).ok());
+  // One pod claiming the same GPU twice, a GPU under another UUID, an index the node lacks.
+  EXPECT_FALSE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(1, g1, 1000), Gpu(1, g1, 1000)})), {}).ok());
+  Status uuid = check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(1, g0, 1000)})), {});
+  EXPECT_NE(uuid.message().find("node n1 has " + g1), std::string::npos) << uuid.message();
+  EXPECT_FALSE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(9, "GPU-x", 1000)})), {}).ok());
+  // Pods that ended hold nothing; nor do pods of other nodes, or the pod itself seen twice.
+  Json ended = running;
+  ended["status"]["phase"] = "Succeeded";
+  Json elsewhere = running;
+  elsewhere["spec"]["nodeName"] = "n2";
+  EXPECT_TRUE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(0, g0, 1000, "80Gi")})), {ended, elsewhere}).ok());
+  // A terminating pod still holds its GPU until it is gone.
+  Json leaving = running;
+  leaving["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z";
+  EXPECT_FALSE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(0, g0, 1000, "80Gi")})), {leaving}).ok());
+}
+
+TEST(NodeCapacity, AMigInstanceGoesToOnePodAndSharesStayOffMigGpus) {
+  auto mig = SimulatedInventory("{gpuModel: A100-80GB, gpus: 2, migGpus: [0]}", "n1");
+  ASSERT_TRUE(mig.ok()) << mig.status().ToString();
+  const Inventory& inv = *mig;
+  auto instance = [&](int start) {
+    Json g = Gpu(0, inv.gpus[0].uuid, 0);
+    g["mig"] = {{"profile", "3g.40gb"}, {"profileId", 9}, {"start", start}};
+    return g;
+  };
+  Json holder = Pod("a", "t1", {1}, Assignment("uid-a", "n1", {instance(0)}));
+  holder["status"]["phase"] = "Running";
+  auto check = [&](const Json& pod) {
+    std::vector<Json> pods = {holder, pod};
+    auto c = FindAdmittedContainer(pods, Query(1));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? CheckNodeCapacity(pods, *c, inv, "n1") : c.status();
+  };
+  EXPECT_TRUE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {instance(4)}))).ok());
+  Status taken = check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {instance(0)})));
+  EXPECT_NE(taken.message().find("is pod ml/a's"), std::string::npos) << taken.message();
+  Status share = check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {Gpu(0, inv.gpus[0].uuid, 500)})));
+  EXPECT_NE(share.message().find("in MIG mode"), std::string::npos) << share.message();
+  Json wrong = instance(0);
+  wrong["index"] = 1;
+  wrong["uuid"] = inv.gpus[1].uuid;
+  EXPECT_FALSE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {wrong}))).ok());
+}
+
 TEST(PreferredSlots, AssignedGpusFirstThenAny) {
   const std::vector<std::string> available = {"A::0", "A::1", "B::0", "B::1", "C::0"};
   EXPECT_EQ(PreferredSlots(available, {}, 2, {"B"}), (std::vector<std::string>{"B::0", "B::1"}));

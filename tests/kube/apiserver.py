@@ -73,6 +73,10 @@ RESOURCES = {
     "clusterrolebindings": ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", False),
     "roles": ("rbac.authorization.k8s.io", "v1", "Role", True),
     "rolebindings": ("rbac.authorization.k8s.io", "v1", "RoleBinding", True),
+    # Stored, never enforced: this server has no CEL engine (deploy/kubernetes/15-assignment-policy.yaml).
+    "validatingadmissionpolicies": ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy", False),
+    "validatingadmissionpolicybindings": ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding",
+                                          False),
 }
 GROUPS = sorted({g for g, _, _, _ in RESOURCES.values() if g})
 SUBRESOURCES = {"pods": ("binding", "status", "eviction")}

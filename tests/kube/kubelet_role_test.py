@@ -16,8 +16,9 @@ by Debian's grpcio (an implementation of gRPC independent of the C++ one kube-no
               exactly its assigned GPUs, the MPS limits of a fraction; the pod kubelet lists is the
               one answered even when an older one waits; GetPreferredAllocation steers to the
               assigned GPUs
-  hostile     a pod carrying another pod's assignment, device IDs that are not the plugin's, the
-              same ID twice, no IDs: refused with an error that says why; kube-node keeps serving
+  hostile     a pod carrying another pod's assignment, a pod whose owner wrote an assignment to a GPU
+              another pod holds, device IDs that are not the plugin's, the same ID twice, no IDs:
+              refused with an error that says why; kube-node keeps serving
   restart     kubelet restarts (removes the plugin sockets, new kubelet.sock): kube-node serves and
               registers again, and the new socket answers
 
@@ -200,7 +201,9 @@ def main():
             fail("devices", "NUMA nodes %s" % numa)
 
         # admission
-        def assignment(uid, gpus, share=1000, memory="80Gi"):
+        # Assignments as the scheduler gives them: no GPU over 1000 milli or its memory (81,559 MiB),
+        # or kube-node refuses to overcommit it (the forged pod below).
+        def assignment(uid, gpus, share=1000, memory="79Gi"):
             return {"podUID": uid, "node": "n1", "cpu": "1", "memory": "2Gi", "shareTask": False,
                     "gpus": [{"index": g, "uuid": uuids[g], "share": share, "memory": memory} for g in gpus]}
 
@@ -209,7 +212,7 @@ def main():
             created = api(url, "POST", "/api/v1/namespaces/ml/pods", obj)
             uid = created["metadata"]["uid"]
             if gpus is not None:
-                a = assignment(uid_from or uid, gpus, kw.get("share", 1000), kw.get("memory", "80Gi"))
+                a = assignment(uid_from or uid, gpus, kw.get("share", 1000), kw.get("memory", "79Gi"))
                 api(url, "PATCH", "/api/v1/namespaces/ml/pods/" + name,
                     {"metadata": {"annotations": {"gpupool.io/assignment": json.dumps(a)}}})
             time.sleep(0.01)  # distinct creation order
@@ -229,10 +232,11 @@ def main():
         create("frac", [("main", 1)], gpus=[0], share=250, memory="20Gi",
                annotations={"gpupool.io/gpu-milli": "250", "gpupool.io/gpu-memory": "20Gi",
                             "gpupool.io/isolation": "mps"})
-        create("pair", [("a", 1), ("b", 1)], gpus=[0, 3])
+        create("pair", [("a", 1), ("b", 1)], gpus=[0, 1], share=250, memory="10Gi",
+               annotations={"gpupool.io/gpu-milli": "250", "gpupool.io/gpu-memory": "10Gi"})
         create("older", [("main", 1)], gpus=[0], share=500, memory="40Gi",
                annotations={"gpupool.io/gpu-milli": "500"})
-        create("younger", [("main", 1)], gpus=[3], share=500, memory="40Gi",
+        create("younger", [("main", 1)], gpus=[1], share=500, memory="40Gi",
                annotations={"gpupool.io/gpu-milli": "500"})
         wait_for(lambda: True, 0.5, "")  # the informer catches up (Allocate also waits for it)
 
@@ -253,12 +257,12 @@ def main():
             fail("admission", "frac: %s" % (err or dict(resp.envs)))
         res = admit("pair", [("a", 1), ("b", 1)])
         got = [visible(r) if r else str(e) for _, r, e in res]
-        if got != [uuids[0], uuids[3]]:
-            fail("admission", "pair: containers see %s, want GPU 0 then GPU 3" % got)
+        if got != [uuids[0], uuids[1]]:
+            fail("admission", "pair: containers see %s, want GPU 0 then GPU 1" % got)
         # kubelet admits the younger pod first (it lists it, not the older one): the younger's GPUs.
         [(ids, resp, err)] = admit("younger", [("main", 1)])
-        if err or visible(resp) != uuids[3]:
-            fail("admission", "younger admitted first got %s, want GPU 3" % (err or visible(resp)))
+        if err or visible(resp) != uuids[1]:
+            fail("admission", "younger admitted first got %s, want GPU 1" % (err or visible(resp)))
         [(ids, resp, err)] = admit("older", [("main", 1)])
         if err or visible(resp) != uuids[0]:
             fail("admission", "older got %s, want GPU 0" % (err or visible(resp)))
@@ -269,6 +273,15 @@ def main():
         [(ids, resp, err)] = admit("thief", [("main", 1)])
         if err is None or "pod UID 'uid-of-another-pod'" not in err.details():
             fail("hostile", "a copied assignment was answered: %s" % (err.details() if err else dict(resp.envs)))
+        # A pod created with spec.nodeName and an assignment its owner wrote (no admission policy
+        # here), for a GPU the pod "whole" holds: refused, whole keeps its GPU.
+        create("forged", [("main", 1)], gpus=[2])
+        time.sleep(0.3)
+        [(ids, resp, err)] = admit("forged", [("main", 1)])
+        if err is None or err.code() != grpc.StatusCode.FAILED_PRECONDITION or \
+                "would be overcommitted: its shares would add up to 2000 milli-GPU of 1000" not in err.details() or \
+                "pod ml/whole holds part of it" not in err.details():
+            fail("hostile", "a forged assignment over another pod's GPU: %s" % (err.details() if err else dict(resp.envs)))
         for ids, want in [(["GPU-not-here::0"], "not a device of this plugin"),
                           (["%s::99" % uuids[0]], "not a device of this plugin"),
                           (["%s::0" % uuids[0]] * 2, "given twice"),

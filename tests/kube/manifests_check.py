@@ -12,6 +12,9 @@
               too; so is every request of
               kube-node publishing a node's GPUs, by its own ClusterRole; and every rule is used:
               the RBAC grants only what the code needs
+  policy      the ValidatingAdmissionPolicy that lets only the scheduler's service account write a
+              pod's gpupool.io/assignment: what it matches, whom it lets through, that it denies and
+              fails closed (its CEL is not evaluated: no API server with a CEL engine here)
 
 usage: manifests_check.py GPUPOOL_BINARY WORK_DIR
 """
@@ -83,6 +86,54 @@ def check_rbac(who, request_log, cluster_rules, namespaced_rules):
                 if (json.dumps(rule, sort_keys=True), verb, res) not in used:
                     fail("rbac", "%s: granted but never used: %s %s (rule %s)" % (who, verb, res, rule))
     print("manifests_check: %s's requests: %s" % (who, ", ".join(sorted("%s %s" % (v, r) for _, v, r in used))))
+
+
+def check_policy(roles, request_log):
+    """The admission policy that keeps tenants off the assignment annotation: it denies, fails closed,
+    matches every way a pod's annotations can be written (pods CREATE/UPDATE, pods/status UPDATE,
+    pods/binding CREATE), and lets through exactly the service account the scheduler's Deployment runs
+    as, which wrote the assignments of this run through pods/binding. Its CEL is not evaluated: no
+    API server with a CEL engine can be installed here."""
+    policy = roles.get(("ValidatingAdmissionPolicy", "gpupool-assignment"))
+    binding = roles.get(("ValidatingAdmissionPolicyBinding", "gpupool-assignment"))
+    if not policy or not binding:
+        fail("policy", "no ValidatingAdmissionPolicy and binding named gpupool-assignment")
+        return
+    spec = policy["spec"]
+    if spec.get("failurePolicy") != "Fail":
+        fail("policy", "failurePolicy %r: an unavailable check must refuse" % spec.get("failurePolicy"))
+    matched = set()
+    for rule in spec["matchConstraints"]["resourceRules"]:
+        if rule.get("apiGroups") == [""]:
+            for res in rule["resources"]:
+                for op in rule["operations"]:
+                    matched.add((res, op))
+    for need in (("pods", "CREATE"), ("pods", "UPDATE"), ("pods/status", "UPDATE"), ("pods/binding", "CREATE")):
+        if need not in matched:
+            fail("policy", "does not match %s %s" % need)
+    dep = roles[("Deployment", "gpupool-scheduler")]
+    account = "system:serviceaccount:%s:%s" % (dep["metadata"]["namespace"],
+                                               dep["spec"]["template"]["spec"]["serviceAccountName"])
+    variables = {v["name"]: v["expression"] for v in spec.get("variables", [])}
+    if variables.get("fromScheduler") != "request.userInfo.username == '%s'" % account:
+        fail("policy", "fromScheduler %r is not the scheduler's account %s" % (variables.get("fromScheduler"), account))
+    for name in ("assignment", "previous"):
+        if "'gpupool.io/assignment'" not in variables.get(name, ""):
+            fail("policy", "variable %s does not read gpupool.io/assignment" % name)
+    exprs = [v["expression"] for v in spec.get("validations", [])]
+    if exprs != ["variables.fromScheduler || variables.assignment == variables.previous"]:
+        fail("policy", "validations %r" % exprs)
+    if binding["spec"].get("policyName") != "gpupool-assignment" or "Deny" not in binding["spec"].get("validationActions", []):
+        fail("policy", "the binding does not deny with the policy: %r" % binding["spec"])
+    writes = set()
+    for line in open(request_log):
+        req = json.loads(line)
+        if req["userAgent"].startswith("gpupool") and req["resource"].startswith("pods") and req["verb"] != "get" \
+                and req["verb"] not in ("list", "watch"):
+            writes.add("%s %s" % (req["verb"], req["resource"]))
+    if "create pods/binding" not in writes or writes - {"create pods/binding", "patch pods/status", "create pods/eviction"}:
+        fail("policy", "the scheduler wrote pods otherwise than the policy expects: %s" % sorted(writes))
+    print("manifests_check: policy: only %s writes assignments (through %s)" % (account, ", ".join(sorted(writes))))
 
 
 def main():
@@ -188,6 +239,7 @@ def main():
         sched = None
 
         check_rbac("the scheduler", request_log, cluster_rules, lease_rules)
+        check_policy(roles, request_log)
 
         # kube-node: publishes n2's GPUs (simulated) with its own service account's rights.
         post(url, "/api/v1/nodes", {"metadata": {"name": "n2"},
