@@ -121,7 +121,9 @@ TEST_F(LongPollTest, ANodeHoldsAFewWatchesAtMost) {
 TEST_F(LongPollTest, StoppingTheServerAnswersWatchesInFlight) {
   AddNode("n1", 1);
   auto w = Watch("n1", Version("n1"), 30);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Stopped once the watch waits in the server, not before it arrived (a loaded machine is slow).
+  for (int i = 0; i < 3000 && service_->NodesWatched() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(service_->NodesWatched(), 1u);
   const auto t0 = Clock::now();
   api_->Stop();
   auto [r, took] = w.get();

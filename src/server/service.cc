@@ -178,6 +178,11 @@ void PoolService::ServiceLock::unlock() {
   if (svc_.has_answers_) svc_.DeliverAnswers();
 }
 
+size_t PoolService::NodesWatched() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return node_watches_->waiting_keys();
+}
+
 void PoolService::ReleaseWatchers() {
   ServiceLock lock(*this);
   node_watches_->ReleaseAll([this](const NodeIndex& n) -> std::optional<json> { return AssignmentsJsonLocked(n); },

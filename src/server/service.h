@@ -148,6 +148,8 @@ class PoolService {
   static constexpr size_t kMaxWatchesPerKey = 4;
   // Answers every waiting watcher with its view as it is now (the HTTP layer is stopping).
   void ReleaseWatchers();
+  // Nodes with an assignments watcher waiting (tests wait on it rather than on the clock).
+  size_t NodesWatched() const;
   Result<nlohmann::json> ReportTask(const std::string& node, const std::string& job_id, int index,
                                     const nlohmann::json& body);
   // Many reports in one call and one durable write: {"reports": [{"jobId", "index", "state", ...}]}
