@@ -7,6 +7,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
 #include <iterator>
 #include <cstdlib>
 #include <fstream>
@@ -25,6 +29,7 @@
 #include "kube/informer.h"
 #include "kube/kube_node.h"
 #include "agent/cdi.h"
+#include "agent/mps.h"
 #include "agent/gpu_metrics.h"
 #include "cli/server_internal.h"
 #include "server/config.h"
@@ -192,7 +197,68 @@ struct KubeNodeFlags {
   int slots_per_gpu = 0;
   std::string cdi_kind;
   std::string mps_pipe_root;
+  std::string mps_control;
   double allocate_wait = 10;
+};
+
+// Keeps the node's MPS control daemons to what its pods use (kube::MpsUsers): a daemon nobody uses
+// is quit, a pod whose daemon died gets it again. Runs every `interval` until stopped, and only on
+// a synced pod list (an empty list before the first one must not quit daemons in use).
+class MpsKeeper {
+ public:
+  MpsKeeper(MpsDaemons* mps, std::function<std::optional<std::vector<nlohmann::json>>()> pods,
+            std::function<std::set<std::string>()> admitted, std::function<Inventory()> inventory, std::string node,
+            std::chrono::milliseconds interval)
+      : mps_(mps), pods_(std::move(pods)), admitted_(std::move(admitted)), inventory_(std::move(inventory)),
+        node_(std::move(node)), interval_(interval), thread_([this] { Run(); }) {}
+  ~MpsKeeper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, interval_, [this] { return stop_; })) {
+      lock.unlock();
+      Reconcile();
+      lock.lock();
+    }
+  }
+  void Reconcile() {
+    const auto pods = pods_();
+    if (!pods) return;
+    const auto want = kube::MpsUsers(*pods, node_, inventory_(), admitted_());
+    for (const std::string& gpu : mps_->Gpus()) {
+      const auto w = want.find(gpu);
+      for (const std::string& user : mps_->Users(gpu)) {
+        if (w != want.end() && w->second.count(user)) continue;
+        if (Status st = mps_->Release(gpu, user); !st.ok())
+          std::cerr << fmt::format("gpupool kube-node: {}\n", st.ToString());
+      }
+    }
+    for (const auto& [gpu, users] : want) {
+      for (const std::string& user : users) {
+        if (Status st = mps_->Ensure(gpu, user); !st.ok())
+          std::cerr << fmt::format("gpupool kube-node: pod {}: {}\n", user, st.ToString());
+      }
+    }
+  }
+
+  MpsDaemons* mps_;
+  std::function<std::optional<std::vector<nlohmann::json>>()> pods_;
+  std::function<std::set<std::string>()> admitted_;
+  std::function<Inventory()> inventory_;
+  std::string node_;
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once everything above is set
 };
 
 // The node's allocatable pods (kubelet's --max-pods), as the scheduler reads them: pods per GPU can
@@ -245,6 +311,15 @@ int RunKubeNode(const KubeNodeFlags& f) {
   // The device plugin: this node's pods (to find the one kubelet admits), one plugin per resource.
   std::unique_ptr<kube::Informer> pods;
   std::vector<std::unique_ptr<kube::DevicePlugin>> plugins;
+  // MPS control daemons for mps pods: real GPUs only (simulated ones get the variables alone), and
+  // only with a pipe root that the pods' containers can mount.
+  std::unique_ptr<MpsDaemons> mps;
+  if (!inv.simulated && !f.mps_pipe_root.empty() && !f.plugin_dir.empty()) {
+    MpsOptions mo;
+    mo.root = f.mps_pipe_root;
+    if (!f.mps_control.empty()) mo.control_binary = f.mps_control;
+    mps = std::make_unique<MpsDaemons>(std::move(mo));
+  }
   if (!f.plugin_dir.empty()) {
     kube::Informer::Options io;
     io.path = "/api/v1/pods";
@@ -266,6 +341,7 @@ int RunKubeNode(const KubeNodeFlags& f) {
       o.grant.node = node;
       o.grant.cdi_kind = f.cdi_kind;
       o.grant.mps_pipe_root = f.mps_pipe_root;
+      o.mps = mps.get();
       if (!inv.simulated) {
         o.grant.control_devices = FindDriverFiles("/").control_devices;
         std::ifstream in("/proc/driver/nvidia-caps/mig-minors");
@@ -292,6 +368,14 @@ int RunKubeNode(const KubeNodeFlags& f) {
         }
         std::string text = RenderGpuMetrics(node, publisher.inventory(), samples, {});
         text += kube::DevicePluginMetrics(plugins);
+        if (mps) {
+          text += fmt::format(
+              "# HELP gpupool_kube_node_mps_daemons MPS control daemons kube-node keeps for mps pods.\n"
+              "# TYPE gpupool_kube_node_mps_daemons gauge\ngpupool_kube_node_mps_daemons {}\n"
+              "# HELP gpupool_kube_node_mps_daemon_starts_total MPS control daemons started (restarts included).\n"
+              "# TYPE gpupool_kube_node_mps_daemon_starts_total counter\ngpupool_kube_node_mps_daemon_starts_total {}\n",
+              mps->Gpus().size(), mps->starts());
+        }
         return text;
       },
       [&](std::string* why) {
@@ -321,8 +405,27 @@ int RunKubeNode(const KubeNodeFlags& f) {
     std::cerr << fmt::format("gpupool kube-node: device plugin for {} on {}\n", p->resource(),
                              p->socket_path());
   }
+  std::unique_ptr<MpsKeeper> keeper;
+  if (mps) {
+    kube::Informer* informer = pods.get();
+    keeper = std::make_unique<MpsKeeper>(
+        mps.get(),
+        [informer]() -> std::optional<std::vector<nlohmann::json>> {
+          if (!informer->WaitSynced(std::chrono::milliseconds(0))) return std::nullopt;
+          std::vector<nlohmann::json> out;
+          for (auto& [key, pod] : informer->Snapshot()) out.push_back(std::move(pod));
+          return out;
+        },
+        [&plugins] {
+          std::set<std::string> out;
+          for (const auto& p : plugins) out.merge(p->AdmittedPods());
+          return out;
+        },
+        [&publisher] { return publisher.inventory(); }, node, Ms(std::min(f.interval, 5.0)));
+  }
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  keeper.reset();
   for (auto& p : plugins) p->Stop();
   if (pods) pods->Stop();
   publisher.Stop();
@@ -377,7 +480,10 @@ std::function<int()> AddKubeCommands(CLI::App& app) {
   node_cmd->add_option("--cdi-kind", nf->cdi_kind, "name GPUs to the runtime by CDI (nvidia.com/gpu) instead of device nodes");
   node_cmd->add_option("--allocate-wait", nf->allocate_wait, "seconds Allocate waits to see the pod kubelet admits")
       ->capture_default_str()->check(CLI::Range(0.0, 120.0));
-  node_cmd->add_option("--mps-pipe-root", nf->mps_pipe_root, "MPS pipe directories' root for mps pods (empty: not mounted)");
+  node_cmd->add_option("--mps-pipe-root", nf->mps_pipe_root,
+                       "root of the per-GPU MPS pipe and log directories, mounted into mps pods; with real GPUs "
+                       "kube-node runs their MPS control daemons there (empty: neither)");
+  node_cmd->add_option("--mps-control", nf->mps_control, "path of nvidia-cuda-mps-control (default: found in PATH)");
   return [cmd, flags, node_cmd, nf]() -> int {
     if (*cmd) return RunKubeScheduler(*flags);
     if (*node_cmd) return RunKubeNode(*nf);

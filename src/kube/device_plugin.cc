@@ -354,7 +354,21 @@ Result<ContainerGrant> DevicePlugin::AllocateOne(const std::vector<std::string>&
   std::lock_guard<std::mutex> lock(alloc_mu_);
   auto found = Find(ids.size(), options_.find_wait, &inv);
   if (!found.ok()) return fail(found.status());
-  auto grant = GrantFor(*found, inv, options_.grant);
+  GrantOptions grant_options = options_.grant;
+  if (found->assignment.isolation == "mps" && options_.mps != nullptr) {
+    // The GPUs' MPS daemons run before the container starts (its CUDA connects at once).
+    std::set<std::string> ensured;
+    for (const AssignedGpu& g : found->pod_gpus) {
+      if (g.index < 0 || static_cast<size_t>(g.index) >= inv.gpus.size()) continue;  // GrantFor refuses it
+      const std::string& uuid = inv.gpus[static_cast<size_t>(g.index)].uuid;
+      if (!ensured.insert(uuid).second) continue;
+      if (Status st = options_.mps->Ensure(uuid, found->uid); !st.ok())
+        return fail(st.WithContext(fmt::format("pod {}/{}: the MPS daemon of GPU {}", found->namespace_name,
+                                               found->name, uuid)));
+    }
+    grant_options.mps_daemons = true;
+  }
+  auto grant = GrantFor(*found, inv, grant_options);
   if (!grant.ok())
     return fail(grant.status().WithContext(fmt::format("pod {}/{}", found->namespace_name, found->name)));
   if (answered_.size() >= kMaxAnswered) {
@@ -371,6 +385,13 @@ Result<ContainerGrant> DevicePlugin::AllocateOne(const std::vector<std::string>&
   answered_.insert(found->uid + "/" + found->container);
   ++allocations_;
   return grant;
+}
+
+std::set<std::string> DevicePlugin::AdmittedPods() const {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  std::set<std::string> out;
+  for (const std::string& key : answered_) out.insert(key.substr(0, key.find('/')));
+  return out;
 }
 
 std::vector<std::string> DevicePlugin::Prefer(const std::vector<std::string>& available,

@@ -23,6 +23,7 @@
 
 #include "agent/inventory.h"
 #include "common/status.h"
+#include "agent/mps.h"
 #include "kube/pod_admission.h"
 
 namespace gpupool::kube {
@@ -40,6 +41,10 @@ class DevicePlugin {
     std::chrono::milliseconds find_wait{10000};  // Allocate waits this long for the pod to be seen
     std::chrono::milliseconds check_interval{1000};  // socket and registration checked this often
     GrantOptions grant;
+    // Real GPUs with --mps-pipe-root: the node's MPS control daemons (shared by the plugins), one
+    // per GPU, started before Allocate answers an `mps` pod (grant.mps_daemons) and quit by
+    // kube-node once no pod uses them (MpsUsers). Null: mps pods get the variables alone.
+    MpsDaemons* mps = nullptr;
   };
   using PodsFn = std::function<std::vector<nlohmann::json>()>;  // the node's pods now
   using InventoryFn = std::function<Inventory()>;               // the GPUs and their health now
@@ -60,6 +65,8 @@ class DevicePlugin {
   uint64_t allocations() const { return allocations_.load(); }
   uint64_t allocate_failures() const { return allocate_failures_.load(); }
   std::string last_error() const;
+  // UIDs of the pods Allocate has answered (kubelet admitted them).
+  std::set<std::string> AdmittedPods() const;
   const std::string& resource() const { return options_.resource; }
   std::string socket_path() const { return options_.plugin_dir + "/" + options_.socket_name; }
 
@@ -94,7 +101,7 @@ class DevicePlugin {
   std::unique_ptr<Grpc> grpc_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::mutex alloc_mu_;  // Allocate calls one at a time (kubelet admits one pod at a time)
+  mutable std::mutex alloc_mu_;  // Allocate calls one at a time (kubelet admits one pod at a time)
   std::set<std::string> answered_;  // guarded by alloc_mu_: "<uid>/<container>"
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -320,6 +320,29 @@ Status CheckNodeCapacity(const std::vector<Json>& pods, const AdmittedContainer&
   return Status::Ok();
 }
 
+std::map<std::string, std::set<std::string>> MpsUsers(const std::vector<Json>& pods, const std::string& node,
+                                                      const Inventory& inv, const std::set<std::string>& admitted) {
+  std::map<std::string, std::set<std::string>> out;
+  for (const Json& pod : pods) {
+    const Json& meta = At(pod, "metadata");
+    if (Str(At(At(pod, "spec"), "nodeName")) != node) continue;
+    const std::string phase = Str(At(At(pod, "status"), "phase"));
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    const std::string uid = Str(At(meta, "uid"));
+    if (phase != "Running" && admitted.count(uid) == 0) continue;
+    const Json& annotation = At(At(meta, "annotations"), kAssignmentKey);
+    if (!annotation.is_string()) continue;
+    auto request = ParsePodRequest(pod);
+    if (!request.ok() || request->isolation != IsolationMode::kMps) continue;
+    auto gpus = ParseNodeAssignment(annotation.get<std::string>(), uid, node);
+    if (!gpus.ok()) continue;
+    for (const AssignedGpu& g : *gpus)
+      if (g.index >= 0 && static_cast<size_t>(g.index) < inv.gpus.size())
+        out[inv.gpus[static_cast<size_t>(g.index)].uuid].insert(uid);
+  }
+  return out;
+}
+
 Result<ContainerGrant> GrantFor(const AdmittedContainer& c, const Inventory& inv, const GrantOptions& options) {
   TaskEnvOptions eo;
   eo.node = options.node;

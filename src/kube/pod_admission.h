@@ -77,6 +77,13 @@ Result<AdmittedContainer> FindAdmittedContainer(const std::vector<nlohmann::json
 Status CheckNodeCapacity(const std::vector<nlohmann::json>& pods, const AdmittedContainer& c, const Inventory& inv,
                          const std::string& node);
 
+// The MPS control daemons this node's pods need (docs/kubernetes.md#mps): GPU UUID -> the UIDs of
+// the pods that use it — pods bound here with an `mps` isolation and a readable assignment, not
+// Succeeded or Failed, that kubelet has admitted (their UID in `admitted`: Allocate answered them)
+// or that run. A daemon with no user left is quit; a user whose daemon died gets it started again.
+std::map<std::string, std::set<std::string>> MpsUsers(const std::vector<nlohmann::json>& pods, const std::string& node,
+                                                      const Inventory& inv, const std::set<std::string>& admitted);
+
 // What one container gets.
 struct ContainerGrant {
   std::map<std::string, std::string> env;

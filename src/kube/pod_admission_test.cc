@@ -310,6 +310,29 @@ TEST(NodeCapacity, AMigInstanceGoesToOnePodAndSharesStayOffMigGpus) {
   EXPECT_FALSE(check(Pod("b", "t2", {1}, Assignment("uid-b", "n1", {wrong}))).ok());
 }
 
+TEST(MpsUsers, PodsOfMpsIsolationThatKubeletAdmittedOrThatRunAndHaveNotEnded) {
+  const Inventory inv = Sim();
+  const Json mps = {{"gpupool.io/isolation", "mps"}, {"gpupool.io/gpu-milli", "250"}};
+  auto pod = [&](const std::string& name, int gpu, const std::string& phase, const Json& annotations) {
+    Json p = Pod(name, "t", {1}, Assignment("uid-" + name, "n1", {Gpu(gpu, inv.gpus[gpu].uuid, 250, "10Gi")}),
+                 annotations);
+    p["status"]["phase"] = phase;
+    return p;
+  };
+  Json elsewhere = pod("elsewhere", 1, "Running", mps);
+  elsewhere["spec"]["nodeName"] = "n2";
+  Json copied = pod("copied", 1, "Running", mps);
+  copied["metadata"]["uid"] = "uid-someone-else";
+  const std::vector<Json> pods = {
+      pod("running", 0, "Running", mps),    pod("admitted", 0, "Pending", mps), pod("waiting", 1, "Pending", mps),
+      pod("ended", 1, "Succeeded", mps),    pod("failed", 1, "Failed", mps),    pod("sliced", 2, "Running", {}),
+      elsewhere,                            copied,
+  };
+  const auto users = MpsUsers(pods, "n1", inv, {"uid-admitted", "uid-ended"});
+  const std::map<std::string, std::set<std::string>> want = {{inv.gpus[0].uuid, {"uid-running", "uid-admitted"}}};
+  EXPECT_EQ(users, want);
+}
+
 TEST(PreferredSlots, AssignedGpusFirstThenAny) {
   const std::vector<std::string> available = {"A::0", "A::1", "B::0", "B::1", "C::0"};
   EXPECT_EQ(PreferredSlots(available, {}, 2, {"B"}), (std::vector<std::string>{"B::0", "B::1"}));

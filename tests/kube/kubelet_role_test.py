@@ -19,6 +19,8 @@ by Debian's grpcio (an implementation of gRPC independent of the C++ one kube-no
   hostile     a pod carrying another pod's assignment, a pod whose owner wrote an assignment to a GPU
               another pod holds, device IDs that are not the plugin's, the same ID twice, no IDs:
               refused with an error that says why; kube-node keeps serving
+  mps         an mps pod's GPU gets its MPS control daemon (tests/fake_mps) before Allocate answers,
+              the pod its pipe directory; the daemon is quit once the pod is gone
   restart     kubelet restarts (removes the plugin sockets, new kubelet.sock): kube-node serves and
               registers again, and the new socket answers
 
@@ -28,6 +30,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -151,6 +154,7 @@ def main():
     node = None
     fake_nvml = os.path.join(os.path.dirname(os.path.realpath(binary)), "fake_nvml", "libnvidia-ml.so.1")
     nvml_conf = os.path.join(work, "fake-nvml.conf")
+    mps_root = os.path.join(work, "mps")
     with open(nvml_conf, "w") as f:
         f.write("xid.1=79\n")  # GPU 1 has a pending XID: unhealthy
     try:
@@ -161,7 +165,8 @@ def main():
         node = subprocess.Popen([binary, "kube-node", "--kubeconfig", kubeconfig, "--node-name", "n1",
                                  "--nvml-library", fake_nvml, "--listen", "127.0.0.1:0", "--interval", "0.2",
                                  "--device-plugin-dir", plugin_dir, "--pod-resources-socket", pr_sock,
-                                 "--allocate-wait", "1"],
+                                 "--allocate-wait", "1", "--mps-pipe-root", mps_root,
+                                 "--mps-control", os.path.join(ROOT, "tests", "fake_mps", "nvidia-cuda-mps-control")],
                                 env=env, stdout=open(os.path.join(work, "node.log"), "w"), stderr=subprocess.STDOUT)
 
         # register
@@ -255,6 +260,18 @@ def main():
                 resp.envs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") != "0=20480M" or \
                 resp.envs.get("GPUPOOL_ISOLATION") != "mps":
             fail("admission", "frac: %s" % (err or dict(resp.envs)))
+        # mps: GPU 0's MPS control daemon (tests/fake_mps) runs before Allocate answers, the pod gets its
+        # pipe directory, and the daemon serves that GPU alone.
+        pipe = os.path.join(mps_root, uuids[0], "pipe")
+        if not err:
+            mounts = [(m.container_path, m.host_path) for m in resp.mounts]
+            if resp.envs.get("CUDA_MPS_PIPE_DIRECTORY") != pipe or (pipe, pipe) not in mounts:
+                fail("mps", "frac: pipe %s, mounts %s, want %s" % (resp.envs.get("CUDA_MPS_PIPE_DIRECTORY"), mounts, pipe))
+        control = os.path.join(pipe, "control")
+        if not (os.path.exists(control) and stat.S_ISFIFO(os.stat(control).st_mode)):
+            fail("mps", "no MPS control pipe at %s once frac was admitted" % control)
+        elif "CUDA_VISIBLE_DEVICES=%s" % uuids[0] not in open(os.path.join(pipe, "env")).read():
+            fail("mps", "the daemon's environment: %s" % open(os.path.join(pipe, "env")).read())
         res = admit("pair", [("a", 1), ("b", 1)])
         got = [visible(r) if r else str(e) for _, r, e in res]
         if got != [uuids[0], uuids[1]]:
@@ -295,6 +312,15 @@ def main():
                     fail("hostile", "Allocate %s: %s %s" % (ids, e.code(), e.details()))
         opts = plugin.unary("GetDevicePluginOptions", dp.Empty(), dp.DevicePluginOptions)  # still serving
 
+        # mps: the pod ends (deleted): its daemon, used by nobody else, is quit; nothing else started one.
+        api(url, "DELETE", "/api/v1/namespaces/ml/pods/frac")
+        try:
+            wait_for(lambda: not os.path.exists(control), 10, "frac's MPS daemon to quit once it is gone")
+        except RuntimeError as e:  # wait_for: timed out
+            fail("mps", str(e))
+        if sorted(os.listdir(mps_root)) != [uuids[0]]:
+            fail("mps", "MPS directories %s: only GPU 0 had an mps pod" % sorted(os.listdir(mps_root)))
+
         # restart
         before = len(kubelet.registrations)
         kubelet.restart()
@@ -312,7 +338,8 @@ def main():
             text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % metrics_port, timeout=5).read().decode()
             for want in ['gpupool_kube_node_device_plugin_registered{resource="gpupool.io/gpu"} 1',
                          'gpupool_kube_node_allocations_total{resource="gpupool.io/gpu"} 6',
-                         'gpupool_kube_node_device_plugin_registrations_total{resource="gpupool.io/gpu"} 2']:
+                         'gpupool_kube_node_device_plugin_registrations_total{resource="gpupool.io/gpu"} 2',
+                         'gpupool_kube_node_mps_daemons 0', 'gpupool_kube_node_mps_daemon_starts_total 1']:
                 if want not in text:
                     fail("restart", "metrics lack %s" % want)
         else:
@@ -337,7 +364,7 @@ def main():
     if failures:
         print("kubelet_role_test: %d failure(s); kube-node's log: %s/node.log" % (len(failures), work))
         return 1
-    print("kubelet_role_test: golden, register, devices, admission, hostile, restart: all held")
+    print("kubelet_role_test: golden, register, devices, admission, mps, hostile, restart: all held")
     return 0
 
 
