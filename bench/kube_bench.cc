@@ -2,7 +2,8 @@
 // Node and Pod objects (JSON, as the informers hand them over), then scheduling cycles until
 // nothing more fits, every binding echoed back as the bound pod the informer would deliver. Beside
 // it, in the same run, the placement core alone (Scheduler::Place on a Ledger) on the same cluster
-// and pods: what the Kubernetes layer costs over the core.
+// and pods, twice: with the full filter-and-score pass at every decision and with the best-node
+// index (Scheduler::SetBestNodeIndex), which choose the same nodes.
 //
 //   kube_bench [--nodes 5000,10000] [--pods 100000]
 //
@@ -120,36 +121,52 @@ void Run(int node_count, int pod_count, const std::vector<std::string>& models, 
   const long rss = PeakRssMiB();
   if (!state.CheckInvariants().ok()) std::abort();
 
-  // ---- the placement core alone, same cluster and pods ----
-  gpupool::Ledger ledger;
-  for (int i = 0; i < node_count; ++i) {
-    gpupool::NodeSpec s = gpupool::MakeNode(fmt::format("node-{}", i), gpupool::MilliCpu(128000), gpupool::MiB(1 << 20), 8,
-                                            models[static_cast<size_t>(i) % models.size()], gpupool::GpuCatalog::Builtin());
-    s.max_tasks = 1001;
-    if (!ledger.AddNode(std::move(s)).ok()) std::abort();
-  }
-  auto profile = gpupool::ProfileForPolicy("balanced");
-  gpupool::SeededRng rng(1);
-  std::vector<gpupool::TypicalPod> typical = {{0, 1000, 1, {}, 1.0}};
-  gpupool::PluginInit init;
-  init.typical_pods = &typical;
-  auto sched = gpupool::Scheduler::Create(*profile, gpupool::DefaultRegistry(), ledger, rng, init);
-  if (!sched.ok()) std::abort();
-  const auto c0 = Clock::now();
-  size_t core_placed = 0;
-  for (const auto& r : requests) {
-    (*sched)->Observe(r);
-    if ((*sched)->Place(r).ok()) ++core_placed;
-  }
-  const double t_core = Since(c0);
+  // ---- the placement core alone, same cluster and pods: the full pass, then the best-node index ----
+  struct Core {
+    size_t placed = 0;
+    double seconds = 0;
+    gpupool::Scheduler::Stats stats;
+  };
+  auto core = [&](bool indexed) {
+    gpupool::Ledger ledger;
+    for (int i = 0; i < node_count; ++i) {
+      gpupool::NodeSpec s = gpupool::MakeNode(fmt::format("node-{}", i), gpupool::MilliCpu(128000), gpupool::MiB(1 << 20), 8,
+                                              models[static_cast<size_t>(i) % models.size()], gpupool::GpuCatalog::Builtin());
+      s.max_tasks = 1001;
+      if (!ledger.AddNode(std::move(s)).ok()) std::abort();
+    }
+    auto profile = gpupool::ProfileForPolicy("balanced");
+    gpupool::SeededRng rng(1);
+    std::vector<gpupool::TypicalPod> typical = {{0, 1000, 1, {}, 1.0}};
+    gpupool::PluginInit init;
+    init.typical_pods = &typical;
+    auto sched = gpupool::Scheduler::Create(*profile, gpupool::DefaultRegistry(), ledger, rng, init);
+    if (!sched.ok()) std::abort();
+    (*sched)->SetBestNodeIndex(indexed);
+    Core out;
+    const auto c0 = Clock::now();
+    for (const auto& r : requests) {
+      (*sched)->Observe(r);
+      if ((*sched)->Place(r).ok()) ++out.placed;
+    }
+    out.seconds = Since(c0);
+    out.stats = (*sched)->stats();
+    return out;
+  };
+  const Core full = core(false), indexed = core(true);
 
   fmt::print("{} nodes x 8 GPUs, {} pending pods (Alibaba default trace, cycled)\n", node_count, pod_count);
   fmt::print("  kube state: nodes taken in {:.2f} s, pods {:.2f} s; first binding order at {:.2f} s\n", t_nodes,
              t_pods - t_nodes, t_first);
   fmt::print("  kube state: {} pods bound in {:.2f} s from the start ({:.0f} pods/s); {} decisions, {:.0f}/s in cycles\n",
              bound, t_all, bound / t_all, decisions, decisions / in_cycles);
-  fmt::print("  core alone: {} of {} placed in {:.2f} s ({:.0f} decisions/s)\n", core_placed, requests.size(), t_core,
-             requests.size() / t_core);
+  fmt::print("  core alone, full pass: {} of {} placed in {:.2f} s ({:.0f} decisions/s)\n", full.placed, requests.size(),
+             full.seconds, requests.size() / full.seconds);
+  fmt::print("  core alone, best-node index: {} of {} placed in {:.2f} s ({:.0f} decisions/s); {} through the index, "
+             "{} index builds, {:.1f} nodes looked at again per decision\n",
+             indexed.placed, requests.size(), indexed.seconds, requests.size() / indexed.seconds,
+             indexed.stats.index_decisions, indexed.stats.index_builds,
+             static_cast<double>(indexed.stats.index_updates) / static_cast<double>(requests.size()));
   fmt::print("  peak resident memory so far: {} MiB\n", rss);
   std::fflush(stdout);
 }

@@ -186,7 +186,19 @@ void Ledger::Apply(const Placement& p, int sign) {
     }
   }
   RecountNode(s);
-  ++s.generation;
+  Changed(p.node);
+}
+
+void Ledger::Changed(NodeIndex node) {
+  ++states_[node].generation;
+  // Bounded: past twice the larger of 4,096 and the node count, the older half goes.
+  const size_t cap = 2 * std::max<size_t>(4096, states_.size());
+  if (log_.size() >= cap) {
+    const size_t drop = log_.size() / 2;
+    log_.erase(log_.begin(), log_.begin() + static_cast<std::ptrdiff_t>(drop));
+    log_base_ += drop;
+  }
+  log_.push_back(node);
 }
 
 Result<AllocationId> Ledger::Commit(const Placement& placement) {
@@ -213,14 +225,14 @@ const Placement* Ledger::Find(AllocationId id) const {
 Status Ledger::SetCordoned(NodeIndex node, bool cordoned) {
   if (node >= states_.size()) return Status::NotFound(fmt::format("no node #{}", node));
   states_[node].cordoned = cordoned;
-  ++states_[node].generation;
+  Changed(node);
   return Status::Ok();
 }
 
 Status Ledger::SetNodeHealthy(NodeIndex node, bool healthy) {
   if (node >= states_.size()) return Status::NotFound(fmt::format("no node #{}", node));
   states_[node].healthy = healthy;
-  ++states_[node].generation;
+  Changed(node);
   return Status::Ok();
 }
 
@@ -232,7 +244,7 @@ Status Ledger::SetGpuHealthy(NodeIndex node, int gpu, bool healthy) {
   }
   s.gpus[static_cast<size_t>(gpu)].healthy = healthy;
   RecountNode(s);
-  ++s.generation;
+  Changed(node);
   return Status::Ok();
 }
 
@@ -256,7 +268,7 @@ Status Ledger::SetMigEnabled(NodeIndex node, int gpu, bool enabled) {
   total_gpus_ += enabled ? -1 : 1;
   total_gpu_share_ += (enabled ? -1 : 1) * kWholeGpu.units();
   RecountNode(s);
-  ++s.generation;
+  Changed(node);
   return Status::Ok();
 }
 

@@ -131,7 +131,17 @@ class Ledger {
   // compares with the incremental state; also checks no amount is negative or above capacity.
   Status CheckInvariants() const;
 
+  // The nodes whose state changed, in order: every change that grows a node's generation appends
+  // the node, so a reader that keeps a position learns which nodes changed since it last looked
+  // (the scheduler's per-shape best-node index) without a pass over every node. Positions count
+  // from the ledger's creation; entries before change_log_begin() are dropped as the log grows
+  // (a reader that fell behind them must look at every node again).
+  uint64_t change_log_begin() const { return log_base_; }
+  uint64_t change_log_end() const { return log_base_ + log_.size(); }
+  NodeIndex changed_node(uint64_t position) const { return log_[position - log_base_]; }
+
  private:
+  void Changed(NodeIndex node);  // ++generation and a log entry
   Status CheckFits(const Placement& p) const;
   void Apply(const Placement& p, int sign);
   ModelId InternModel(const std::string& name);
@@ -148,6 +158,8 @@ class Ledger {
   int64_t total_gpu_share_ = 0;
   int64_t used_gpu_share_ = 0;
   int total_gpus_ = 0;
+  std::vector<NodeIndex> log_;
+  uint64_t log_base_ = 0;
 };
 
 }  // namespace gpupool

@@ -117,6 +117,10 @@ class ScorePlugin {
   virtual int64_t Score(const ClusterView& view, const PreparedTask& task, NodeIndex node) = 0;
   // Maps raw scores of all feasible nodes into [0, 100]. Default: clamp.
   virtual void Normalize(std::span<int64_t> scores) const;
+  // True when Normalize leaves every score as it is and PreScore does not read `feasible`: a node's
+  // total is then its own affair, and the pipeline may keep, per request shape, the nodes ordered
+  // by total (updated as nodes change) instead of scoring every feasible node at each decision.
+  virtual bool absolute_scores() const { return false; }
 };
 
 // Chooses the GPUs inside the chosen node. Called for GPU tasks only.

@@ -92,11 +92,13 @@ Status Scheduler::SetTieBreakRanks(std::vector<uint32_t> ranks) {
         fmt::format("{} tie-break ranks for {} nodes", ranks.size(), ledger_.node_count()));
   }
   ranks_ = std::move(ranks);
+  ++ranks_version_;
   return Status::Ok();
 }
 
 void Scheduler::ShuffleTieBreakRanks() {
   ranks_ = rng_.Permutation(static_cast<uint32_t>(ledger_.node_count()));
+  ++ranks_version_;
 }
 
 void Scheduler::RefreshClusterView() {
@@ -115,6 +117,7 @@ void Scheduler::RefreshClusterView() {
     slot.shapes.clear();
     slot.cache.clear();
   }
+  index_.clear();
   view_.max_node_cpu = max_cpu;
   view_.max_node_gpu_share = max_gpu;
   for (size_t i = ranks_.size(); i < n; ++i) ranks_.push_back(static_cast<uint32_t>(i));
@@ -252,15 +255,17 @@ Decision Scheduler::Decide(const TaskRequest& task) {
   }
   RefreshClusterView();
   Prepare(task, prepared_);
-  RunFilters(prepared_);
+  std::optional<NodeIndex> indexed;
+  if (IndexUsable()) indexed = ChooseFromIndex(task);
+  if (!indexed) RunFilters(prepared_);
   d.diagnosis.total_nodes = static_cast<int>(ledger_.node_count());
-  d.diagnosis.feasible_nodes = static_cast<int>(feasible_.size());
-  if (feasible_.empty()) {
+  d.diagnosis.feasible_nodes = static_cast<int>(indexed ? index_feasible_ : feasible_.size());
+  if (!indexed && feasible_.empty()) {
     d.diagnosis = MakeDiagnosis();
     return d;
   }
-  NodeIndex chosen = feasible_.front();
-  if (feasible_.size() > 1 || !profile_.skip_scoring_single_node) {
+  NodeIndex chosen = indexed ? *indexed : feasible_.front();
+  if (!indexed && (feasible_.size() > 1 || !profile_.skip_scoring_single_node)) {
     total_.assign(feasible_.size(), 0);
     for (size_t p = 0; p < scores_.size(); ++p) {
       ScoreSlot& slot = scores_[p];

@@ -91,11 +91,26 @@ class Scheduler {
   const Profile& profile() const { return profile_; }
   Ledger& ledger() { return ledger_; }
 
+  // The best-node index (scheduler_index.cc): with a profile whose score plugins all give absolute
+  // scores (ScorePlugin::absolute_scores, e.g. balanced), cached, and no node mask set, a decision
+  // keeps per request shape the feasible nodes ordered by total score and tie-break rank, updated
+  // from the ledger's change log (only the nodes that changed since the shape was last decided are
+  // filtered and scored again) instead of a filter and score pass over every node. The choice is
+  // the one the full pass makes, node for node; a task that fits nowhere takes the full pass (for
+  // its diagnosis). On by default; off for comparisons.
+  void SetBestNodeIndex(bool on) {
+    index_enabled_ = on;
+    index_.clear();
+  }
+
   // Counters for benchmarks and metrics.
   struct Stats {
     uint64_t decisions = 0;
     uint64_t score_cache_hits = 0;
     uint64_t score_cache_misses = 0;
+    uint64_t index_decisions = 0;  // decided through the best-node index
+    uint64_t index_builds = 0;     // full passes that (re)built a shape's index
+    uint64_t index_updates = 0;    // nodes filtered and scored again because they changed
   };
   const Stats& stats() const { return stats_; }
 
@@ -131,6 +146,31 @@ class Scheduler {
     std::vector<std::vector<CacheEntry>> cache;  // [shape][node]
   };
 
+  struct IndexEntry {
+    int64_t total;
+    uint32_t rank;
+    NodeIndex node;
+    uint64_t generation;
+  };
+  struct ShapeIndex {
+    std::vector<IndexEntry> heap;  // max-heap by (total, lower rank, lower node); stale entries too
+    std::vector<uint64_t> seen;    // per node: the generation last filtered and scored
+    std::vector<uint8_t> live;     // per node: feasible at that generation (its entry is in the heap)
+    size_t live_count = 0;
+    uint64_t log_position = 0;     // the ledger's change log read up to here
+    uint64_t signature = 0;        // plugin epochs and tie-break version it was built under
+  };
+  bool IndexUsable() const;
+  uint64_t IndexSignature() const;
+  std::string IndexKey(const TaskRequest& task) const;
+  void BuildIndex(ShapeIndex& index);
+  void UpdateIndex(ShapeIndex& index);
+  bool NodeFeasible(NodeIndex node);
+  int64_t NodeTotal(NodeIndex node);
+  // The node the full pass would choose for prepared_, through the shape's index; nullopt when no
+  // node is feasible (the caller runs the full pass for the diagnosis).
+  std::optional<NodeIndex> ChooseFromIndex(const TaskRequest& task);
+
   Profile profile_;
   Ledger& ledger_;
   Rng& rng_;
@@ -157,6 +197,13 @@ class Scheduler {
   std::vector<int64_t> raw_;
   std::vector<int64_t> total_;
   Stats stats_;
+
+  bool index_enabled_ = true;
+  uint64_t ranks_version_ = 0;  // bumped when the tie-break ranks change
+  std::unordered_map<std::string, ShapeIndex> index_;
+  size_t index_feasible_ = 0;      // the feasible nodes of the last decision through the index
+  std::vector<NodeIndex> one_;     // scratch: one node through the filters
+  ReasonCounter one_reasons_;
 };
 
 }  // namespace gpupool

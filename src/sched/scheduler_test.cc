@@ -233,6 +233,81 @@ TEST(SchedulerTest, ScoreCacheNeverChangesDecisions) {
   }
 }
 
+// The best-node index chooses what the full pass chooses, decision for decision, while balanced
+// learns (relearning and adapting its weights), tasks end, nodes are cordoned, fail and come back,
+// GPUs go unhealthy and the tie-break ranks are drawn again — and it does decide most tasks.
+TEST(SchedulerTest, TheBestNodeIndexChoosesAsTheFullPass) {
+  const GpuCatalog catalog = GpuCatalog::Builtin();
+  auto nodes =
+      ReadOpenbNodes(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_node_list_gpu_node.csv", catalog);
+  auto pods = ReadOpenbPods(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
+  ASSERT_TRUE(nodes.ok() && pods.ok());
+  std::vector<NodeSpec> small(nodes->begin(), nodes->begin() + 150);
+  SeededRng order_rng(11);
+  std::vector<TaskRequest> arrivals;
+  for (uint32_t i : order_rng.Permutation(static_cast<uint32_t>(pods->size()))) arrivals.push_back((*pods)[i].request);
+  arrivals.resize(6000);
+
+  struct Run {
+    std::vector<Placement> placements;
+    std::vector<int> feasible;
+    Scheduler::Stats stats;
+  };
+  std::vector<Run> runs;
+  for (bool indexed : {true, false}) {
+    Ledger ledger(catalog);
+    for (const auto& n : small) ASSERT_TRUE(ledger.AddNode(n).ok());
+    SeededRng rng(9), events(21);
+    PluginInit init;
+    auto s = Scheduler::Create(ProfileForPolicy("balanced").value(), DefaultRegistry(), ledger, rng, init);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    (*s)->SetBestNodeIndex(indexed);
+    (*s)->ShuffleTieBreakRanks();
+    Run run;
+    std::vector<AllocationId> live;
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      // Events between decisions, the same in both runs (their own Rng).
+      const uint64_t e = events.Next() % 100;
+      if (e < 35 && !live.empty()) {  // a task ends
+        const size_t k = events.Next() % live.size();
+        ASSERT_TRUE(ledger.Release(live[k]).ok());
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+      } else if (e < 38) {
+        const auto n = static_cast<NodeIndex>(events.Next() % ledger.node_count());
+        ASSERT_TRUE(ledger.SetCordoned(n, !ledger.state(n).cordoned).ok());
+      } else if (e < 40) {
+        const auto n = static_cast<NodeIndex>(events.Next() % ledger.node_count());
+        ASSERT_TRUE(ledger.SetNodeHealthy(n, !ledger.state(n).healthy).ok());
+      } else if (e < 42) {
+        const auto n = static_cast<NodeIndex>(events.Next() % ledger.node_count());
+        if (!ledger.state(n).gpus.empty()) {
+          const int g = static_cast<int>(events.Next() % ledger.state(n).gpus.size());
+          ASSERT_TRUE(ledger.SetGpuHealthy(n, g, !ledger.state(n).gpus[static_cast<size_t>(g)].healthy).ok());
+        }
+      } else if (e == 42) {
+        (*s)->ShuffleTieBreakRanks();
+      }
+      (*s)->Observe(arrivals[i]);
+      Decision d;
+      auto id = (*s)->Place(arrivals[i], &d);
+      if (id.ok()) live.push_back(*id);
+      run.placements.push_back(d.placed ? d.placement : Placement{});
+      run.feasible.push_back(d.diagnosis.feasible_nodes);
+    }
+    ASSERT_TRUE(ledger.CheckInvariants().ok());
+    run.stats = (*s)->stats();
+    runs.push_back(std::move(run));
+  }
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    ASSERT_EQ(runs[0].placements[i], runs[1].placements[i]) << "decision " << i;
+    ASSERT_EQ(runs[0].feasible[i], runs[1].feasible[i]) << "decision " << i;
+  }
+  EXPECT_GT(runs[0].stats.index_decisions, arrivals.size() / 3);
+  EXPECT_EQ(runs[1].stats.index_decisions, 0u);
+  // Most decisions looked at a few changed nodes, not at every node.
+  EXPECT_LT(runs[0].stats.index_updates, runs[0].stats.index_decisions * 20);
+}
+
 TEST(SchedulerTest, TieBreakRanksMustCoverEveryNode) {
   Fixture f("bestfit");
   f.Add("a", 32000, 65536, 1);

@@ -77,6 +77,11 @@ namespace {
 
 constexpr int64_t kCpuDeficitWeight = 100;  // score units per mCPU a CPU-only task digs below
 constexpr uint64_t kRelearnEvery = 1024;    // after the doubling phase
+// From here on relearning waits for a quarter more tasks than were seen: the shapes are counted
+// since the start, so the learned workload moves less and less per task, while every relearning
+// makes every cached score stale (a filter and score pass over every node for every shape). Runs
+// of the published traces (8,152 pods or fewer) never get here.
+constexpr uint64_t kRelearnGeometricFrom = 16384;
 constexpr uint64_t kAdaptAfter = 256;       // tasks seen before the CPU scarcity counts
 
 // Adapting the weights to the workload's CPU scarcity (see CpuScarcity).
@@ -196,11 +201,12 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
 
   std::string_view name() const override { return "balanced"; }
   uint32_t fields_read() const override {
-    return kFieldCpu | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
+    return kFieldCpu | kFieldMemory | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
   }
   uint64_t epoch() const override { return epoch_; }
   // Scores are points x 10,000 plus the balance terms: keep them as they are.
   void Normalize(std::span<int64_t> /*scores*/) const override {}
+  bool absolute_scores() const override { return true; }  // and PreScore reads the ledger alone
 
   void Observe(const PreparedTask& t) override {
     if (!learn_) return;
@@ -215,7 +221,9 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
     ++observed_;
     if (observed_ == next_learn_) {
       Relearn();
-      next_learn_ = next_learn_ < kRelearnEvery ? next_learn_ * 2 : next_learn_ + kRelearnEvery;
+      next_learn_ = next_learn_ < kRelearnEvery           ? next_learn_ * 2
+                    : next_learn_ < kRelearnGeometricFrom ? next_learn_ + kRelearnEvery
+                                                          : next_learn_ + next_learn_ / 4;
     }
   }
 
