@@ -222,6 +222,27 @@ TEST_F(LedgerTest, CpuOnlyCommitAndRelease) {
   EXPECT_EQ(ledger_.Find(id), nullptr);
 }
 
+// The change log names every node whose generation grew, in order; a failed commit adds nothing;
+// past its bound the oldest half goes and positions keep counting.
+TEST_F(LedgerTest, TheChangeLogNamesEveryChangedNodeInOrder) {
+  const NodeIndex a = Add(Node("a", 2, "T4", 8, 32));
+  const NodeIndex b = Add(Node("b", 2, "T4", 8, 32));
+  EXPECT_EQ(ledger_.change_log_end(), 0u);
+  const AllocationId id = CommitOk(Place(b, 1000, 1024));
+  ASSERT_TRUE(ledger_.SetCordoned(a, true).ok());
+  ASSERT_FALSE(ledger_.Commit(Place(a, 999000, 1024)).ok());  // does not fit: no change
+  ReleaseOk(id);
+  ASSERT_EQ(ledger_.change_log_end(), 3u);
+  EXPECT_EQ(ledger_.changed_node(0), b);
+  EXPECT_EQ(ledger_.changed_node(1), a);
+  EXPECT_EQ(ledger_.changed_node(2), b);
+  for (int i = 0; i < 10000; ++i) ASSERT_TRUE(ledger_.SetCordoned(a, i % 2 == 0).ok());
+  EXPECT_EQ(ledger_.change_log_end(), 10003u);
+  EXPECT_GT(ledger_.change_log_begin(), 0u);
+  EXPECT_LE(ledger_.change_log_end() - ledger_.change_log_begin(), 8192u);
+  EXPECT_EQ(ledger_.changed_node(ledger_.change_log_end() - 1), a);
+}
+
 // Two share tasks fill one GPU; a third, however small, does not fit there. The share and the GPU
 // memory are both accounted per GPU.
 TEST_F(LedgerTest, ShareTasksFillOneGpu) {
