@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace gpupool {
@@ -13,9 +14,41 @@ int64_t SigmoidPoints(double delta) {
 }
 }  // namespace
 
+FgdCore::FgdCore(std::vector<TypicalPod> pods) { SetWorkload(std::move(pods)); }
+
 void FgdCore::SetWorkload(std::vector<TypicalPod> pods) {
   model_ = FragmentationModel(std::move(pods));
   cache_.clear();
+  remembered_.clear();
+  cpu_thresholds_.clear();
+  for (const TypicalPod& p : model_.pods()) cpu_thresholds_.push_back(p.cpu);
+  std::sort(cpu_thresholds_.begin(), cpu_thresholds_.end());
+  cpu_thresholds_.erase(std::unique(cpu_thresholds_.begin(), cpu_thresholds_.end()), cpu_thresholds_.end());
+}
+
+double FgdCore::Fragment(const Ledger& ledger, ModelId model, int64_t free_cpu, std::span<const int32_t> free) {
+  // NodeFragment reads the shares only through order-free sums and counts, and the free CPU only
+  // through `free_cpu >= pod.cpu`: the sorted shares and the number of the typical pods' CPU
+  // requests at or below the free CPU are as good a key, and far more nodes share it. Up to 8 GPUs
+  // of 0..1023 (10 bits each) pack; anything else is computed every time.
+  constexpr size_t kMaxGpus = 8;
+  if (free.size() > kMaxGpus) return model_.NodeFragment(ledger, model, free_cpu, free);
+  std::array<int32_t, kMaxGpus> sorted{};
+  for (size_t i = 0; i < free.size(); ++i) {
+    if (free[i] < 0 || free[i] > 1023) return model_.NodeFragment(ledger, model, free_cpu, free);
+    sorted[i] = free[i];
+  }
+  std::sort(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(free.size()));
+  FragmentKey key;
+  key.shape = uint64_t{model} | (uint64_t{free.size()} << 16);
+  for (size_t i = 0; i < 4; ++i) key.shape |= static_cast<uint64_t>(sorted[i]) << (20 + 10 * i);
+  for (size_t i = 4; i < kMaxGpus; ++i) key.shares |= static_cast<uint64_t>(sorted[i]) << (10 * (i - 4));
+  key.cpu = std::upper_bound(cpu_thresholds_.begin(), cpu_thresholds_.end(), free_cpu) - cpu_thresholds_.begin();
+  if (auto it = remembered_.find(key); it != remembered_.end()) return it->second;
+  const double value = model_.NodeFragment(ledger, model, free_cpu, free);
+  if (remembered_.size() >= kMaxRemembered) remembered_.clear();
+  remembered_.emplace(key, value);
+  return value;
 }
 
 int64_t FgdCore::Points(const Ledger& ledger, const PreparedTask& t, NodeIndex node) {
@@ -23,7 +56,7 @@ int64_t FgdCore::Points(const Ledger& ledger, const PreparedTask& t, NodeIndex n
   const double before = CurrentFragment(ledger, node);
   LoadFree(s);
   if (!t.wants_gpu() || t.mig) {
-    return SigmoidPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+    return SigmoidPoints(before - Fragment(ledger, s.model, s.free_cpu - t.cpu, free_));
   }
   if (t.share_task) {
     int64_t best = -1;
@@ -31,7 +64,7 @@ int64_t FgdCore::Points(const Ledger& ledger, const PreparedTask& t, NodeIndex n
     return best;
   }
   TakeAscending(t);
-  return SigmoidPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+  return SigmoidPoints(before - Fragment(ledger, s.model, s.free_cpu - t.cpu, free_));
 }
 
 Result<std::vector<GpuGrant>> FgdCore::Select(const Ledger& ledger, const PreparedTask& t, NodeIndex node,
@@ -83,7 +116,7 @@ double FgdCore::CurrentFragment(const Ledger& ledger, NodeIndex node) {
   auto& [generation, value] = cache_[node];
   if (generation != s.generation + 1) {  // +1: a fresh entry (generation 0) never matches
     LoadFree(s);
-    value = model_.NodeFragment(ledger, s.model, s.free_cpu, free_);
+    value = Fragment(ledger, s.model, s.free_cpu, free_);
     generation = s.generation + 1;
   }
   return value;
@@ -105,7 +138,7 @@ int FgdCore::BestShareGpu(const Ledger& ledger, const NodeState& s, const Prepar
     }
     if (points < 0) {
       free_[j] = static_cast<int32_t>(g - t.share);
-      points = SigmoidPoints(before - model_.NodeFragment(ledger, s.model, s.free_cpu - t.cpu, free_));
+      points = SigmoidPoints(before - Fragment(ledger, s.model, s.free_cpu - t.cpu, free_));
       free_[j] = g;
       tried_.emplace_back(g, points);
     }

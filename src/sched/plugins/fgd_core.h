@@ -6,11 +6,16 @@
 // task takes k GPUs with g >= m by ascending free share; a CPU task only moves CPU.
 //
 // Speed: F(N) is cached per node and generation (dropped when the workload changes); GPUs with
-// the same free share give the same N' and are scored once.
+// the same free share give the same N' and are scored once; F is a pure function of the node's
+// model, free CPU and multiset of free GPU shares, so its values are remembered by those (a
+// bounded table, dropped with the workload): across a cluster many nodes look alike — all of them
+// at the start — and a shape's first pass over 10,000 nodes computes a few hundred.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -22,7 +27,7 @@ namespace gpupool {
 
 class FgdCore {
  public:
-  explicit FgdCore(std::vector<TypicalPod> pods) : model_(std::move(pods)) {}
+  explicit FgdCore(std::vector<TypicalPod> pods);
 
   // Measures fragmentation against `pods` from now on.
   void SetWorkload(std::vector<TypicalPod> pods);
@@ -36,6 +41,8 @@ class FgdCore {
 
  private:
   void LoadFree(const NodeState& s);
+  // model_.NodeFragment, remembered.
+  double Fragment(const Ledger& ledger, ModelId model, int64_t free_cpu, std::span<const int32_t> free);
   double CurrentFragment(const Ledger& ledger, NodeIndex node);
   int BestShareGpu(const Ledger& ledger, const NodeState& s, const PreparedTask& t, double before,
                    int64_t* best);
@@ -47,6 +54,26 @@ class FgdCore {
   std::vector<int> index_;                          // ... and their indices
   std::vector<size_t> order_;
   std::vector<std::pair<int32_t, int64_t>> tried_;
+
+  // Fragment's table: (model, count, sorted free shares) packed into two words, and how many of
+  // cpu_thresholds_ (the typical pods' CPU requests, sorted, distinct) the free CPU reaches.
+  struct FragmentKey {
+    uint64_t shape = 0;
+    uint64_t shares = 0;
+    int64_t cpu = 0;  // thresholds reached
+    bool operator==(const FragmentKey&) const = default;
+  };
+  struct FragmentKeyHash {
+    size_t operator()(const FragmentKey& k) const {
+      uint64_t h = k.shape * 0x9e3779b97f4a7c15ULL;
+      h = (h ^ (h >> 29) ^ k.shares) * 0xbf58476d1ce4e5b9ULL;
+      h = (h ^ (h >> 32) ^ static_cast<uint64_t>(k.cpu)) * 0x94d049bb133111ebULL;
+      return static_cast<size_t>(h ^ (h >> 31));
+    }
+  };
+  static constexpr size_t kMaxRemembered = size_t{1} << 16;
+  std::unordered_map<FragmentKey, double, FragmentKeyHash> remembered_;
+  std::vector<int64_t> cpu_thresholds_;
 };
 
 }  // namespace gpupool

@@ -10,8 +10,10 @@
 // sigmoid values used below: 100 s(-1) = 26.89, 100 s(-0.5) = 37.75, 100 s(-0.375) = 40.73,
 // 100 s(-0.2) = 45.02, 100 s(0) = 50, 100 s(0.05) = 51.25, 100 s(0.075) = 51.87,
 // 100 s(0.2) = 54.98, 100 s(0.25) = 56.22, 100 s(0.5) = 62.25.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "sched/plugins/fgd_core.h"
 #include "sched/test_util.h"
 
 namespace gpupool {
@@ -244,6 +246,57 @@ TEST(Fgd, UnhealthyGpusAreSkipped) {
   c.Commit(n, 0, {{2, 650}});
   ASSERT_TRUE(c.ledger().SetGpuHealthy(n, 0, false).ok());
   ExpectPlaced(c.Build("fgd"), Task().Cpu(1000).Gpus(1, 250), n, {2});
+}
+
+// FgdCore remembers F by (model, sorted free shares, CPU thresholds reached): a core that has
+// scored many nodes gives every node the points a fresh core computes from scratch. The nodes sit
+// just below, at and above the typical pods' CPU requests, with the same shares in other GPU
+// orders, of two models, so a key that kept too little (the CPU itself, the model) or confused
+// orders would show.
+TEST(Fgd, RememberedFragmentsGiveTheFreshPoints) {
+  TestCluster c;
+  const std::vector<TypicalPod> pods = {Typical(4000, 500, 1, 0.4), Typical(8000, 1000, 2, 0.3),
+                                        Typical(2000, 0, 0, 0.2), Typical(4000, 300, 1, 0.1, {"V100M32"})};
+  const std::vector<std::vector<std::pair<int, int64_t>>> holds = {
+      {}, {{0, 500}}, {{1, 500}}, {{3, 500}}, {{0, 700}}, {{2, 700}}, {{0, 1000}, {1, 1000}}, {{2, 1000}, {3, 1000}}};
+  std::vector<NodeIndex> nodes;
+  for (const int64_t free_cpu : {1999, 2000, 2001, 3999, 4000, 8000, 16000}) {
+    for (size_t h = 0; h < holds.size(); ++h) {
+      for (const std::string model : {"T4", "V100M32"}) {
+        const NodeIndex n = c.AddNode(fmt::format("n{}-{}-{}", free_cpu, h, model), 16000, 64000, 4, model);
+        // Every hold is a task; the CPU left is free_cpu.
+        int64_t used = 16000 - free_cpu;
+        for (size_t i = 0; i < holds[h].size(); ++i) {
+          const int64_t cpu = i + 1 == holds[h].size() ? used : 0;
+          c.Commit(n, cpu, {holds[h][i]});
+          used -= cpu;
+        }
+        if (holds[h].empty() && used > 0) c.Commit(n, used);
+        nodes.push_back(n);
+      }
+    }
+  }
+  const std::vector<TaskRequest> tasks = {Task().Cpu(1000).Gpus(1, 500).Build(), Task().Cpu(3000).Gpus(2, 1000).Build(),
+                                          Task().Cpu(1000).Build(), Task().Cpu(2000).Gpus(1, 300).Build(),
+                                          Task().Cpu(500).Gpus(2, 400).Build()};
+  FgdCore remembering(pods);
+  int compared = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (const TaskRequest& task : tasks) {
+      const PreparedTask t = testutil::PrepareTask(c.ledger(), task);
+      for (NodeIndex n : nodes) {
+        const NodeState& s = c.ledger().state(n);
+        int64_t free_cpu = s.free_cpu, fits = 0;
+        for (const GpuState& g : s.gpus) fits += g.free_share >= t.share ? 1 : 0;
+        if (free_cpu < t.cpu || fits < t.gpu_count) continue;  // Points wants a feasible node
+        FgdCore fresh(pods);
+        EXPECT_EQ(remembering.Points(c.ledger(), t, n), fresh.Points(c.ledger(), t, n))
+            << c.ledger().spec(n).name << " task " << compared;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 500);
 }
 
 TEST(Fgd, NeedsATypicalWorkload) {
