@@ -5,7 +5,7 @@
 // and pods, twice: with the full filter-and-score pass at every decision and with the best-node
 // index (Scheduler::SetBestNodeIndex), which choose the same nodes.
 //
-//   kube_bench [--nodes 5000,10000] [--pods 100000]
+//   kube_bench [--nodes 5000,10000] [--pods 100000] [--no-core]   (--no-core: the kube state alone)
 //
 // Nodes: 8 GPUs each, models cycled from the Alibaba node list, 128 CPUs, 1 TiB; the inventory
 // annotation kube-node writes. Pods: the Alibaba default trace's pods (openb_pod_list_default),
@@ -78,7 +78,8 @@ Json PodJson(int i, const gpupool::TaskRequest& r) {
           {"status", {{"phase", "Pending"}}}};
 }
 
-void Run(int node_count, int pod_count, const std::vector<std::string>& models, const std::vector<gpupool::TracePod>& trace) {
+void Run(int node_count, int pod_count, bool with_core, const std::vector<std::string>& models,
+         const std::vector<gpupool::TracePod>& trace) {
   std::vector<Json> nodes, pods;
   for (int i = 0; i < node_count; ++i) nodes.push_back(NodeJson(i, models[static_cast<size_t>(i) % models.size()]));
   std::vector<gpupool::TaskRequest> requests;
@@ -153,13 +154,18 @@ void Run(int node_count, int pod_count, const std::vector<std::string>& models, 
     out.stats = (*sched)->stats();
     return out;
   };
-  const Core full = core(false), indexed = core(true);
+  Core full, indexed;
+  if (with_core) {
+    full = core(false);
+    indexed = core(true);
+  }
 
   fmt::print("{} nodes x 8 GPUs, {} pending pods (Alibaba default trace, cycled)\n", node_count, pod_count);
   fmt::print("  kube state: nodes taken in {:.2f} s, pods {:.2f} s; first binding order at {:.2f} s\n", t_nodes,
              t_pods - t_nodes, t_first);
   fmt::print("  kube state: {} pods bound in {:.2f} s from the start ({:.0f} pods/s); {} decisions, {:.0f}/s in cycles\n",
              bound, t_all, bound / t_all, decisions, decisions / in_cycles);
+  if (with_core) {
   fmt::print("  core alone, full pass: {} of {} placed in {:.2f} s ({:.0f} decisions/s)\n", full.placed, requests.size(),
              full.seconds, requests.size() / full.seconds);
   fmt::print("  core alone, best-node index: {} of {} placed in {:.2f} s ({:.0f} decisions/s); {} through the index, "
@@ -167,6 +173,7 @@ void Run(int node_count, int pod_count, const std::vector<std::string>& models, 
              indexed.placed, requests.size(), indexed.seconds, requests.size() / indexed.seconds,
              indexed.stats.index_decisions, indexed.stats.index_builds,
              static_cast<double>(indexed.stats.index_updates) / static_cast<double>(requests.size()));
+  }
   fmt::print("  peak resident memory so far: {} MiB\n", rss);
   std::fflush(stdout);
 }
@@ -176,25 +183,34 @@ void Run(int node_count, int pod_count, const std::vector<std::string>& models, 
 int main(int argc, char** argv) {
   std::vector<int> sizes = {5000, 10000};
   int pods = 100000;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool with_core = true;
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--no-core") {
+      with_core = false;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fmt::print(stderr, "usage: kube_bench [--nodes 5000,10000] [--pods 100000] [--no-core]\n");
+      return 2;
+    }
     if (a == "--pods") {
-      pods = std::atoi(argv[i + 1]);
+      pods = std::atoi(argv[++i]);
     } else if (a == "--nodes") {
       sizes.clear();
-      for (const char* p = argv[i + 1]; *p;) {
+      for (const char* p = argv[++i]; *p;) {
         sizes.push_back(std::atoi(p));
         while (*p && *p != ',') ++p;
         if (*p == ',') ++p;
       }
     } else {
-      fmt::print(stderr, "usage: kube_bench [--nodes 5000,10000] [--pods 100000]\n");
+      fmt::print(stderr, "usage: kube_bench [--nodes 5000,10000] [--pods 100000] [--no-core]\n");
       return 2;
     }
   }
   auto trace = gpupool::ReadOpenbPods(std::string(GPUPOOL_DATA_DIR) + "/alibaba/openb_pod_list_default.csv");
   if (!trace.ok() || pods < 1) return 2;
   const std::vector<std::string> models = Models();
-  for (int n : sizes) Run(n, pods, models, *trace);
+  for (int n : sizes) Run(n, pods, with_core, models, *trace);
   return 0;
 }

@@ -97,8 +97,8 @@ void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const 
 }
 
 Job ClusterState::GangJob(const Unit& u, int held, int priority) const {
-  const PodRequest& first = *u.members.front()->request;
-  const int members = static_cast<int>(u.members.size());
+  const PodRequest& first = *u.members().front()->request;
+  const int members = static_cast<int>(u.members().size());
   Job job;
   job.id = u.gang;
   job.name = u.gang;
@@ -107,10 +107,10 @@ Job ClusterState::GangJob(const Unit& u, int held, int priority) const {
   job.priority = priority;
   job.qos = first.qos;
   job.min_available = u.gang_min > 0 ? std::min(u.gang_min - held, members) : 0;
-  for (size_t i = 0; i < u.members.size(); ++i) {
+  for (size_t i = 0; i < u.members().size(); ++i) {
     TaskGroup g;
     g.name = fmt::format("m{}", i);
-    g.request = u.members[i]->request->request;
+    g.request = u.members()[i]->request->request;
     job.groups.push_back(std::move(g));
   }
   return job;
@@ -129,8 +129,9 @@ CycleResult ClusterState::Cycle() {
   // Units: a pod alone, or a gang's pending members (namespace/gang), in first-seen order.
   std::vector<Unit> units;
   std::map<std::string, size_t> gang_unit;
-  for (const auto& [seq, uid] : pending_uid_) {
-    Pod& p = pods_[uid];
+  units.reserve(pending_pods_.size());
+  for (const auto& [seq, pod] : pending_pods_) {
+    Pod& p = *pod;
     if (!p.request.ok()) {
       Report(p, "Invalid", p.request.status().message(), out);
       continue;
@@ -150,31 +151,32 @@ CycleResult ClusterState::Cycle() {
       continue;
     }
     if (r.gang.empty()) {
-      units.push_back({{&p}, "", 0});
+      units.push_back({&p, {}, "", 0});
       continue;
     }
     const std::string key = r.namespace_name + "/" + r.gang;
     auto [g, fresh] = gang_unit.try_emplace(key, units.size());
-    if (fresh) units.push_back({{}, key, 0});
+    if (fresh) units.push_back({nullptr, {}, key, 0});
     Unit& u = units[g->second];
-    u.members.push_back(&p);
+    u.gang_members.push_back(&p);
     u.gang_min = std::max(u.gang_min, r.gang_min);
   }
   if (units.empty() || ledger_->node_count() == 0) {
     for (Unit& u : units)
-      for (Pod* p : u.members) Report(*p, "Unschedulable", "no nodes with a readable inventory", out);
+      for (Pod* p : u.members()) Report(*p, "Unschedulable", "no nodes with a readable inventory", out);
     return out;
   }
 
   std::vector<PendingEntry> entries;
+  entries.reserve(units.size());
   for (const Unit& u : units) {
     PendingEntry e;
-    const PodRequest& first = *u.members.front()->request;
-    e.seq = u.members.front()->seq;
+    const PodRequest& first = *u.members().front()->request;
+    e.seq = u.members().front()->seq;
     e.tenant = first.tenant;
     e.queue = first.queue;
     e.priority = first.priority;
-    for (const Pod* p : u.members) {
+    for (const Pod* p : u.members()) {
       e.priority = std::max(e.priority, p->request->priority);
       e.demand += DemandOf(p->request->request);
     }
@@ -191,9 +193,9 @@ CycleResult ClusterState::Cycle() {
     if (out.decisions >= options_.max_pods_per_cycle) break;
     Unit& u = units[*next];
     const int held = u.gang.empty() ? 0 : (gang_held_.count(u.gang) ? gang_held_[u.gang] : 0);
-    const int members = static_cast<int>(u.members.size());
+    const int members = static_cast<int>(u.members().size());
     if (u.gang_min > 0 && members + held < u.gang_min) {
-      for (Pod* p : u.members)
+      for (Pod* p : u.members())
         Report(*p, "WaitingForGang",
                fmt::format("gang {}: {} of {} members exist ({} {})", u.gang, members + held, u.gang_min,
                            kGangMinKey, u.gang_min),
@@ -202,13 +204,13 @@ CycleResult ClusterState::Cycle() {
       continue;
     }
     bool unchanged = true;
-    for (const Pod* p : u.members) unchanged &= p->failed_epoch == capacity_epoch_ && !p->reservation;
+    for (const Pod* p : u.members()) unchanged &= p->failed_epoch == capacity_epoch_ && !p->reservation;
     if (unchanged) {
       pass.Skipped(*next);
       continue;
     }
-    for (Pod* p : u.members) Unreserve(*p);  // its own reserved space is its to take
-    Pod& first = *u.members.front();
+    for (Pod* p : u.members()) Unreserve(*p);  // its own reserved space is its to take
+    Pod& first = *u.members().front();
     const NodeMask* mask = MaskFor(*first.constraints);
     const bool alone = u.gang.empty() || (u.gang_min > 0 && held >= u.gang_min);
     std::string shape;
@@ -231,7 +233,7 @@ CycleResult ClusterState::Cycle() {
     if (alone) {
       // A pod alone, or more members of a gang whose minimum is running already.
       bool any = false;
-      for (Pod* p : u.members) {
+      for (Pod* p : u.members()) {
         Decision d;
         auto id = scheduler_->Place(p->request->request, &d);
         if (id.ok()) {
@@ -257,13 +259,13 @@ CycleResult ClusterState::Cycle() {
     scheduler_->SetNodeMask(nullptr);
     if (r.placed) {
       for (const auto& b : binder.bound) {
-        Pod& p = *u.members[static_cast<size_t>(b.task)];
+        Pod& p = *u.members()[static_cast<size_t>(b.task)];
         Assume(p, *p.request, b.allocation, b.placement, out);
       }
       pass.Placed(*next);
       continue;
     }
-    for (Pod* p : u.members) p->failed_epoch = capacity_epoch_;
+    for (Pod* p : u.members()) p->failed_epoch = capacity_epoch_;
     if (TryPreempt(u, held, entries[*next], mask, out)) {
       pass.Skipped(*next);
       continue;
@@ -272,7 +274,7 @@ CycleResult ClusterState::Cycle() {
     const std::string message =
         fmt::format("gang {}: {} member(s) must fit together{}: {}", u.gang, job.gang_size(),
                     held > 0 ? fmt::format(" ({} running)", held) : std::string(), why);
-    for (Pod* p : u.members) {
+    for (Pod* p : u.members()) {
       p->failed_epoch = capacity_epoch_;
       Report(*p, "Unschedulable", message, out);
     }

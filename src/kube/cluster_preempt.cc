@@ -29,11 +29,11 @@ size_t ClusterState::VictimsLeft(const std::string& preemptor) {
 
 bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry, const NodeMask* mask,
                               CycleResult& out) {
-  if (!options_.preemption || u.members.empty()) return false;
-  Pod& first = *u.members.front();
+  if (!options_.preemption || u.members().empty()) return false;
+  Pod& first = *u.members().front();
   // Victims evicted for it earlier and not gone yet: wait for them, plan nothing more.
   if (const size_t left = VictimsLeft(first.uid); left > 0) {
-    for (Pod* p : u.members)
+    for (Pod* p : u.members())
       Report(*p, "Preempting", fmt::format("waiting for {} preempted pod(s) to end", left), out,
              p->nominated ? node_of_index_[p->nominated->node] : std::string());
     return true;
@@ -127,8 +127,8 @@ bool ClusterState::TryPreempt(const Unit& u, int held, const PendingEntry& entry
   }
   const std::string message =
       fmt::format("preempting {} pod(s): {}", names.size(), fmt::join(names.begin(), names.begin() + std::min<size_t>(names.size(), 10), ", "));
-  for (size_t i = 0; i < u.members.size(); ++i) {
-    Pod& p = *u.members[i];
+  for (size_t i = 0; i < u.members().size(); ++i) {
+    Pod& p = *u.members()[i];
     p.nominated.reset();
     std::string node;
     if (i < planned.size()) {

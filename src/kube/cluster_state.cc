@@ -326,7 +326,7 @@ void ClusterState::Uncharge(Pod& pod) {
 }
 
 void ClusterState::Unpend(Pod& pod) {
-  if (pod.seq != 0 && pending_.erase(pod.seq) > 0) pending_uid_.erase(pod.seq);
+  if (pod.seq != 0 && pending_.erase(pod.seq) > 0) pending_pods_.erase(pod.seq);
 }
 
 void ClusterState::ForgetPod(const std::string& uid) {
@@ -391,7 +391,7 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
   if (p.seq == 0) p.seq = next_seq_++;
   if (p.parked) return;  // waits out its back-off first
   if (pending_.insert(p.seq).second) {
-    pending_uid_[p.seq] = uid;
+    pending_pods_[p.seq] = &p;
     if (p.request.ok()) Observe(p.request->request);
   }
 }
@@ -405,7 +405,7 @@ void ClusterState::BindFailed(const std::string& uid, bool park) {
   p.failed_epoch = ~uint64_t{0};
   p.last_message.clear();
   p.parked = park;
-  if (!park && pending_.insert(p.seq).second) pending_uid_[p.seq] = uid;
+  if (!park && pending_.insert(p.seq).second) pending_pods_[p.seq] = &p;
 }
 
 void ClusterState::EvictFailed(const std::string& uid) {
@@ -432,7 +432,7 @@ void ClusterState::Unpark(const std::string& uid) {
   if (it == pods_.end() || !it->second.parked) return;
   Pod& p = it->second;
   p.parked = false;
-  if (p.phase == PodPhase::kPending && pending_.insert(p.seq).second) pending_uid_[p.seq] = uid;
+  if (p.phase == PodPhase::kPending && pending_.insert(p.seq).second) pending_pods_[p.seq] = &p;
 }
 
 // ---- views --------------------------------------------------------------------------------------
@@ -453,10 +453,8 @@ ClusterCounts ClusterState::counts() const {
 
 std::map<std::string, size_t> ClusterState::PendingByReason() const {
   std::map<std::string, size_t> out;
-  for (const auto& [seq, uid] : pending_uid_) {
-    const auto it = pods_.find(uid);
-    ++out[it == pods_.end() || it->second.last_reason.empty() ? std::string("Untried") : it->second.last_reason];
-  }
+  for (const auto& [seq, pod] : pending_pods_)
+    ++out[pod->last_reason.empty() ? std::string("Untried") : pod->last_reason];
   return out;
 }
 
