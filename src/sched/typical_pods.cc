@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -46,6 +47,16 @@ std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, d
     counter.Add(t.cpu.units(), t.wants_gpu() ? t.gpu_share.units() : 0, t.gpu_count, t.gpu_models);
   }
   return counter.Typical(coverage);
+}
+
+double WorkloadDistance(const std::vector<TypicalPod>& a, const std::vector<TypicalPod>& b) {
+  using Key = std::tuple<int64_t, int64_t, int, std::string>;
+  std::map<Key, double> diff;
+  for (const TypicalPod& p : a) diff[Key{p.cpu, p.share, p.gpu_count, JoinModels(p.models)}] += p.weight;
+  for (const TypicalPod& p : b) diff[Key{p.cpu, p.share, p.gpu_count, JoinModels(p.models)}] -= p.weight;
+  double total = 0;
+  for (const auto& [key, d] : diff) total += std::abs(d);
+  return total / 2;
 }
 
 std::vector<TypicalPod> TypicalPodsFromCounts(std::vector<std::pair<TypicalPod, int64_t>> shapes,

@@ -50,6 +50,13 @@ class TaskShapeCounter {
 std::vector<TypicalPod> TypicalPodsFromCounts(std::vector<std::pair<TypicalPod, int64_t>> shapes,
                                               double coverage = 0.95);
 
+// How far apart two typical workloads are: the total variation distance between their weights,
+// ½ Σ |a(shape) − b(shape)| over the shapes (cpu, share, GPU count, models) of either, a shape
+// missing from one weighing 0 there. 0 for the same workload, 1 for workloads with no shape in
+// common (weights that sum to 1). Relearning skips a workload closer than a threshold to the one in
+// use, so that scores (and the indexes built from them) survive while the mix holds still.
+double WorkloadDistance(const std::vector<TypicalPod>& a, const std::vector<TypicalPod>& b);
+
 // A typical workload written out by hand (profile arguments): a list of maps with cpu (mCPU),
 // gpuShare (0..1000 per GPU), gpuCount, models (optional list) and weight (> 0).
 Result<std::vector<TypicalPod>> ParseTypicalPods(const Value& list);

@@ -190,6 +190,23 @@ TEST(TypicalPods, EmptyAlibabaClusterFragment) {
   EXPECT_NEAR(100.0 * total / 6212000, 13.94, 0.005);
 }
 
+// The distance between workloads: total variation over the shapes of either.
+TEST(TypicalPods, WorkloadDistance) {
+  const std::vector<TypicalPod> a = {testutil::Typical(1000, 500, 1, 0.5), testutil::Typical(2000, 0, 0, 0.5)};
+  EXPECT_EQ(WorkloadDistance(a, a), 0.0);
+  // The same shapes in another order are the same workload.
+  EXPECT_EQ(WorkloadDistance(a, {a[1], a[0]}), 0.0);
+  // 0.5/0.5 against 0.6/0.4: |0.1| + |0.1|, halved.
+  EXPECT_NEAR(WorkloadDistance(a, {testutil::Typical(1000, 500, 1, 0.6), testutil::Typical(2000, 0, 0, 0.4)}), 0.1,
+              1e-12);
+  // No shape in common: 1. A shape differing only in its models or GPU count is another shape.
+  EXPECT_NEAR(WorkloadDistance(a, {testutil::Typical(1000, 500, 1, 0.5, {"T4"}), testutil::Typical(2000, 0, 0, 0.5)}),
+              0.5, 1e-12);
+  EXPECT_NEAR(WorkloadDistance(a, {testutil::Typical(1000, 500, 2, 1.0)}), 1.0, 1e-12);
+  // Against nothing: half the weight there is.
+  EXPECT_NEAR(WorkloadDistance(a, {}), 0.5, 1e-12);
+}
+
 }  // namespace
 }  // namespace gpupool
 

@@ -83,6 +83,10 @@ constexpr uint64_t kRelearnEvery = 1024;    // after the doubling phase
 // of the published traces (8,152 pods or fewer) never get here.
 constexpr uint64_t kRelearnGeometricFrom = 16384;
 constexpr uint64_t kAdaptAfter = 256;       // tasks seen before the CPU scarcity counts
+// A relearned workload closer than this (WorkloadDistance: total variation) to the one in use is
+// not taken: the scores, the score cache and the best-node index survive while the mix holds
+// still. At 10,000 nodes a relearning costs a pass over every node for every shape decided again.
+constexpr double kRelearnMinChange = 0.01;
 
 // Adapting the weights to the workload's CPU scarcity (see CpuScarcity).
 struct Adapt {
@@ -328,7 +332,11 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
     ++epoch_;
   }
 
-  void Relearn() { SetWorkload(shapes_.Typical(coverage_)); }
+  void Relearn() {
+    std::vector<TypicalPod> learned = shapes_.Typical(coverage_);
+    if (WorkloadDistance(learned, core_.workload()) < kRelearnMinChange) return;
+    SetWorkload(std::move(learned));
+  }
 
   const bool learn_;
   const double coverage_;
