@@ -15,6 +15,7 @@
 // process's peak resident memory.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -122,6 +123,42 @@ void Run(int node_count, int pod_count, bool with_core, const std::vector<std::s
   const long rss = PeakRssMiB();
   if (!state.CheckInvariants().ok()) std::abort();
 
+  // ---- the same pods arriving 1,000 at a time, a cycle after each batch (a live cluster: the
+  // typical workload is learned again every 512 new pods) ----
+  double arrive_cycles = 0;
+  uint64_t arrive_decisions = 0;
+  size_t arrive_bound = 0;
+  gpupool::kube::ClusterCounts arrive_counts;
+  {
+    for (Json& p : pods) {
+      p["spec"].erase("nodeName");
+      p["metadata"].erase("annotations");
+    }
+    auto fresh = ClusterState::Create({});
+    if (!fresh.ok()) std::abort();
+    ClusterState& live = **fresh;
+    for (const Json& n : nodes) live.ApplyNode("ADDED", n);
+    constexpr size_t kBatch = 1000;
+    for (size_t next = 0;;) {
+      const size_t end = std::min(pods.size(), next + kBatch);
+      for (; next < end; ++next) live.ApplyPod("ADDED", pods[next]);
+      const auto c0 = Clock::now();
+      gpupool::kube::CycleResult r = live.Cycle();
+      arrive_cycles += Since(c0);
+      arrive_decisions += static_cast<uint64_t>(r.decisions);
+      for (const BindOrder& b : r.binds) {
+        const size_t i = static_cast<size_t>(std::atol(b.name.c_str() + 4));
+        pods[i]["spec"]["nodeName"] = b.node;
+        pods[i]["metadata"]["annotations"]["gpupool.io/assignment"] = b.assignment;
+        live.ApplyPod("MODIFIED", pods[i]);
+      }
+      arrive_bound += r.binds.size();
+      if (next >= pods.size() && r.decisions == 0) break;
+    }
+    if (!live.CheckInvariants().ok()) std::abort();
+    arrive_counts = live.counts();
+  }
+
   // ---- the placement core alone, same cluster and pods: the full pass, then the best-node index ----
   struct Core {
     size_t placed = 0;
@@ -165,6 +202,10 @@ void Run(int node_count, int pod_count, bool with_core, const std::vector<std::s
              t_pods - t_nodes, t_first);
   fmt::print("  kube state: {} pods bound in {:.2f} s from the start ({:.0f} pods/s); {} decisions, {:.0f}/s in cycles\n",
              bound, t_all, bound / t_all, decisions, decisions / in_cycles);
+  fmt::print("  kube state, pods arriving 1000 per cycle: {} bound, {} decisions, {:.0f}/s in cycles; relearning: {} "
+             "rebuilt, {} kept\n",
+             arrive_bound, arrive_decisions, arrive_decisions / arrive_cycles, arrive_counts.relearned,
+             arrive_counts.relearn_kept);
   if (with_core) {
   fmt::print("  core alone, full pass: {} of {} placed in {:.2f} s ({:.0f} decisions/s)\n", full.placed, requests.size(),
              full.seconds, requests.size() / full.seconds);

@@ -121,8 +121,8 @@ CycleResult ClusterState::Cycle() {
   // The profile built once already, so neither can fail.
   if (rebuild_) {
     if (Status st = Rebuild(); !st.ok()) return out;
-  } else if (since_learn_ >= kLearnEvery) {
-    if (Status st = RebuildScheduler(); !st.ok()) return out;
+  } else if (since_learn_ >= std::max<uint64_t>(kLearnEvery, ledger_->node_count())) {
+    if (Status st = Relearn(); !st.ok()) return out;
   }
   if (pending_.empty()) return out;
 

@@ -183,14 +183,24 @@ Status ClusterState::Rebuild() {
   return Status::Ok();
 }
 
+// A rebuilt pipeline starts its caches and best-node indexes over (a pass over every node for every
+// shape decided again, 0.3 s at 10,000 nodes): not worth it while the recent mix holds still.
+// Policies that learn online (balanced) keep learning from every pod meanwhile.
+Status ClusterState::Relearn() {
+  since_learn_ = 0;
+  if (scheduler_ != nullptr && WorkloadDistance(TypicalOfGpuTasks(recent_), typical_pods_) < kWorkloadMinChange) {
+    ++relearn_kept_;
+    return Status::Ok();
+  }
+  ++relearned_;
+  return RebuildScheduler();
+}
+
 // The pipeline anew: FGD's typical workload learned from the recent GPU pods (a single whole-GPU
 // pod until there are any), and policies that learn online (balanced) shown the recent window
 // again, oldest first — as the pool server does.
 Status ClusterState::RebuildScheduler() {
-  std::vector<TaskRequest> gpu_tasks;
-  for (const TaskRequest& t : recent_)
-    if (t.wants_gpu()) gpu_tasks.push_back(t);
-  typical_pods_ = gpu_tasks.empty() ? std::vector<TypicalPod>{{0, 1000, 1, {}, 1.0}} : ComputeTypicalPods(gpu_tasks);
+  typical_pods_ = TypicalOfGpuTasks(recent_);
   PluginInit init;
   init.typical_pods = &typical_pods_;
   auto s = Scheduler::Create(options_.profile, DefaultRegistry(), *ledger_, rng_, init);
@@ -443,6 +453,8 @@ ClusterCounts ClusterState::counts() const {
   c.bad_nodes = bad_nodes_.size();
   c.pods_pending = pending_.size();
   c.pods_unaccounted = unaccounted_;
+  c.relearned = relearned_;
+  c.relearn_kept = relearn_kept_;
   for (const auto& [name, uids] : waiting_node_) c.pods_waiting_node += uids.size();
   for (const auto& [uid, p] : pods_) {
     if (p.alloc) ++c.pods_charged;

@@ -85,6 +85,10 @@ struct ClusterCounts {
   size_t nodes = 0, bad_nodes = 0, pods_charged = 0, pods_assumed = 0, pods_pending = 0;
   size_t pods_unaccounted = 0;  // bound pods whose holdings do not fit their node (overcommitted by others)
   size_t pods_waiting_node = 0;  // bound to a node gpupool does not know (yet)
+  // Relearning points (every kLearnEvery new pods, or one per node on larger clusters): the
+  // pipeline rebuilt on the recent window's typical workload, or kept because that workload moved
+  // less than kWorkloadMinChange.
+  uint64_t relearned = 0, relearn_kept = 0;
 };
 
 class ClusterState {
@@ -163,6 +167,8 @@ class ClusterState {
   ClusterState(ClusterOptions options, GpuCatalog catalog);
   Status Rebuild();
   Status RebuildScheduler();
+  // A relearning point: RebuildScheduler if the recent window's typical workload moved.
+  Status Relearn();
   void Observe(const TaskRequest& task);
   void ApplyHealth(NodeIndex idx, const KubeNode& node);
   void Charge(Pod& pod, const nlohmann::json& object);
@@ -195,12 +201,14 @@ class ClusterState {
   std::optional<QueueOrder> order_;
   std::vector<TypicalPod> typical_pods_;
   // The recent pending pods' requests (a ring), to learn the typical workload from and to show a
-  // rebuilt pipeline again; relearned every kLearnEvery new pods, as the pool server does.
+  // rebuilt pipeline again; relearned every kLearnEvery new pods, as the pool server does, or on a
+  // cluster of more nodes than that once per node (a rebuild costs a pass over every node per shape).
   static constexpr size_t kRecentTasks = 10000;
   static constexpr uint64_t kLearnEvery = 512;
   std::vector<TaskRequest> recent_;
   size_t recent_next_ = 0;
   uint64_t since_learn_ = 0;
+  uint64_t relearned_ = 0, relearn_kept_ = 0;
 
   std::map<std::string, KubeNode> nodes_;             // good nodes by name
   std::map<std::string, std::string> bad_nodes_;      // name -> why it is kept out

@@ -75,6 +75,30 @@ class ClusterStateTest : public ::testing::Test {
   std::unique_ptr<ClusterState> state;
 };
 
+// Every 512 new pods the recent window's typical workload is learned again; the pipeline (and its
+// caches and best-node indexes, a pass over every node per shape to build) is rebuilt only when
+// that workload moved by 1 % or more.
+TEST_F(ClusterStateTest, RelearningRebuildsOnlyWhenTheMixMoved) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8));
+  (void)state->Cycle();  // takes the node in
+  int next = 0;
+  auto arrive = [&](int n, const Json& limits) {
+    for (int i = 0; i < n; ++i) state->ApplyPod("ADDED", PodObj(fmt::format("p{}", next++), limits));
+    (void)state->Cycle();
+  };
+  const Json whole = {{"nvidia.com/gpu", 1}, {"cpu", "4"}};  // not the default (no CPU, one GPU)
+  arrive(600, whole);  // from the built-in default to the pods' own shape
+  EXPECT_EQ(state->counts().relearned, 1u);
+  EXPECT_EQ(state->counts().relearn_kept, 0u);
+  arrive(600, whole);  // the same mix: kept
+  EXPECT_EQ(state->counts().relearned, 1u);
+  EXPECT_EQ(state->counts().relearn_kept, 1u);
+  arrive(600, {{"gpupool.io/gpu-milli", 500}});  // a third of the window is another shape now
+  EXPECT_EQ(state->counts().relearned, 2u);
+  EXPECT_EQ(state->counts().relearn_kept, 1u);
+  ASSERT_TRUE(state->CheckInvariants().ok());
+}
+
 TEST_F(ClusterStateTest, PlacesWholeFractionalAndMigPodsAndCountsTheirBindingsOnce) {
   state->ApplyNode("ADDED", NodeObj("n1", 8, "A100-80GB", true, 7));
   Json whole = PodObj("whole", {{"nvidia.com/gpu", 4}});

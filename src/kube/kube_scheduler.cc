@@ -464,6 +464,12 @@ std::string KubeScheduler::MetricsText() const {
   RenderHeader("gpupool_kube_pods_unaccounted", "gauge",
                "Bound pods whose holdings do not fit their node (overcommitted by someone else)", out);
   RenderSample("gpupool_kube_pods_unaccounted", {}, static_cast<double>(counts_.pods_unaccounted), out);
+  RenderHeader("gpupool_kube_relearn_total", "counter",
+               "Relearning points (every 512 new pods, one per node on larger clusters): pipeline rebuilt on the "
+               "recent typical workload, or kept because it moved less than 1 %",
+               out);
+  RenderSample("gpupool_kube_relearn_total", {{"outcome", "rebuilt"}}, static_cast<double>(counts_.relearned), out);
+  RenderSample("gpupool_kube_relearn_total", {{"outcome", "kept"}}, static_cast<double>(counts_.relearn_kept), out);
   RenderHeader("gpupool_kube_bind_queue", "gauge", "Bindings waiting for a worker", out);
   RenderSample("gpupool_kube_bind_queue", {}, static_cast<double>(binds_.size()), out);
   RenderHeader("gpupool_kube_informer_lists_total", "counter", "Full lists (the first, and after a 410 or failure)", out);

@@ -49,6 +49,13 @@ std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, d
   return counter.Typical(coverage);
 }
 
+std::vector<TypicalPod> TypicalOfGpuTasks(std::span<const TaskRequest> tasks) {
+  std::vector<TaskRequest> gpu_tasks;
+  for (const TaskRequest& t : tasks)
+    if (t.wants_gpu()) gpu_tasks.push_back(t);
+  return gpu_tasks.empty() ? std::vector<TypicalPod>{{0, 1000, 1, {}, 1.0}} : ComputeTypicalPods(gpu_tasks);
+}
+
 double WorkloadDistance(const std::vector<TypicalPod>& a, const std::vector<TypicalPod>& b) {
   using Key = std::tuple<int64_t, int64_t, int, std::string>;
   std::map<Key, double> diff;

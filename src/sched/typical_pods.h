@@ -33,6 +33,10 @@ struct TypicalPod {
 // `coverage` of all tasks, weight = (count/N)/(cum/N). Memory is not part of the key.
 std::vector<TypicalPod> ComputeTypicalPods(std::span<const TaskRequest> tasks, double coverage = 0.95);
 
+// What gpupool's schedulers learn FGD's typical workload from: ComputeTypicalPods of the GPU tasks
+// among `tasks`, or a single whole-GPU pod (no CPU) when there are none.
+std::vector<TypicalPod> TypicalOfGpuTasks(std::span<const TaskRequest> tasks);
+
 // Counts task shapes (cpu, share, GPU count, model list) as tasks arrive: what ComputeTypicalPods
 // does in one pass, kept open for a plugin that learns the workload online.
 class TaskShapeCounter {
@@ -56,6 +60,8 @@ std::vector<TypicalPod> TypicalPodsFromCounts(std::vector<std::pair<TypicalPod, 
 // common (weights that sum to 1). Relearning skips a workload closer than a threshold to the one in
 // use, so that scores (and the indexes built from them) survive while the mix holds still.
 double WorkloadDistance(const std::vector<TypicalPod>& a, const std::vector<TypicalPod>& b);
+// The threshold: a relearned workload closer than this to the one in use is not taken.
+constexpr double kWorkloadMinChange = 0.01;
 
 // A typical workload written out by hand (profile arguments): a list of maps with cpu (mCPU),
 // gpuShare (0..1000 per GPU), gpuCount, models (optional list) and weight (> 0).

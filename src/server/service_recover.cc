@@ -219,12 +219,7 @@ Status PoolService::RebuildScheduler() {
   }
   // FGD measures fragmentation against the typical workload: learned from the GPU tasks submitted
   // recently (a single whole-GPU task until there are any).
-  std::vector<TaskRequest> gpu_tasks;
-  for (const TaskRequest& t : recent_tasks_) {
-    if (t.wants_gpu()) gpu_tasks.push_back(t);
-  }
-  typical_pods_ =
-      gpu_tasks.empty() ? std::vector<TypicalPod>{{0, 1000, 1, {}, 1.0}} : ComputeTypicalPods(gpu_tasks);
+  typical_pods_ = TypicalOfGpuTasks(recent_tasks_);
   PluginInit init;
   init.typical_pods = &typical_pods_;
   auto s = Scheduler::Create(profile_, DefaultRegistry(), state_.ledger, rng_, init);
@@ -240,6 +235,12 @@ Status PoolService::RebuildScheduler() {
 
 void PoolService::LearnTypicalPods() {
   if (tasks_since_learn_ < kLearnEvery) return;
+  // A rebuilt pipeline starts its caches and best-node indexes over: not while the mix holds still
+  // (balanced keeps learning from every task meanwhile).
+  if (scheduler_ != nullptr && WorkloadDistance(TypicalOfGpuTasks(recent_tasks_), typical_pods_) < kWorkloadMinChange) {
+    tasks_since_learn_ = 0;
+    return;
+  }
   if (Status st = RebuildScheduler(); !st.ok()) {
     std::fprintf(stderr, "gpupool server: keeping the old typical workload: %s\n", st.ToString().c_str());
     tasks_since_learn_ = 0;

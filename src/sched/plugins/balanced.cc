@@ -83,10 +83,6 @@ constexpr uint64_t kRelearnEvery = 1024;    // after the doubling phase
 // of the published traces (8,152 pods or fewer) never get here.
 constexpr uint64_t kRelearnGeometricFrom = 16384;
 constexpr uint64_t kAdaptAfter = 256;       // tasks seen before the CPU scarcity counts
-// A relearned workload closer than this (WorkloadDistance: total variation) to the one in use is
-// not taken: the scores, the score cache and the best-node index survive while the mix holds
-// still. At 10,000 nodes a relearning costs a pass over every node for every shape decided again.
-constexpr double kRelearnMinChange = 0.01;
 
 // Adapting the weights to the workload's CPU scarcity (see CpuScarcity).
 struct Adapt {
@@ -225,9 +221,13 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
     ++observed_;
     if (observed_ == next_learn_) {
       Relearn();
+      // Past the doubling phase, at least one task per two nodes between relearnings: each costs a
+      // pass over every node for every shape decided again (the published traces' 1,213 nodes keep
+      // kRelearnEvery).
+      const uint64_t linear = std::max<uint64_t>(kRelearnEvery, cluster_nodes_ / 2);
       next_learn_ = next_learn_ < kRelearnEvery           ? next_learn_ * 2
-                    : next_learn_ < kRelearnGeometricFrom ? next_learn_ + kRelearnEvery
-                                                          : next_learn_ + next_learn_ / 4;
+                    : next_learn_ < kRelearnGeometricFrom ? next_learn_ + linear
+                                                          : next_learn_ + std::max(linear, next_learn_ / 4);
     }
   }
 
@@ -334,7 +334,10 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
 
   void Relearn() {
     std::vector<TypicalPod> learned = shapes_.Typical(coverage_);
-    if (WorkloadDistance(learned, core_.workload()) < kRelearnMinChange) return;
+    // Within kWorkloadMinChange of the one in use: not taken, so that the scores, the score cache
+    // and the best-node index survive while the mix holds still (at 10,000 nodes a relearning
+    // costs a pass over every node for every shape decided again).
+    if (WorkloadDistance(learned, core_.workload()) < kWorkloadMinChange) return;
     SetWorkload(std::move(learned));
   }
 
