@@ -90,6 +90,16 @@ void Run(int node_count, int pod_count, bool with_core, const std::vector<std::s
     pods.push_back(PodJson(i, r));
   }
 
+  // The informer's echo of a cycle's bindings: each pod bound, with the binding's annotation.
+  auto echo = [&pods](ClusterState& state, const gpupool::kube::CycleResult& r) {
+    for (const BindOrder& b : r.binds) {
+      const size_t i = static_cast<size_t>(std::atol(b.name.c_str() + 4));
+      pods[i]["spec"]["nodeName"] = b.node;
+      pods[i]["metadata"]["annotations"]["gpupool.io/assignment"] = b.assignment;
+      state.ApplyPod("MODIFIED", pods[i]);
+    }
+  };
+
   // ---- the Kubernetes scheduler's state and cycles ----
   const auto t0 = Clock::now();
   auto created = ClusterState::Create({});
@@ -110,13 +120,7 @@ void Run(int node_count, int pod_count, bool with_core, const std::vector<std::s
     decisions += static_cast<uint64_t>(r.decisions);
     if (!r.binds.empty() && t_first < 0) t_first = Since(t0);
     if (r.decisions == 0) break;
-    for (const BindOrder& b : r.binds) {
-      // The informer's echo: the pod bound, with the binding's annotation.
-      const size_t i = static_cast<size_t>(std::atol(b.name.c_str() + 4));
-      pods[i]["spec"]["nodeName"] = b.node;
-      pods[i]["metadata"]["annotations"]["gpupool.io/assignment"] = b.assignment;
-      state.ApplyPod("MODIFIED", pods[i]);
-    }
+    echo(state, r);
     bound += r.binds.size();
   }
   const double t_all = Since(t0);
@@ -124,7 +128,7 @@ void Run(int node_count, int pod_count, bool with_core, const std::vector<std::s
   if (!state.CheckInvariants().ok()) std::abort();
 
   // ---- the same pods arriving 1,000 at a time, a cycle after each batch (a live cluster: the
-  // typical workload is learned again every 512 new pods) ----
+  // typical workload is learned again as pods arrive) ----
   double arrive_cycles = 0;
   uint64_t arrive_decisions = 0;
   size_t arrive_bound = 0;
@@ -146,12 +150,7 @@ void Run(int node_count, int pod_count, bool with_core, const std::vector<std::s
       gpupool::kube::CycleResult r = live.Cycle();
       arrive_cycles += Since(c0);
       arrive_decisions += static_cast<uint64_t>(r.decisions);
-      for (const BindOrder& b : r.binds) {
-        const size_t i = static_cast<size_t>(std::atol(b.name.c_str() + 4));
-        pods[i]["spec"]["nodeName"] = b.node;
-        pods[i]["metadata"]["annotations"]["gpupool.io/assignment"] = b.assignment;
-        live.ApplyPod("MODIFIED", pods[i]);
-      }
+      echo(live, r);
       arrive_bound += r.binds.size();
       if (next >= pods.size() && r.decisions == 0) break;
     }
