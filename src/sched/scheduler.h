@@ -159,6 +159,7 @@ class Scheduler {
     size_t live_count = 0;
     uint64_t log_position = 0;     // the ledger's change log read up to here
     uint64_t signature = 0;        // plugin epochs and tie-break version it was built under
+    uint64_t last_used = 0;        // index_clock_ at its last decision (the least used goes first)
   };
   bool IndexUsable() const;
   uint64_t IndexSignature() const;
@@ -201,6 +202,7 @@ class Scheduler {
   bool index_enabled_ = true;
   uint64_t ranks_version_ = 0;  // bumped when the tie-break ranks change
   std::unordered_map<std::string, ShapeIndex> index_;
+  uint64_t index_clock_ = 0;
   size_t index_feasible_ = 0;      // the feasible nodes of the last decision through the index
   std::vector<NodeIndex> one_;     // scratch: one node through the filters
   ReasonCounter one_reasons_;

@@ -128,11 +128,18 @@ std::optional<NodeIndex> Scheduler::ChooseFromIndex(const TaskRequest& task) {
   const std::string key = IndexKey(task);
   auto it = index_.find(key);
   if (it == index_.end()) {
-    if (index_.size() >= kMaxIndexedShapes) index_.clear();
+    if (index_.size() >= kMaxIndexedShapes) {
+      // Full: the shape decided least recently makes room (O(shapes), once per new shape).
+      auto oldest = index_.begin();
+      for (auto i = index_.begin(); i != index_.end(); ++i)
+        if (i->second.last_used < oldest->second.last_used) oldest = i;
+      index_.erase(oldest);
+    }
     it = index_.emplace(key, ShapeIndex{}).first;
     BuildIndex(it->second);
   }
   ShapeIndex& index = it->second;
+  index.last_used = ++index_clock_;
   if (index.signature != IndexSignature() || index.log_position < ledger_.change_log_begin() ||
       index.seen.size() != ledger_.node_count()) {
     BuildIndex(index);

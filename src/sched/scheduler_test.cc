@@ -233,6 +233,30 @@ TEST(SchedulerTest, ScoreCacheNeverChangesDecisions) {
   }
 }
 
+// Past 256 indexed shapes the shape decided least recently makes room, not every shape: a shape
+// decided all along keeps its index (before, the whole index was dropped and it was built again).
+TEST(SchedulerTest, TheBestNodeIndexEvictsTheLeastRecentlyDecidedShape) {
+  Fixture f("balanced");
+  for (int i = 0; i < 4; ++i) f.Add("n" + std::to_string(i), 1000000, 1000000, 8);
+  Scheduler& s = f.Build();
+  auto place = [&](const TaskRequest& t) { ASSERT_TRUE(s.Place(t).ok()); };
+  const TaskRequest kept = Task(50, 1, 1, 100);
+  place(kept);
+  for (int i = 0; i < 255; ++i) place(Task(100 + i, 1));  // 256 shapes indexed now
+  EXPECT_EQ(s.stats().index_builds, 256u);
+  place(kept);                                             // decided again: the most recent
+  EXPECT_EQ(s.stats().index_builds, 256u);
+  place(Task(400, 1));                                     // a new shape: Task(100, 1) makes room
+  EXPECT_EQ(s.stats().index_builds, 257u);
+  place(kept);
+  EXPECT_EQ(s.stats().index_builds, 257u);
+  place(Task(101, 1));                                     // still indexed
+  EXPECT_EQ(s.stats().index_builds, 257u);
+  place(Task(100, 1));                                     // made room: built again
+  EXPECT_EQ(s.stats().index_builds, 258u);
+  EXPECT_EQ(s.stats().index_decisions, 261u);
+}
+
 // The best-node index chooses what the full pass chooses, decision for decision, while balanced
 // learns (relearning and adapting its weights), tasks end, nodes are cordoned, fail and come back,
 // GPUs go unhealthy and the tie-break ranks are drawn again — and it does decide most tasks.
