@@ -1,6 +1,7 @@
 # The control plane: config, the job service and its scheduling loop, the HTTP API, metrics.
 add_library(gpupool_server
   src/server/config.cc
+  src/server/config_people.cc
   src/server/disk_guard.cc
   src/server/resources_json.cc
   src/server/metrics.cc

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "api/jobspec.h"
+#include "server/config_internal.h"
 #include "server/resources_json.h"
 
 namespace gpupool {
@@ -31,42 +32,14 @@ namespace {
 // Tenants one queue's access list may name.
 constexpr size_t kMaxQueueTenants = 1000;
 
-Status CheckKeys(const nlohmann::json& j, const std::string& where, const std::set<std::string>& known) {
-  if (!j.is_object()) return Status::InvalidArgument(where + ": must be a map");
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!known.count(it.key())) {
-      std::string list;
-      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      return Status::InvalidArgument(
-          fmt::format("{}{}{}: unknown key (known: {})", where, where.empty() ? "" : ".", it.key(), list));
-    }
-  }
-  return Status::Ok();
-}
-
-Result<int64_t> GetInt(const nlohmann::json& j, const std::string& where, int64_t lo, int64_t hi) {
-  if (!j.is_number_integer()) return Status::InvalidArgument(where + ": must be an integer");
-  const int64_t v = j.get<int64_t>();
-  if (v < lo || v > hi) return Status::InvalidArgument(fmt::format("{}: must be in [{}, {}]", where, lo, hi));
-  return v;
-}
-
-Result<std::string> GetString(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_string()) return Status::InvalidArgument(where + ": must be a string");
-  return j.get<std::string>();
-}
-
-Result<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::IoError("cannot read token file " + path);
-  std::string token;
-  std::getline(in, token);
-  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.empty()) return Status::InvalidArgument("token file " + path + " is empty");
-  return token;
-}
-
 }  // namespace
+
+using config_internal::CheckKeys;
+using config_internal::GetInt;
+using config_internal::GetString;
+using config_internal::ParseTenants;
+using config_internal::ParseTokens;
+using config_internal::ReadTokenFile;
 
 Result<QueueSpec> ParseQueueJson(const nlohmann::json& q, const std::string& where, bool check_names) {
   RETURN_IF_ERROR(CheckKeys(q, where,
@@ -202,53 +175,7 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
       c.data_dir = *v;
     }
     if (j.contains("tokens")) {
-      if (!j["tokens"].is_array()) return fail(Status::InvalidArgument("tokens: must be a list"));
-      for (size_t i = 0; i < j["tokens"].size(); ++i) {
-        const auto& t = j["tokens"][i];
-        const std::string where = fmt::format("tokens[{}]", i);
-        if (Status st = CheckKeys(t, where, {"token", "tokenFile", "role", "tenant"}); !st.ok())
-          return fail(st);
-        std::string token;
-        if (t.contains("token") == t.contains("tokenFile"))
-          return fail(Status::InvalidArgument(where + ": give exactly one of token and tokenFile"));
-        if (t.contains("token")) {
-          auto v = GetString(t["token"], where + ".token");
-          if (!v.ok()) return fail(v.status());
-          token = *v;
-        } else {
-          auto f = GetString(t["tokenFile"], where + ".tokenFile");
-          if (!f.ok()) return fail(f.status());
-          auto v = ReadTokenFile(*f);
-          if (!v.ok()) return fail(v.status().WithContext(where));
-          token = *v;
-        }
-        if (token.size() < 16)
-          return fail(Status::InvalidArgument(where + ".token: must be at least 16 characters"));
-        Principal p;
-        if (!t.contains("role")) return fail(Status::InvalidArgument(where + ".role: is required"));
-        auto role = GetString(t["role"], where + ".role");
-        if (!role.ok()) return fail(role.status());
-        if (*role == "admin") {
-          p.role = Role::kAdmin;
-        } else if (*role == "tenant") {
-          p.role = Role::kTenant;
-        } else if (*role == "agent") {
-          p.role = Role::kAgent;
-        } else {
-          return fail(Status::InvalidArgument(where + ".role: must be admin, tenant or agent"));
-        }
-        if (t.contains("tenant")) {
-          auto v = GetString(t["tenant"], where + ".tenant");
-          if (!v.ok()) return fail(v.status());
-          // A tenant is a name as job specs and queue access lists write it.
-          if (Status st = CheckSpecName(*v, where + ".tenant"); !st.ok()) return fail(st);
-          p.tenant = *v;
-        }
-        if (p.role == Role::kTenant && p.tenant.empty())
-          return fail(Status::InvalidArgument(where + ".tenant: a tenant token needs its tenant"));
-        if (!c.tokens.emplace(token, p).second)
-          return fail(Status::InvalidArgument(where + ": the same token is listed twice"));
-      }
+      if (Status st = ParseTokens(j["tokens"], c); !st.ok()) return fail(st);
     }
     if (j.contains("ordering")) {
       auto v = GetString(j["ordering"], "ordering");
@@ -258,67 +185,7 @@ Result<ServerConfig> LoadServerConfig(const std::string& path) {
       c.ordering.policy = *policy;
     }
     if (j.contains("tenants")) {
-      const auto& t = j["tenants"];
-      if (!t.is_object())
-        return fail(Status::InvalidArgument(
-            "tenants: must be a map of tenant -> {weight, maxPendingJobs, maxPendingTasks, uid, gid, namespaces}"));
-      for (auto it = t.begin(); it != t.end(); ++it) {
-        const std::string where = "tenants." + it.key();
-        if (Status st = CheckSpecName(it.key(), where); !st.ok()) return fail(st);
-        if (Status st = CheckKeys(it.value(), where, {"weight", "maxPendingJobs", "maxPendingTasks", "uid", "gid", "namespaces"});
-            !st.ok())
-          return fail(st);
-        if (it.value().contains("uid") || it.value().contains("gid")) {
-          if (!it.value().contains("uid"))
-            return fail(Status::InvalidArgument(where + ".gid: needs a uid beside it"));
-          // Never root, never the ids of system accounts and nobody (65534), never -1.
-          auto uid = GetInt(it.value()["uid"], where + ".uid", 1000, 4294967294);
-          if (!uid.ok()) return fail(uid.status());
-          ServerConfig::Identity id{*uid, *uid};
-          if (it.value().contains("gid")) {
-            auto gid = GetInt(it.value()["gid"], where + ".gid", 1000, 4294967294);
-            if (!gid.ok()) return fail(gid.status());
-            id.gid = *gid;
-          }
-          if (id.uid == 65534 || id.gid == 65534)
-            return fail(Status::InvalidArgument(where + ": 65534 is nobody's id, shared by every daemon that drops to it"));
-          c.sandbox.identities[it.key()] = id;
-        }
-        if (it.value().contains("namespaces")) {
-          const auto& list = it.value()["namespaces"];
-          if (!list.is_array() || list.size() > 1000)
-            return fail(Status::InvalidArgument(where + ".namespaces: must be a list of at most 1000 namespaces"));
-          for (size_t i = 0; i < list.size(); ++i) {
-            const std::string at = fmt::format("{}.namespaces[{}]", where, i);
-            auto ns = GetString(list[i], at);
-            if (!ns.ok()) return fail(ns.status());
-            if (Status st = CheckSpecName(*ns, at); !st.ok()) return fail(st);
-            auto [owner, fresh] = c.namespace_tenants.emplace(*ns, it.key());
-            if (!fresh)
-              return fail(Status::InvalidArgument(
-                  fmt::format("{}: namespace '{}' belongs to tenant '{}' already", at, *ns, owner->second)));
-          }
-        }
-        for (const char* key : {"maxPendingJobs", "maxPendingTasks"}) {
-          if (!it.value().contains(key)) continue;
-          auto v = GetInt(it.value()[key], where + "." + key, 1, 1000000000);
-          if (!v.ok()) return fail(v.status());
-          auto& l = c.tenant_limits[it.key()];
-          (std::string_view(key) == "maxPendingJobs" ? l.max_pending_jobs : l.max_pending_tasks) = *v;
-        }
-        if (it.value().contains("weight")) {
-          const auto& w = it.value()["weight"];
-          if (!w.is_number() || w.get<double>() <= 0 || w.get<double>() > 1e6)
-            return fail(Status::InvalidArgument(where + ".weight: must be a positive number"));
-          c.ordering.tenant_weight_milli[it.key()] = static_cast<int64_t>(w.get<double>() * 1000 + 0.5);
-        }
-      }
-    }
-    std::map<int64_t, std::string> uid_owner;
-    for (const auto& [tenant, id] : c.sandbox.identities) {
-      auto [it, fresh] = uid_owner.emplace(id.uid, tenant);
-      if (!fresh)
-        return fail(Status::InvalidArgument(fmt::format("tenants.{}.uid: {} is tenant {}'s already", tenant, id.uid, it->second)));
+      if (Status st = ParseTenants(j["tenants"], c); !st.ok()) return fail(st);
     }
     if (j.contains("sandbox")) {
       const auto& sb = j["sandbox"];
