@@ -175,7 +175,7 @@ Status ClusterState::Rebuild() {
       ++unaccounted_;
     }
   }
-  RETURN_IF_ERROR(RebuildScheduler());
+  RETURN_IF_ERROR(RebuildScheduler(TypicalOfGpuTasks(recent_)));
   masks_.clear();
   ++capacity_epoch_;
   ++mask_epoch_;
@@ -188,19 +188,20 @@ Status ClusterState::Rebuild() {
 // Policies that learn online (balanced) keep learning from every pod meanwhile.
 Status ClusterState::Relearn() {
   since_learn_ = 0;
-  if (scheduler_ != nullptr && WorkloadDistance(TypicalOfGpuTasks(recent_), typical_pods_) < kWorkloadMinChange) {
+  std::vector<TypicalPod> learned = TypicalOfGpuTasks(recent_);
+  if (scheduler_ != nullptr && WorkloadDistance(learned, typical_pods_) < kWorkloadMinChange) {
     ++relearn_kept_;
     return Status::Ok();
   }
   ++relearned_;
-  return RebuildScheduler();
+  return RebuildScheduler(std::move(learned));
 }
 
 // The pipeline anew: FGD's typical workload learned from the recent GPU pods (a single whole-GPU
 // pod until there are any), and policies that learn online (balanced) shown the recent window
 // again, oldest first — as the pool server does.
-Status ClusterState::RebuildScheduler() {
-  typical_pods_ = TypicalOfGpuTasks(recent_);
+Status ClusterState::RebuildScheduler(std::vector<TypicalPod> typical) {
+  typical_pods_ = std::move(typical);
   PluginInit init;
   init.typical_pods = &typical_pods_;
   auto s = Scheduler::Create(options_.profile, DefaultRegistry(), *ledger_, rng_, init);

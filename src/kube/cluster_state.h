@@ -166,7 +166,7 @@ class ClusterState {
 
   ClusterState(ClusterOptions options, GpuCatalog catalog);
   Status Rebuild();
-  Status RebuildScheduler();
+  Status RebuildScheduler(std::vector<TypicalPod> typical);  // typical: TypicalOfGpuTasks(recent_)
   // A relearning point: RebuildScheduler if the recent window's typical workload moved.
   Status Relearn();
   void Observe(const TaskRequest& task);

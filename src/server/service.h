@@ -188,7 +188,7 @@ class PoolService {
 
   PoolService(ServerConfig config, std::unique_ptr<Store> store);
   Status Recover();
-  Status RebuildScheduler();             // REQUIRES: mu_
+  Status RebuildScheduler(std::vector<TypicalPod> typical);  // REQUIRES: mu_; typical: TypicalOfGpuTasks(recent_tasks_)
   Status CheckInvariantsLocked() const { return state_.CheckInvariants(); }  // REQUIRES: mu_
   Status RebuildQueueOrder();            // REQUIRES: mu_
   void Loop();

@@ -194,7 +194,7 @@ Status PoolService::Recover() {
       if (ts.phase == TaskPhase::kPending) state_.partial.insert(seq);
     }
   }
-  RETURN_IF_ERROR(RebuildScheduler());
+  RETURN_IF_ERROR(RebuildScheduler(TypicalOfGpuTasks(recent_tasks_)));
   RETURN_IF_ERROR(CheckInvariantsLocked());
   if (!batch.empty()) RETURN_IF_ERROR(committer_->Commit(std::move(batch)));
   return Status::Ok();
@@ -209,7 +209,7 @@ Status PoolService::RebuildQueueOrder() {
   return Status::Ok();
 }
 
-Status PoolService::RebuildScheduler() {
+Status PoolService::RebuildScheduler(std::vector<TypicalPod> typical) {
   if (profile_.scores.empty()) {
     const std::string& p = config_.profile;
     const bool file = p.size() > 5 && (p.ends_with(".yaml") || p.ends_with(".yml"));
@@ -219,7 +219,7 @@ Status PoolService::RebuildScheduler() {
   }
   // FGD measures fragmentation against the typical workload: learned from the GPU tasks submitted
   // recently (a single whole-GPU task until there are any).
-  typical_pods_ = TypicalOfGpuTasks(recent_tasks_);
+  typical_pods_ = std::move(typical);
   PluginInit init;
   init.typical_pods = &typical_pods_;
   auto s = Scheduler::Create(profile_, DefaultRegistry(), state_.ledger, rng_, init);
@@ -237,11 +237,12 @@ void PoolService::LearnTypicalPods() {
   if (tasks_since_learn_ < kLearnEvery) return;
   // A rebuilt pipeline starts its caches and best-node indexes over: not while the mix holds still
   // (balanced keeps learning from every task meanwhile).
-  if (scheduler_ != nullptr && WorkloadDistance(TypicalOfGpuTasks(recent_tasks_), typical_pods_) < kWorkloadMinChange) {
+  std::vector<TypicalPod> learned = TypicalOfGpuTasks(recent_tasks_);
+  if (scheduler_ != nullptr && WorkloadDistance(learned, typical_pods_) < kWorkloadMinChange) {
     tasks_since_learn_ = 0;
     return;
   }
-  if (Status st = RebuildScheduler(); !st.ok()) {
+  if (Status st = RebuildScheduler(std::move(learned)); !st.ok()) {
     std::fprintf(stderr, "gpupool server: keeping the old typical workload: %s\n", st.ToString().c_str());
     tasks_since_learn_ = 0;
   }

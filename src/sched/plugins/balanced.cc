@@ -224,7 +224,7 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
       // Past the doubling phase, at least one task per two nodes between relearnings: each costs a
       // pass over every node for every shape decided again (the published traces' 1,213 nodes keep
       // kRelearnEvery).
-      const uint64_t linear = std::max<uint64_t>(kRelearnEvery, cluster_nodes_ / 2);
+      const uint64_t linear = std::max<uint64_t>(kRelearnEvery, nodes_ / 2);
       next_learn_ = next_learn_ < kRelearnEvery           ? next_learn_ * 2
                     : next_learn_ < kRelearnGeometricFrom ? next_learn_ + linear
                                                           : next_learn_ + std::max(linear, next_learn_ / 4);
@@ -235,6 +235,7 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   // weights for the workload's CPU scarcity; a change drops the cached scores (epoch).
   void PreScore(const ClusterView& view, const PreparedTask& /*t*/,
                 std::span<const NodeIndex> /*feasible*/) override {
+    nodes_ = view.ledger->node_count();  // for the relearning spacing, adapting or not
     if (!adapt_) return;
     const Ledger& ledger = *view.ledger;
     if (!scarcity_dirty_ && ledger.node_count() == cluster_nodes_) return;
@@ -350,6 +351,7 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
   double blend_ = 0;                  // 0: gpu_bound_, 1: adapt_->cpu_bound
   bool scarcity_dirty_ = true;
   size_t cluster_nodes_ = 0;
+  size_t nodes_ = 0;  // the cluster's nodes at the last decision
   double cluster_cpu_per_share_ = 0;
   double cpu_seen_ = 0;  // mCPU of every task seen
   FgdCore core_{{}};
