@@ -37,8 +37,16 @@ void Ledger::RecountNode(NodeState& s) const {
   s.fully_free_gpus = 0;
   s.usable_gpus = 0;
   s.max_free_share = 0;
-  for (const GpuState& g : s.gpus) {
+  s.usable_free.fill(0);
+  s.usable_index.fill(0);
+  const bool compact = s.compact();
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    const GpuState& g = s.gpus[i];
     if (!g.healthy || g.mig_enabled) continue;
+    if (compact) {
+      s.usable_free[static_cast<size_t>(s.usable_gpus)] = static_cast<int16_t>(g.free_share);
+      s.usable_index[static_cast<size_t>(s.usable_gpus)] = static_cast<uint8_t>(i);
+    }
     ++s.usable_gpus;
     s.free_gpu_share += g.free_share;
     s.max_free_share = std::max(s.max_free_share, g.free_share);
@@ -371,7 +379,7 @@ Status Ledger::CheckInvariants() const {
     RecountNode(e);
     if (s.free_gpu_share != e.free_gpu_share || s.fully_free_gpus != e.fully_free_gpus ||
         s.usable_gpus != e.usable_gpus || s.max_free_share != e.max_free_share ||
-        s.max_tasks != spec.max_tasks) {
+        s.max_tasks != spec.max_tasks || s.usable_free != e.usable_free || s.usable_index != e.usable_index) {
       return Status::Internal(fmt::format("{}: GPU share summary drifted", where));
     }
     if (s.share_tasks != e.share_tasks)

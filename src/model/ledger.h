@@ -6,6 +6,7 @@
 // mutates it; concurrent submitters go through that owner.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -54,12 +55,19 @@ struct NodeState {
   ModelId model = 0;            // interned GPU model of the node (see Ledger::model_name)
   bool healthy = true;
   bool cordoned = false;
+  // The usable GPUs (healthy, non-MIG) in GPU order, kept beside the summary for scores that walk
+  // a node's GPUs (FGD's free-share lists): their free shares and their indices in `gpus`. Filled
+  // for nodes of up to kCompactGpus GPUs (compact()); past that, readers walk `gpus`.
+  static constexpr size_t kCompactGpus = 16;
+  std::array<int16_t, kCompactGpus> usable_free{};
+  std::array<uint8_t, kCompactGpus> usable_index{};
   // GpuClustering's tags of the GPU tasks on the node: share tasks, and tasks by GPU count.
   int32_t share_tasks = 0;
   std::vector<int32_t> tasks_by_gpu_count;  // index k: tasks using k GPUs (k >= 1, not share)
   std::vector<GpuState> gpus;
 
   bool schedulable() const { return healthy && !cordoned; }
+  bool compact() const { return gpus.size() <= kCompactGpus; }
 };
 
 struct GpuGrant {

@@ -601,6 +601,40 @@ TEST_F(LedgerTest, UnhealthyGpuRefusesNewCommits) {
   EXPECT_TRUE(Fails(ledger_.SetGpuHealthy(5, 0, false), StatusCode::kNotFound, "no node #5"));
 }
 
+// The compact list of usable GPUs (free share and GPU index, in GPU order) follows every change:
+// commits, releases, a GPU's health and MIG mode. FGD's scores read it instead of the GPUs.
+TEST_F(LedgerTest, TheCompactUsableGpuListFollowsTheGpus) {
+  const NodeIndex n = Add(Node("n", 4, "A100-80GB"));
+  auto usable = [&] {
+    std::vector<std::pair<int, int>> out;  // (GPU index, free share)
+    for (int32_t i = 0; i < S(n).usable_gpus; ++i)
+      out.emplace_back(S(n).usable_index[static_cast<size_t>(i)], S(n).usable_free[static_cast<size_t>(i)]);
+    return out;
+  };
+  using V = std::vector<std::pair<int, int>>;
+  ASSERT_TRUE(S(n).compact());
+  EXPECT_EQ(usable(), (V{{0, 1000}, {1, 1000}, {2, 1000}, {3, 1000}}));
+  const AllocationId a = CommitOk(SharePlace(n, 1000, 2, 300));
+  EXPECT_EQ(usable(), (V{{0, 1000}, {1, 1000}, {2, 700}, {3, 1000}}));
+  ASSERT_TRUE(ledger_.SetGpuHealthy(n, 1, false).ok());
+  ExpectInvariants();
+  EXPECT_EQ(usable(), (V{{0, 1000}, {2, 700}, {3, 1000}}));
+  ASSERT_TRUE(ledger_.SetMigEnabled(n, 0, true).ok());
+  ExpectInvariants();
+  EXPECT_EQ(usable(), (V{{2, 700}, {3, 1000}}));
+  // Entries past the usable count are cleared, so equal states compare equal.
+  EXPECT_EQ(S(n).usable_free[2], 0);
+  EXPECT_EQ(S(n).usable_index[2], 0);
+  ReleaseOk(a);
+  ASSERT_TRUE(ledger_.SetGpuHealthy(n, 1, true).ok());
+  EXPECT_EQ(usable(), (V{{1, 1000}, {2, 1000}, {3, 1000}}));
+  // A node of more GPUs than the list holds is not compact: readers walk its GPUs.
+  const NodeIndex big = Add(Node("big", static_cast<int>(NodeState::kCompactGpus) + 1, "A100-80GB", 64, 512));
+  EXPECT_FALSE(S(big).compact());
+  EXPECT_EQ(S(big).usable_gpus, static_cast<int32_t>(NodeState::kCompactGpus) + 1);
+  ExpectInvariants();
+}
+
 TEST_F(LedgerTest, UnhealthyNodeRefusesNewCommits) {
   const NodeIndex n = Add(Node("n", 2, "T4"));
   const AllocationId held = CommitOk(SharePlace(n, 1000, 0, 500));

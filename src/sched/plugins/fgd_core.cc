@@ -100,6 +100,12 @@ Result<std::vector<GpuGrant>> FgdCore::Select(const Ledger& ledger, const Prepar
 }
 
 void FgdCore::LoadFree(const NodeState& s) {
+  if (s.compact()) {  // from the node's own struct, without a walk over its GPUs
+    const auto n = static_cast<size_t>(s.usable_gpus);
+    free_.assign(s.usable_free.begin(), s.usable_free.begin() + n);
+    index_.assign(s.usable_index.begin(), s.usable_index.begin() + n);
+    return;
+  }
   free_.clear();
   index_.clear();
   for (size_t i = 0; i < s.gpus.size(); ++i) {
@@ -130,8 +136,8 @@ int FgdCore::BestShareGpu(const Ledger& ledger, const NodeState& s, const Prepar
   tried_.clear();
   for (size_t j = 0; j < free_.size(); ++j) {
     const int32_t g = free_[j];
-    const GpuState& gs = s.gpus[static_cast<size_t>(index_[j])];
-    if (g < t.share || gs.free_memory < t.gpu_memory) continue;
+    if (g < t.share) continue;
+    if (t.gpu_memory > 0 && s.gpus[static_cast<size_t>(index_[j])].free_memory < t.gpu_memory) continue;
     int64_t points = -1;
     for (const auto& [value, p] : tried_) {
       if (value == g) points = p;
