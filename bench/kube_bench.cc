@@ -209,9 +209,9 @@ void Run(int node_count, int pod_count, bool with_core, const std::vector<std::s
   fmt::print("  core alone, full pass: {} of {} placed in {:.2f} s ({:.0f} decisions/s)\n", full.placed, requests.size(),
              full.seconds, requests.size() / full.seconds);
   fmt::print("  core alone, best-node index: {} of {} placed in {:.2f} s ({:.0f} decisions/s); {} through the index, "
-             "{} index builds, {:.1f} nodes looked at again per decision\n",
+             "{} index builds, {} re-scorings, {:.1f} nodes looked at again per decision\n",
              indexed.placed, requests.size(), indexed.seconds, requests.size() / indexed.seconds,
-             indexed.stats.index_decisions, indexed.stats.index_builds,
+             indexed.stats.index_decisions, indexed.stats.index_builds, indexed.stats.index_rescores,
              static_cast<double>(indexed.stats.index_updates) / static_cast<double>(requests.size()));
   }
   fmt::print("  peak resident memory so far: {} MiB\n", rss);

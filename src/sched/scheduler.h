@@ -110,6 +110,7 @@ class Scheduler {
     uint64_t score_cache_misses = 0;
     uint64_t index_decisions = 0;  // decided through the best-node index
     uint64_t index_builds = 0;     // full passes that (re)built a shape's index
+    uint64_t index_rescores = 0;   // a shape's feasible nodes scored again (epochs or ranks moved)
     uint64_t index_updates = 0;    // nodes filtered and scored again because they changed
   };
   const Stats& stats() const { return stats_; }
@@ -165,6 +166,8 @@ class Scheduler {
   uint64_t IndexSignature() const;
   std::string IndexKey(const TaskRequest& task) const;
   void BuildIndex(ShapeIndex& index);
+  void RescoreIndex(ShapeIndex& index);
+  void ScoreIntoHeap(ShapeIndex& index);
   void UpdateIndex(ShapeIndex& index);
   bool NodeFeasible(NodeIndex node);
   int64_t NodeTotal(NodeIndex node);

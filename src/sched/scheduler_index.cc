@@ -8,7 +8,8 @@
 // node of highest total, ties to the lower rank, then the lower index. The index orders its entries
 // the same way and drops an entry once its node's generation moved on, so its top is that node.
 // PreScore is called exactly when the full pass would call it (two feasible nodes or more, or one
-// without skip_scoring_single_node), and a change of a plugin's epoch or of the ranks rebuilds.
+// without skip_scoring_single_node), and a change of a plugin's epoch or of the ranks scores every
+// feasible node again (feasibility depends on neither: RescoreIndex filters only the changed nodes).
 #include <algorithm>
 #include <cstring>
 
@@ -73,24 +74,52 @@ void Scheduler::BuildIndex(ShapeIndex& index) {
   ++stats_.index_builds;
   const size_t n = ledger_.node_count();
   const auto& states = ledger_.states();
-  index.signature = IndexSignature();
   index.log_position = ledger_.change_log_end();
   index.seen.resize(n);
   index.live.assign(n, 0);
   for (size_t i = 0; i < n; ++i) index.seen[i] = states[i].generation;
   RunFilters(prepared_);
+  for (const NodeIndex node : feasible_) index.live[node] = 1;
   index.live_count = feasible_.size();
-  std::vector<int64_t> total(feasible_.size(), 0);
+  ScoreIntoHeap(index);
+}
+
+// Only the plugins' epochs or the ranks moved: which nodes are feasible depends on neither, so the
+// nodes that changed since are filtered again and every feasible node scored again, without a
+// filter pass over every node.
+void Scheduler::RescoreIndex(ShapeIndex& index) {
+  ++stats_.index_rescores;
+  const auto& states = ledger_.states();
+  for (uint64_t pos = index.log_position, end = ledger_.change_log_end(); pos < end; ++pos) {
+    const NodeIndex node = ledger_.changed_node(pos);
+    const uint64_t gen = states[node].generation;
+    if (index.seen[node] == gen) continue;
+    index.seen[node] = gen;
+    const bool feasible = NodeFeasible(node);
+    index.live_count += static_cast<size_t>(feasible) - static_cast<size_t>(index.live[node]);
+    index.live[node] = feasible ? 1 : 0;
+  }
+  index.log_position = ledger_.change_log_end();
+  feasible_.clear();
+  for (size_t i = 0; i < index.live.size(); ++i)
+    if (index.live[i] != 0) feasible_.push_back(static_cast<NodeIndex>(i));
+  ScoreIntoHeap(index);
+}
+
+// The heap of feasible_ (every feasible node, filtered at its current generation) by total score.
+void Scheduler::ScoreIntoHeap(ShapeIndex& index) {
+  const auto& states = ledger_.states();
+  index.signature = IndexSignature();
+  total_.assign(feasible_.size(), 0);
   for (size_t p = 0; p < scores_.size(); ++p) {
     ScoreWith(p, prepared_, raw_);
-    for (size_t i = 0; i < raw_.size(); ++i) total[i] += scores_[p].weight * raw_[i];
+    for (size_t i = 0; i < raw_.size(); ++i) total_[i] += scores_[p].weight * raw_[i];
   }
   index.heap.clear();
   index.heap.reserve(feasible_.size());
   for (size_t i = 0; i < feasible_.size(); ++i) {
     const NodeIndex node = feasible_[i];
-    index.live[node] = 1;
-    index.heap.push_back({total[i], ranks_[node], node, states[node].generation});
+    index.heap.push_back({total_[i], ranks_[node], node, states[node].generation});
   }
   std::make_heap(index.heap.begin(), index.heap.end(), [](const IndexEntry& a, const IndexEntry& b) { return Worse(a, b); });
 }
@@ -140,9 +169,10 @@ std::optional<NodeIndex> Scheduler::ChooseFromIndex(const TaskRequest& task) {
   }
   ShapeIndex& index = it->second;
   index.last_used = ++index_clock_;
-  if (index.signature != IndexSignature() || index.log_position < ledger_.change_log_begin() ||
-      index.seen.size() != ledger_.node_count()) {
-    BuildIndex(index);
+  if (index.log_position < ledger_.change_log_begin() || index.seen.size() != ledger_.node_count()) {
+    BuildIndex(index);  // the change log no longer reaches back to it, or nodes joined
+  } else if (index.signature != IndexSignature()) {
+    RescoreIndex(index);
   }
   UpdateIndex(index);
   if (index.live_count == 0) return std::nullopt;
@@ -151,7 +181,7 @@ std::optional<NodeIndex> Scheduler::ChooseFromIndex(const TaskRequest& task) {
     // weights here once after relearning; a new epoch means new totals).
     for (ScoreSlot& slot : scores_) slot.plugin->PreScore(view_, prepared_, {});
     if (index.signature != IndexSignature()) {
-      BuildIndex(index);
+      RescoreIndex(index);
       UpdateIndex(index);
     }
   }

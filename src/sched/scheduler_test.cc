@@ -330,6 +330,8 @@ TEST(SchedulerTest, TheBestNodeIndexChoosesAsTheFullPass) {
   EXPECT_EQ(runs[1].stats.index_decisions, 0u);
   // Most decisions looked at a few changed nodes, not at every node.
   EXPECT_LT(runs[0].stats.index_updates, runs[0].stats.index_decisions * 20);
+  // Relearning and new ranks scored the feasible nodes again without a filter pass, as exactly.
+  EXPECT_GT(runs[0].stats.index_rescores, 0u);
 }
 
 TEST(SchedulerTest, TieBreakRanksMustCoverEveryNode) {

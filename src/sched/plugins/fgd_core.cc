@@ -19,7 +19,7 @@ FgdCore::FgdCore(std::vector<TypicalPod> pods) { SetWorkload(std::move(pods)); }
 void FgdCore::SetWorkload(std::vector<TypicalPod> pods) {
   model_ = FragmentationModel(std::move(pods));
   cache_.clear();
-  remembered_.clear();
+  ForgetAll();
   cpu_thresholds_.clear();
   for (const TypicalPod& p : model_.pods()) cpu_thresholds_.push_back(p.cpu);
   std::sort(cpu_thresholds_.begin(), cpu_thresholds_.end());
@@ -43,12 +43,38 @@ double FgdCore::Fragment(const Ledger& ledger, ModelId model, int64_t free_cpu, 
   key.shape = uint64_t{model} | (uint64_t{free.size()} << 16);
   for (size_t i = 0; i < 4; ++i) key.shape |= static_cast<uint64_t>(sorted[i]) << (20 + 10 * i);
   for (size_t i = 4; i < kMaxGpus; ++i) key.shares |= static_cast<uint64_t>(sorted[i]) << (10 * (i - 4));
+  key.shape |= kUsedBit;
   key.cpu = std::upper_bound(cpu_thresholds_.begin(), cpu_thresholds_.end(), free_cpu) - cpu_thresholds_.begin();
-  if (auto it = remembered_.find(key); it != remembered_.end()) return it->second;
+  if (const RememberedSlot& slot = FindSlot(key); slot.key.shape != 0) return slot.value;
   const double value = model_.NodeFragment(ledger, model, free_cpu, free);
-  if (remembered_.size() >= kMaxRemembered) remembered_.clear();
-  remembered_.emplace(key, value);
+  Remember(key, value);
   return value;
+}
+
+FgdCore::RememberedSlot& FgdCore::FindSlot(const FragmentKey& key) {
+  const size_t mask = remembered_.size() - 1;
+  for (size_t i = KeyHash(key) & mask;; i = (i + 1) & mask) {
+    RememberedSlot& slot = remembered_[i];
+    if (slot.key.shape == 0 || slot.key == key) return slot;
+  }
+}
+
+void FgdCore::Remember(const FragmentKey& key, double value) {
+  if (remembered_count_ >= kMaxRemembered) ForgetAll();
+  if (2 * (remembered_count_ + 1) > remembered_.size()) {
+    // Past half full: twice the slots, every key placed again.
+    std::vector<RememberedSlot> old(2 * remembered_.size());
+    old.swap(remembered_);
+    for (const RememberedSlot& slot : old)
+      if (slot.key.shape != 0) FindSlot(slot.key) = slot;
+  }
+  FindSlot(key) = RememberedSlot{key, value};
+  ++remembered_count_;
+}
+
+void FgdCore::ForgetAll() {
+  remembered_.assign(1024, RememberedSlot{});
+  remembered_count_ = 0;
 }
 
 int64_t FgdCore::Points(const Ledger& ledger, const PreparedTask& t, NodeIndex node) {

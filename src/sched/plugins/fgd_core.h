@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -56,23 +55,33 @@ class FgdCore {
   std::vector<std::pair<int32_t, int64_t>> tried_;
 
   // Fragment's table: (model, count, sorted free shares) packed into two words, and how many of
-  // cpu_thresholds_ (the typical pods' CPU requests, sorted, distinct) the free CPU reaches.
+  // cpu_thresholds_ (the typical pods' CPU requests, sorted, distinct) the free CPU reaches. Open
+  // addressing with linear probing in one array (a decision at 10,000 nodes looks up thousands of
+  // keys: no node per entry to chase); `shape` always has kUsedBit, so an empty slot is all zero.
   struct FragmentKey {
     uint64_t shape = 0;
     uint64_t shares = 0;
     int64_t cpu = 0;  // thresholds reached
     bool operator==(const FragmentKey&) const = default;
   };
-  struct FragmentKeyHash {
-    size_t operator()(const FragmentKey& k) const {
-      uint64_t h = k.shape * 0x9e3779b97f4a7c15ULL;
-      h = (h ^ (h >> 29) ^ k.shares) * 0xbf58476d1ce4e5b9ULL;
-      h = (h ^ (h >> 32) ^ static_cast<uint64_t>(k.cpu)) * 0x94d049bb133111ebULL;
-      return static_cast<size_t>(h ^ (h >> 31));
-    }
+  struct RememberedSlot {
+    FragmentKey key;
+    double value = 0;
   };
-  static constexpr size_t kMaxRemembered = size_t{1} << 16;
-  std::unordered_map<FragmentKey, double, FragmentKeyHash> remembered_;
+  static constexpr uint64_t kUsedBit = uint64_t{1} << 63;
+  static constexpr size_t kMaxRemembered = size_t{1} << 16;  // then it starts again, empty
+  static size_t KeyHash(const FragmentKey& k) {
+    uint64_t h = k.shape * 0x9e3779b97f4a7c15ULL;
+    h = (h ^ (h >> 29) ^ k.shares) * 0xbf58476d1ce4e5b9ULL;
+    h = (h ^ (h >> 32) ^ static_cast<uint64_t>(k.cpu)) * 0x94d049bb133111ebULL;
+    return static_cast<size_t>(h ^ (h >> 31));
+  }
+  // The slot holding `key`, or the empty one where it goes.
+  RememberedSlot& FindSlot(const FragmentKey& key);
+  void Remember(const FragmentKey& key, double value);
+  void ForgetAll();
+  std::vector<RememberedSlot> remembered_;  // size a power of two, at most half full
+  size_t remembered_count_ = 0;
   std::vector<int64_t> cpu_thresholds_;
 };
 
