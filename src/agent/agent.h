@@ -198,6 +198,9 @@ class Agent {
   // Takes over the run of `t` if a runtime already knows it (an earlier agent started it); false
   // when none does. REQUIRES: mu_ held.
   bool Adopt(LocalTask& t);
+  // Asks t's runtime to stop it (TERM, then KILL after `grace`), saying so in the agent's log, with
+  // the runtime's error when it could not. REQUIRES: mu_ held, t.runtime set.
+  void StopTask(const std::string& id, LocalTask& t, std::chrono::seconds grace, const std::string& why);
   void PollTasks();
   // Frees what a task the server no longer lists left behind once its end is reported (its MPS
   // use, runtime state, placement record); the caller drops it from tasks_. REQUIRES: mu_ held.

@@ -129,7 +129,7 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
         LocalTask& lt = inserted->second;
         if (Adopt(lt)) {
           lt.stop_requested = true;
-          (void)lt.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+          StopTask(id, lt, std::chrono::seconds(a.grace_period_seconds), "an earlier agent's run, asked to stop");
         } else {
           if (AdoptableTask(id)) ClearStray(id);
           lt.exited = true;
@@ -163,7 +163,7 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
         t.final_state = "stopped";
         t.final_message = "stopped while its image was being pulled";
       } else if (t.runtime != nullptr) {
-        (void)t.runtime->Stop(id, std::chrono::seconds(a.grace_period_seconds));
+        StopTask(id, t, std::chrono::seconds(a.grace_period_seconds), "asked to stop");
       }
     }
   }
@@ -183,7 +183,7 @@ bool Agent::Reconcile(const std::vector<Assignment>& assignments, const std::str
     if (t.started && !t.exited) {
       if (!t.stop_requested && t.runtime != nullptr) {
         t.stop_requested = true;
-        (void)t.runtime->Stop(it->first, std::chrono::seconds(10));
+        StopTask(it->first, t, std::chrono::seconds(10), "no longer assigned here");
       }
       ++it;
       continue;
@@ -398,6 +398,12 @@ bool Agent::Adopt(LocalTask& t) {
       std::cerr << fmt::format("gpupool agent {}: adopted task {}: {}\n", options_.node, id, ms.ToString());
   }
   return true;
+}
+
+void Agent::StopTask(const std::string& id, LocalTask& t, std::chrono::seconds grace, const std::string& why) {
+  const Status st = t.runtime->Stop(id, grace);
+  std::cerr << fmt::format("gpupool agent {}: stopping task {} ({}; TERM, KILL after {} s){}\n", options_.node, id,
+                           why, grace.count(), st.ok() ? "" : ": " + st.ToString());
 }
 
 bool Agent::StrayOfAnotherPlacement(const Assignment& a) {

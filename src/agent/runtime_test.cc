@@ -837,6 +837,29 @@ TEST_F(RuncTest, StopKillsATermIgnoringContainerAfterTheGracePeriod) {
   ASSERT_TRUE(rt_->Remove(id).ok());
 }
 
+// A stop that comes while the container is still starting — before its process could set up a
+// TERM handler, and a namespace's init ignores a TERM it does not handle — still ends it: SIGKILL
+// once the grace period is over.
+TEST_F(RuncTest, AStopRightAfterTheStartStillEndsTheContainer) {
+  for (int delay_ms : {0, 150, 300}) {  // before runc made it, while it starts, once it runs
+    std::string id = UniqueId("runc-early-stop");
+    ASSERT_TRUE(
+        rt_->Start(ContainerSpec(id, {"sh", "-c", "sleep 2; trap 'echo term; exit 0' TERM; echo ready; sleep 60"})).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    auto start = Clock::now();
+    ASSERT_TRUE(rt_->Stop(id, 1s).ok());
+    TaskStatusInfo info = WaitDone(*rt_, id, 8s);
+    EXPECT_EQ(info.state, RunState::kExited) << "stopped " << delay_ms << " ms after the start: " << info.message
+                                             << ReadText(rt_->StderrPath(id));
+    EXPECT_LT(Clock::now() - start, 5s);
+    if (info.state != RunState::kExited) {
+      (void)rt_->Stop(id, 0s);
+      (void)WaitDone(*rt_, id, 5s);
+    }
+    ASSERT_TRUE(rt_->Remove(id).ok());
+  }
+}
+
 TEST_F(RuncTest, LimitsReachTheContainersCgroup) {
   std::string id = UniqueId("runc-limits");
   LaunchSpec spec = ContainerSpec(
