@@ -402,8 +402,9 @@ class Store:
             self._record("DELETED", key, None, old)
             return copy.deepcopy(old)
 
-    def snapshot(self, resource, namespace, at_rv):
-        """The objects of `resource` as they were at `at_rv` (None: now), sorted by key."""
+    def snapshot(self, resource, namespace, at_rv, copy_out=True):
+        """The objects of `resource` as they were at `at_rv` (None: now), sorted by key; copy_out=False
+        gives the stored objects themselves (the caller copies what it sends, under the lock)."""
         objs = {k: v for k, v in self.objects.items() if k[0] == resource and (not namespace or k[1] == namespace)}
         if at_rv is not None and at_rv < self.rv:
             if at_rv < self.oldest:
@@ -418,7 +419,7 @@ class Store:
                     objs.pop(key, None)
                 else:
                     objs[key] = old
-        return [copy.deepcopy(objs[k]) for k in sorted(objs)]
+        return [copy.deepcopy(objs[k]) if copy_out else objs[k] for k in sorted(objs)]
 
 
 # ---- HTTP -----------------------------------------------------------------------------------------
@@ -707,13 +708,18 @@ class Handler(BaseHTTPRequestHandler):
                         raise ApiError(504, "Timeout", "Too large resource version: %s, current: %d" % (rv_param, store.rv))
                 else:
                     at_rv = store.rv
-            items = [o for o in store.snapshot(res, ns, at_rv if at_rv < store.rv else None)
-                     if labels_match(o, labels) and fields_match(o, fields)]
-        if after is not None:
-            items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after]
+            # Only the page sent is copied (a list of 100,000 pods in pages of 500 would otherwise copy
+            # every pod for every page).
+            items = store.snapshot(res, ns, at_rv if at_rv < store.rv else None, copy_out=False)
+            if after is not None:
+                items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after]
+            items = [o for o in items if labels_match(o, labels) and fields_match(o, fields)]
+            more = bool(limit) and len(items) > limit
+            if more:
+                items = items[:limit]
+            items = [copy.deepcopy(o) for o in items]
         meta = {"resourceVersion": str(at_rv)}
-        if limit and len(items) > limit:
-            items = items[:limit]
+        if more:
             last = items[-1]["metadata"]
             meta["continue"] = base64.urlsafe_b64encode(json.dumps(
                 {"rv": at_rv, "after": [last.get("namespace", ""), last["name"]]}).encode()).decode()
@@ -837,10 +843,23 @@ def main():
                     help="namespace/name of a pod whose eviction is refused (429), as a disruption budget would")
     ap.add_argument("--binding-log", help="appended with 'uid namespace/name node unix-time' for every binding made")
     ap.add_argument("--request-log", help="appended with each resource request as RBAC sees it (JSON lines)")
+    ap.add_argument("--preload", help="JSON lines {\"resource\": \"pods\", \"namespace\": \"ml\", \"object\": {...}}: "
+                                      "created before the server listens (for benchmarks at scale)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     httpd = Server((args.host, args.port), Handler)
     httpd.store = Store(args.history)
+    if args.preload:
+        with open(args.preload) as f:
+            for line in f:
+                item = json.loads(line)
+                res, ns, obj = item["resource"], item.get("namespace", ""), item["object"]
+                if res not in RESOURCES:
+                    raise SystemExit("--preload: unknown resource %r" % res)
+                if res == "pods":
+                    obj.setdefault("status", {}).setdefault("phase", "Pending")
+                    obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+                httpd.store.create((res, ns, obj["metadata"]["name"]), obj)
     httpd.token = args.token
     httpd.bookmark_seconds = args.bookmark_seconds
     httpd.stopping = False

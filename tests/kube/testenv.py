@@ -8,13 +8,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def start_apiserver(work, *extra):
-    """Starts apiserver.py with `extra` arguments; returns (process, url) once it listens."""
+def start_apiserver(work, *extra, ready_timeout=20):
+    """Starts apiserver.py with `extra` arguments; returns (process, url) once it listens (within
+    `ready_timeout` seconds: more where it preloads a large cluster)."""
     ready = os.path.join(work, "apiserver.url")
     log = open(os.path.join(work, "apiserver.log"), "w")
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "apiserver.py"), "--port", "0", "--ready-file", ready]
                             + list(extra), stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 20
+    deadline = time.time() + ready_timeout
     while not os.path.exists(ready):
         if time.time() > deadline or proc.poll() is not None:
             proc.kill()
