@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -46,6 +47,18 @@ def cpu_seconds(pid):
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def metric(port, name):
+    """One unlabelled sample of the scheduler's /metrics, or None."""
+    try:
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
+    except OSError:
+        return None
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
 
 
 def peak_rss_mib(pid):
@@ -122,7 +135,7 @@ def main():
     procs = []
     try:
         apiserver, url = testenv.start_apiserver(work, "--preload", preload, "--history", str(args.pods * 3),
-                                                 "--bookmark-seconds", "5", "--binding-log", bindings,
+                                                 "--bookmark-seconds", "5", "--binding-log", bindings, "--request-log", os.path.join(work, "requests.jsonl"),
                                                  ready_timeout=600)
         procs.append(apiserver)
         print("kube_scale: %d nodes, %d pods loaded into the test API server in %.1f s" %
@@ -131,14 +144,19 @@ def main():
         log = open(os.path.join(work, "scheduler.log"), "w")
         api_cpu0 = cpu_seconds(apiserver.pid)
         t0 = time.time()
+        port = free_port()
         sched = subprocess.Popen([binary, "kube-scheduler", "--kubeconfig", kubeconfig, "--identity", "bench",
-                                  "--lease-namespace", "gpupool-system", "--listen", "127.0.0.1:%d" % free_port(),
+                                  "--lease-namespace", "gpupool-system", "--listen", "127.0.0.1:%d" % port,
                                   "--bind-workers", str(args.bind_workers)],
                                  stdout=log, stderr=subprocess.STDOUT, cwd=work)
         procs.append(sched)
         first, count, last_change, samples = None, 0, time.time(), []
+        decisions, decided_at = 0, None
         while time.time() - t0 < args.timeout:
             time.sleep(0.25)
+            d = metric(port, "gpupool_kube_decisions_total")
+            if d is not None and d != decisions:
+                decisions, decided_at = int(d), time.time() - t0
             if sched.poll() is not None:
                 raise RuntimeError("kube-scheduler exited with %s: see %s/scheduler.log" % (sched.returncode, work))
             with open(bindings) as f:
@@ -171,6 +189,8 @@ def main():
             raise RuntimeError("GPUs given out twice on %d nodes, e.g. %s" % (len(over), sorted(over.items())[:3]))
 
         print("kube_scale: first binding %.2f s after the scheduler started" % (first if first is not None else -1))
+        if decided_at is not None:
+            print("kube_scale: the scheduler's %d decisions (a gang is one) all made by %.2f s" % (decisions, decided_at))
         print("kube_scale: %d pods bound in %.2f s from the scheduler's start: %.0f pods/s end to end" %
               (count, end, count / end if end > 0 else 0))
         if len(samples) > 2 and first is not None:
