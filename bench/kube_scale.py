@@ -169,6 +169,8 @@ def main():
                 samples.append((now - t0, n))
             elif count > 0 and now - last_change >= args.quiet_seconds:
                 break
+        cycles = metric(port, "gpupool_kube_cycles_total")
+        cycle_seconds = metric(port, "gpupool_kube_cycle_duration_seconds_sum")
         rss = peak_rss_mib(sched.pid)
         sched_cpu = cpu_seconds(sched.pid)
         api_cpu = cpu_seconds(apiserver.pid) - api_cpu0
@@ -198,6 +200,8 @@ def main():
             print("kube_scale: from the first binding to the last: %.0f pods/s" % steady)
         print("kube_scale: scheduler peak resident memory %d MiB, %.1f CPU s; the test API server used %.1f CPU s "
               "(%.0f%% of one core over the run)" % (rss, sched_cpu, api_cpu, 100 * api_cpu / max(end, 1e-9)))
+        if cycles is not None and cycle_seconds is not None:
+            print("kube_scale: %d scheduling cycles, %.1f s in them" % (cycles, cycle_seconds))
         print("kube_scale: no pod bound twice, no node's GPUs given out twice (%d nodes used)" % len(held))
         return 0
     finally:
