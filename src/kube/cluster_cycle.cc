@@ -42,8 +42,15 @@ const NodeMask* ClusterState::MaskFor(const NodeConstraints& c) {
   return &mask;
 }
 
+bool ClusterState::AnyToTry() const {
+  for (const auto& [seq, p] : pending_pods_)
+    if (p->failed_epoch != capacity_epoch_ || p->nominated || p->reservation) return true;
+  return false;
+}
+
 void ClusterState::Report(Pod& p, const std::string& reason, const std::string& message, CycleResult& out,
                           const std::string& nominated_node) {
+  p.failed_epoch = capacity_epoch_;  // not tried again until the capacity changes (AnyToTry)
   if (p.last_reason == reason && p.last_message == message) return;
   p.last_reason = reason;
   p.last_message = message;
@@ -125,6 +132,11 @@ CycleResult ClusterState::Cycle() {
     if (Status st = Relearn(); !st.ok()) return out;
   }
   if (pending_.empty()) return out;
+  // Nothing to try: every pending pod failed (or was found invalid or short of its gang) at the
+  // capacity there is now, and nothing else moved. A cluster with 100,000 pods that fit nowhere
+  // then costs a scan of pointers per cycle, not a queue order over all of them.
+  if (!poked_ && !AnyToTry()) return out;
+  poked_ = false;
 
   // Units: a pod alone, or a gang's pending members (namespace/gang), in first-seen order.
   std::vector<Unit> units;
@@ -204,7 +216,9 @@ CycleResult ClusterState::Cycle() {
       continue;
     }
     bool unchanged = true;
-    for (const Pod* p : u.members()) unchanged &= p->failed_epoch == capacity_epoch_ && !p->reservation;
+    // A gang that waited for members and has them now was never tried at this capacity.
+    for (const Pod* p : u.members())
+      unchanged &= p->failed_epoch == capacity_epoch_ && !p->reservation && p->last_reason != "WaitingForGang";
     if (unchanged) {
       pass.Skipped(*next);
       continue;

@@ -60,6 +60,14 @@ NodeSpec Healthy(NodeSpec s) {
   return s;
 }
 
+// The health the ledger is told of (ApplyHealth), for two specs SameNodeSpec calls equal.
+bool SameHealth(const NodeSpec& a, const NodeSpec& b) {
+  if (a.healthy != b.healthy || a.gpus.size() != b.gpus.size()) return false;
+  for (size_t g = 0; g < a.gpus.size(); ++g)
+    if (a.gpus[g].healthy != b.gpus[g].healthy) return false;
+  return true;
+}
+
 }  // namespace
 
 void ClusterState::ApplyHealth(NodeIndex idx, const KubeNode& kn) {
@@ -71,14 +79,15 @@ void ClusterState::ApplyHealth(NodeIndex idx, const KubeNode& kn) {
 void ClusterState::ApplyNode(const std::string& type, const Json& node) {
   const std::string name = Str(At(At(node, "metadata"), "name"));
   if (name.empty()) return;
-  ++mask_epoch_;
   if (type == "DELETED") {
+    ++mask_epoch_;
     bad_nodes_.erase(name);
     if (nodes_.erase(name) > 0) rebuild_ = true;
     return;
   }
   auto parsed = ParseKubeNode(node, catalog_);
   if (!parsed.ok()) {
+    ++mask_epoch_;
     bad_nodes_[name] = parsed.status().message();
     if (nodes_.erase(name) > 0) rebuild_ = true;
     return;
@@ -87,19 +96,28 @@ void ClusterState::ApplyNode(const std::string& type, const Json& node) {
   KubeNode kn = std::move(parsed).value();
   auto it = nodes_.find(name);
   if (it != nodes_.end()) {
-    const bool same = SameNodeSpec(Healthy(it->second.spec), Healthy(kn.spec));
+    const KubeNode& was = it->second;
+    const bool same = SameNodeSpec(Healthy(was.spec), Healthy(kn.spec));
+    const bool same_labels = was.labels == kn.labels && was.taints == kn.taints;
+    const bool same_health = was.ready == kn.ready && was.cordoned == kn.cordoned && SameHealth(was.spec, kn.spec);
     it->second = std::move(kn);
     if (!same) {
+      ++mask_epoch_;
       rebuild_ = true;
       return;
     }
-    ++capacity_epoch_;  // healthier or not, cordoned or not: decisions may differ now
+    // A status update that changes nothing placement reads (the kubelet's heartbeats, conditions
+    // gpupool does not read) leaves the failed pods failed: they are not all tried again for it.
+    if (same_labels && same_health) return;
+    if (!same_labels) ++mask_epoch_;
+    ++capacity_epoch_;  // healthier or not, cordoned or not, other labels: decisions may differ now
     if (!rebuild_) {
       if (auto idx = ledger_->FindNode(name)) ApplyHealth(*idx, it->second);
     }
     return;
   }
   it = nodes_.emplace(name, std::move(kn)).first;
+  ++mask_epoch_;
   ++capacity_epoch_;
   if (rebuild_) return;
   auto idx = ledger_->AddNode(Healthy(it->second.spec));
@@ -383,6 +401,7 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
     Uncharge(p);
     p.phase = PodPhase::kBound;
     p.node = node;
+    poked_ = true;  // a gang's member bound elsewhere counts towards its minimum
     Charge(p, pod);
     if (ours) {
       auto req = ReadRequest(pod);

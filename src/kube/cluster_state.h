@@ -216,6 +216,10 @@ class ClusterState {
   bool rebuild_ = false;
   uint64_t capacity_epoch_ = 0;  // bumped whenever something is released or a node added/changed
   uint64_t mask_epoch_ = 0;      // bumped when nodes or their labels/taints change
+  // A cycle tries the pending pods only when one of them could be placed now: one untried since
+  // the capacity last changed (AnyToTry), or something else moved (poked_).
+  bool poked_ = true;
+  bool AnyToTry() const;
   std::unordered_map<std::string, std::pair<uint64_t, NodeMask>> masks_;
 
   std::unordered_map<std::string, Pod> pods_;  // by uid

@@ -223,6 +223,61 @@ TEST_F(ClusterStateTest, AFailedBindingReleasesWhatThePodHeld) {
   EXPECT_TRUE(state->CheckInvariants().ok());
 }
 
+// Pods that fit nowhere are tried again when something they depend on changed (a pod ended, a
+// node's labels or health), not on every cycle and not for a node's status heartbeat: at 100,000
+// pending pods a retry of each on every event was the kube-scheduler's main cost.
+TEST_F(ClusterStateTest, PodsThatFitNowhereAreTriedAgainOnlyWhenSomethingChanged) {
+  Json node = NodeObj("n1", 1);
+  state->ApplyNode("ADDED", node);
+  const Json a = PodObj("a", {{"nvidia.com/gpu", 1}});
+  state->ApplyPod("ADDED", a);
+  state->ApplyPod("ADDED", PodObj("b", {{"nvidia.com/gpu", 1}}));
+  state->ApplyPod("ADDED", PodObj("bad", {{"nvidia.com/gpu", 1}}, {{kQueueKey, "no-such-queue"}}));
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  ASSERT_EQ(r.binds[0].name, "a");
+  EXPECT_EQ(r.decisions, 2);
+  ASSERT_NE(FindReport(r, "bad"), nullptr);
+  EXPECT_EQ(FindReport(r, "bad")->reason, "Invalid");
+  state->ApplyPod("MODIFIED", Bound(a, r.binds[0]));  // its binding, seen
+  r = state->Cycle();
+  EXPECT_EQ(r.decisions, 0);
+  EXPECT_TRUE(r.pending.empty());
+
+  node["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-12-07T01:00:00Z";
+  state->ApplyNode("MODIFIED", node);
+  EXPECT_EQ(state->Cycle().decisions, 0) << "a heartbeat retried the pods that fit nowhere";
+
+  node["metadata"]["labels"]["zone"] = "b";  // may open the node to a selector
+  state->ApplyNode("MODIFIED", node);
+  EXPECT_EQ(state->Cycle().decisions, 1);
+  EXPECT_EQ(state->Cycle().decisions, 0);
+
+  state->ApplyPod("DELETED", Bound(a, r.binds.empty() ? BindOrder{} : r.binds[0]));
+  r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u);
+  EXPECT_EQ(r.binds[0].name, "b");
+  EXPECT_EQ(state->PendingByReason()["Invalid"], 1u);
+  EXPECT_TRUE(state->CheckInvariants().ok());
+}
+
+// A gang short of its minimum starts once members bound elsewhere (by a replica before this one)
+// make up the difference, though no capacity was freed.
+TEST_F(ClusterStateTest, AGangShortOfItsMinimumCountsMembersBoundElsewhere) {
+  state->ApplyNode("ADDED", NodeObj("n1", 8));
+  Json ann = {{"gpupool.io/gang", "g"}, {"gpupool.io/gang-min", "3"}};
+  for (int i = 0; i < 2; ++i) state->ApplyPod("ADDED", PodObj(fmt::format("m{}", i), {{"nvidia.com/gpu", 1}}, ann));
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.pending.size(), 2u);
+  EXPECT_EQ(r.pending[0].reason, "WaitingForGang");
+  EXPECT_EQ(state->Cycle().decisions, 0);
+  Json m2 = PodObj("m2", {{"nvidia.com/gpu", 1}}, ann);
+  m2["spec"]["nodeName"] = "n1";
+  state->ApplyPod("ADDED", m2);
+  EXPECT_EQ(state->Cycle().binds.size(), 2u);
+  EXPECT_TRUE(state->CheckInvariants().ok());
+}
+
 TEST_F(ClusterStateTest, NodeSelectorsAffinityAndTaintsRestrictNodes) {
   Json n1 = NodeObj("n1", 8);
   n1["metadata"]["labels"]["pool"] = "a";
