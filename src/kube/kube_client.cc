@@ -21,13 +21,9 @@ void GlobalInit() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-struct EasyDeleter {
-  void operator()(CURL* c) const { curl_easy_cleanup(c); }
-};
 struct ListDeleter {
   void operator()(curl_slist* l) const { curl_slist_free_all(l); }
 };
-using Easy = std::unique_ptr<CURL, EasyDeleter>;
 using Headers = std::unique_ptr<curl_slist, ListDeleter>;
 
 // What a transfer collects: the whole body (a request) or line by line (a watch).
@@ -99,9 +95,39 @@ Result<std::unique_ptr<KubeClient>> KubeClient::Create(KubeEndpoint endpoint, Op
   return std::unique_ptr<KubeClient>(new KubeClient(std::move(endpoint), options));
 }
 
+// What the client's transfers share: TLS sessions and DNS answers (a libcurl share, locked), and
+// idle easy handles. A handle keeps its connections open between requests, so a request takes an
+// idle one and gives it back: the API server sees kept-open connections, not a new connection (and
+// on its side, a new thread) per request. libcurl's shared connection cache is not used: libcurl
+// documents it as unsafe between concurrent threads.
 struct KubeClient::Shared {
+  static constexpr size_t kMaxIdle = 64;
   CURLSH* share = nullptr;
   std::mutex locks[CURL_LOCK_DATA_LAST];
+  std::mutex pool_mu;
+  std::vector<CURL*> idle;
+  CURL* Take() {
+    {
+      std::lock_guard<std::mutex> lock(pool_mu);
+      if (!idle.empty()) {
+        CURL* c = idle.back();
+        idle.pop_back();
+        curl_easy_reset(c);  // options only: its connections stay open
+        return c;
+      }
+    }
+    return curl_easy_init();
+  }
+  void Give(CURL* c) {
+    {
+      std::lock_guard<std::mutex> lock(pool_mu);
+      if (idle.size() < kMaxIdle) {
+        idle.push_back(c);
+        return;
+      }
+    }
+    curl_easy_cleanup(c);
+  }
   static void Lock(CURL*, curl_lock_data data, curl_lock_access, void* self) {
     static_cast<Shared*>(self)->locks[data].lock();
   }
@@ -112,14 +138,25 @@ struct KubeClient::Shared {
     curl_share_setopt(share, CURLSHOPT_LOCKFUNC, &Shared::Lock);
     curl_share_setopt(share, CURLSHOPT_UNLOCKFUNC, &Shared::Unlock);
     curl_share_setopt(share, CURLSHOPT_USERDATA, this);
-    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
     curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
     curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
   }
   ~Shared() {
+    for (CURL* c : idle) curl_easy_cleanup(c);
     if (share != nullptr) curl_share_cleanup(share);
   }
 };
+
+namespace {
+
+// An easy handle on loan from the pool: given back when it goes out of scope.
+struct GiveBack {
+  KubeClient::Shared* pool = nullptr;
+  void operator()(CURL* c) const { pool->Give(c); }
+};
+using Easy = std::unique_ptr<CURL, GiveBack>;
+
+}  // namespace
 
 KubeClient::KubeClient(KubeEndpoint endpoint, Options options)
     : endpoint_(std::move(endpoint)), options_(options), shared_(std::make_unique<Shared>()) {}
@@ -141,11 +178,12 @@ std::string KubeClient::Escape(std::string_view value) {
 namespace {
 
 // A configured easy handle for `url`, or an error.
-Result<Easy> Prepare(const KubeEndpoint& ep, const std::string& url, Headers* headers, Sink* sink, CURLSH* share) {
-  Easy easy(curl_easy_init());
+Result<Easy> Prepare(const KubeEndpoint& ep, const std::string& url, Headers* headers, Sink* sink,
+                     KubeClient::Shared* shared) {
+  Easy easy(shared->Take(), GiveBack{shared});
   if (!easy) return Status::Internal("curl_easy_init failed");
   CURL* c = easy.get();
-  if (share != nullptr) curl_easy_setopt(c, CURLOPT_SHARE, share);
+  if (shared->share != nullptr) curl_easy_setopt(c, CURLOPT_SHARE, shared->share);
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -197,7 +235,7 @@ Result<KubeResponse> KubeClient::Request(std::string_view method, const std::str
   Sink sink;
   sink.max = options_.max_body;
   Headers headers;
-  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path, &headers, &sink, shared_->share));
+  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path, &headers, &sink, shared_.get()));
   CURL* c = easy.get();
   std::string payload;
   if (body != nullptr) {
@@ -275,7 +313,7 @@ Result<WatchEnd> KubeClient::Watch(const std::string& path, const std::string& q
   if (!resource_version.empty()) q += "&resourceVersion=" + Escape(resource_version);
   if (!query.empty()) q += "&" + query;
   Headers headers;
-  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path + q, &headers, &sink, shared_->share));
+  ASSIGN_OR_RETURN(Easy easy, Prepare(endpoint_, endpoint_.server + path + q, &headers, &sink, shared_.get()));
   CURL* c = easy.get();
   curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());

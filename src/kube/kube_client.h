@@ -82,13 +82,14 @@ class KubeClient {
   // Percent-encodes a query parameter's value.
   static std::string Escape(std::string_view value);
 
+  // Connections (in idle easy handles), TLS sessions and DNS answers kept and shared by every
+  // request of this client, on any thread: a binding does not pay a TCP and TLS handshake.
+  struct Shared;
+
  private:
   KubeClient(KubeEndpoint endpoint, Options options);
   KubeEndpoint endpoint_;
   Options options_;
-  // Connections (and TLS sessions, DNS answers) kept open and shared by every request of this
-  // client, on any thread: a binding does not pay a TCP and TLS handshake.
-  struct Shared;
   std::unique_ptr<Shared> shared_;
 };
 

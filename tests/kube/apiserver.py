@@ -332,11 +332,15 @@ class Store:
         self.rv += 1
         if new is not None:
             new["metadata"]["resourceVersion"] = str(self.rv)
-        event_obj = new if new is not None else copy.deepcopy(old)
-        if new is None:
-            event_obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.history.append((self.rv, kind, key, copy.deepcopy(event_obj), copy.deepcopy(old)))
-        if len(self.history) > self.max_history:
+        # Stored objects are never changed in place (an update stores a new one), so the history
+        # holds them as they are, uncopied: a binding used to copy its pod six times.
+        if new is not None:
+            event_obj = new
+        else:
+            event_obj = dict(old, metadata=dict(old["metadata"], resourceVersion=str(self.rv)))
+        self.history.append((self.rv, kind, key, event_obj, old))
+        # Trimmed by a tenth at a time: trimming copies what is kept, so not on every event.
+        if len(self.history) > self.max_history + max(1, self.max_history // 10):
             dropped = self.history[: len(self.history) - self.max_history]
             self.history = self.history[len(dropped):]
             self.oldest = dropped[-1][0]
@@ -368,8 +372,9 @@ class Store:
             self._record("ADDED", key, obj, None)
             return copy.deepcopy(obj)
 
-    def update(self, key, obj, check_rv=True, keep=None):
-        """keep: 'status' keeps the stored spec (a status update), 'spec' keeps the stored status."""
+    def update(self, key, obj, check_rv=True, keep=None, owned=False):
+        """keep: 'status' keeps the stored spec (a status update), 'spec' keeps the stored status.
+        owned: `obj` is the caller's own copy, given up (stored as it is; nothing returned)."""
         with self.lock:
             old = self.objects.get(key)
             if old is None:
@@ -378,7 +383,7 @@ class Store:
             if check_rv and want and want != old["metadata"]["resourceVersion"]:
                 raise conflict(key[0], key[2], "the object has been modified; please apply your changes to the latest "
                                                "version and try again")
-            new = copy.deepcopy(obj)
+            new = obj if owned else copy.deepcopy(obj)
             new.setdefault("metadata", {})
             for f in ("uid", "creationTimestamp", "name"):
                 new["metadata"][f] = old["metadata"][f]
@@ -392,10 +397,10 @@ class Store:
             if {k: v for k, v in new.items() if k != "metadata"} == {k: v for k, v in old.items() if k != "metadata"} \
                     and new["metadata"].get("labels") == old["metadata"].get("labels") \
                     and new["metadata"].get("annotations") == old["metadata"].get("annotations"):
-                return copy.deepcopy(old)  # no change: no new resourceVersion, as the API server
+                return None if owned else copy.deepcopy(old)  # no change: no new resourceVersion, as the API server
             self.objects[key] = new
             self._record("MODIFIED", key, new, old)
-            return copy.deepcopy(new)
+            return None if owned else copy.deepcopy(new)
 
     def delete(self, key):
         with self.lock:
@@ -702,7 +707,7 @@ class Handler(BaseHTTPRequestHandler):
             conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                           "lastTransitionTime": now_rfc3339()})
             pod["status"]["conditions"] = conds
-            store.update(key, pod, check_rv=False)
+            store.update(key, pod, check_rv=False, owned=True)
             if self.server.binding_log:
                 with open(self.server.binding_log, "a") as f:
                     f.write("%s %s/%s %s %.6f\n" % (pod["metadata"]["uid"], key[1], key[2], target["name"], time.time()))
@@ -797,7 +802,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
         def emit(kind_, obj):
-            obj = copy.deepcopy(obj)
+            obj = dict(obj)  # the stored object is not changed: only its top level gets kind and apiVersion
             obj.setdefault("kind", kind)
             obj.setdefault("apiVersion", api_version)
             self.write_chunk(json.dumps({"type": kind_, "object": obj}).encode() + b"\n")
@@ -875,6 +880,9 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Connections waiting to be accepted: Python's default of 5 leaves a burst of clients in SYN-SENT
+    # for a second's retransmission (the kernel caps it at net.core.somaxconn).
+    request_queue_size = 1024
     allow_reuse_address = True
 
 
