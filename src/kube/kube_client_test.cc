@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -188,6 +189,43 @@ TEST_F(KubeClientTest, AWrongTokenIsUnauthenticatedAndAnAnswerOverTheBoundIsRefu
 
 // Over HTTPS: the server's certificate is checked against the kubeconfig's CA (a client with
 // another CA is refused), and the kubeconfig's token, namespace and CA data are what is used.
+// Requests keep their connections open between them, from any thread: 4 threads making 200
+// requests use a handful of connections (the server sees each connection's client port), not one
+// connection, and on the server's side one thread, per request.
+TEST(KubeConnections, RequestsFromManyThreadsReuseAFewKeptOpenConnections) {
+  if (Sh("python3 -c 'import http.server' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  TempDir d;
+  TestApiServer server(d.path(), {"--request-log", d.path() + "/requests.jsonl"});
+  ASSERT_FALSE(server.url().empty()) << ReadText(d.path() + "/server.log");
+  KubeEndpoint ep;
+  ep.server = server.url();
+  auto c = KubeClient::Create(ep);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  KubeClient& client = **c;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        auto r = client.Request("GET", "/api/v1/namespaces/default/pods");
+        if (r.ok() && r->code == 200) ++ok;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 400);
+  std::set<std::string> peers;
+  std::istringstream log(ReadText(d.path() + "/requests.jsonl"));
+  int requests = 0;
+  for (std::string line; std::getline(log, line);) {
+    const json entry = json::parse(line, nullptr, false);
+    if (!entry.is_object() || !entry.contains("peer")) continue;
+    ++requests;
+    peers.insert(entry["peer"].get<std::string>());
+  }
+  EXPECT_EQ(requests, 400);
+  EXPECT_LE(peers.size(), 32u) << "connections opened for 400 requests from 16 threads";
+}
+
 TEST(KubeTls, TheKubeconfigsCaAndTokenAreUsedAndAnotherCaIsRefused) {
   if (Sh("command -v openssl >/dev/null && python3 -c 'import ssl' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "no openssl or python3";

@@ -579,7 +579,8 @@ class Handler(BaseHTTPRequestHandler):
                     with open(self.server.request_log, "a") as f:
                         f.write(json.dumps({"verb": rbac, "group": group, "resource": res + ("/" + sub if sub else ""),
                                             "namespace": ns, "name": name or "",
-                                            "userAgent": self.headers.get("User-Agent", "")}) + "\n")
+                                            "userAgent": self.headers.get("User-Agent", ""),
+                                            "peer": "%s:%s" % self.client_address[:2]}) + "\n")
             self.route(verb, res, ns, name, sub, query)
         except ApiError as e:
             self.send_error_status(e)
