@@ -575,12 +575,10 @@ class Handler(BaseHTTPRequestHandler):
                 rbac = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(verb)
                 if verb == "GET":
                     rbac = "get" if name else ("watch" if go_bool(query.get("watch")) else "list")
-                with self.server.store.lock:
-                    with open(self.server.request_log, "a") as f:
-                        f.write(json.dumps({"verb": rbac, "group": group, "resource": res + ("/" + sub if sub else ""),
+                self.server.log_line(self.server.request_log, json.dumps({"verb": rbac, "group": group, "resource": res + ("/" + sub if sub else ""),
                                             "namespace": ns, "name": name or "",
                                             "userAgent": self.headers.get("User-Agent", ""),
-                                            "peer": "%s:%s" % self.client_address[:2]}) + "\n")
+                                            "peer": "%s:%s" % self.client_address[:2]}))
             self.route(verb, res, ns, name, sub, query)
         except ApiError as e:
             self.send_error_status(e)
@@ -692,7 +690,15 @@ class Handler(BaseHTTPRequestHandler):
         if binding.get("kind") not in (None, "Binding") or target.get("kind", "Node") != "Node" or not target.get("name"):
             raise bad("a Binding needs target.kind Node and target.name")
         with store.lock:
-            pod = store.get(key)
+            stored = store.objects.get(key)
+            if stored is None:
+                raise not_found(key[0], key[2])
+            # A new pod from the stored one, copying only what changes (stored objects are never
+            # changed in place).
+            pod = dict(stored, metadata=dict(stored["metadata"]), spec=dict(stored.get("spec") or {}),
+                       status=dict(stored.get("status") or {}))
+            if "annotations" in pod["metadata"]:
+                pod["metadata"]["annotations"] = dict(pod["metadata"]["annotations"])
             uid = (binding.get("metadata") or {}).get("uid")
             if uid and uid != pod["metadata"]["uid"]:
                 raise conflict("pods", key[2], "Precondition failed: UID in precondition: %s, UID in object meta: %s" %
@@ -704,14 +710,15 @@ class Handler(BaseHTTPRequestHandler):
             ann = (binding.get("metadata") or {}).get("annotations")
             if ann:
                 pod["metadata"].setdefault("annotations", {}).update(ann)
-            conds = [c for c in pod.setdefault("status", {}).get("conditions", []) if c.get("type") != "PodScheduled"]
+            conds = [c for c in pod["status"].get("conditions", []) if c.get("type") != "PodScheduled"]
             conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                           "lastTransitionTime": now_rfc3339()})
             pod["status"]["conditions"] = conds
             store.update(key, pod, check_rv=False, owned=True)
             if self.server.binding_log:
-                with open(self.server.binding_log, "a") as f:
-                    f.write("%s %s/%s %s %.6f\n" % (pod["metadata"]["uid"], key[1], key[2], target["name"], time.time()))
+                # Under the store's lock: the log's order is the bindings' order.
+                self.server.log_line(self.server.binding_log, "%s %s/%s %s %.6f" % (
+                    pod["metadata"]["uid"], key[1], key[2], target["name"], time.time()))
         self.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
     def evict(self, key, eviction):
@@ -881,6 +888,17 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    log_lock = threading.Lock()
+    log_files = {}
+
+    def log_line(self, path, line):
+        """Appends a line to a log kept open (opening it per request cost more than the request)."""
+        with self.log_lock:
+            f = self.log_files.get(path)
+            if f is None:
+                f = self.log_files[path] = open(path, "a")
+            f.write(line + "\n")
+            f.flush()
     # Connections waiting to be accepted: Python's default of 5 leaves a burst of clients in SYN-SENT
     # for a second's retransmission (the kernel caps it at net.core.somaxconn).
     request_queue_size = 1024
