@@ -91,7 +91,7 @@ void ClusterState::ReleaseReserved() {
 void ClusterState::Assume(Pod& p, const PodRequest& req, AllocationId id, const Placement& placement,
                           CycleResult& out) {
   Unpend(p);
-  p.phase = PodPhase::kAssumed;
+  SetPhase(p, PodPhase::kAssumed);
   p.node = node_of_index_[placement.node];
   p.alloc = id;
   p.placement = placement;

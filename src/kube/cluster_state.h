@@ -177,6 +177,7 @@ class ClusterState {
   void Hold(Pod& pod, const PodRequest& req);
   void Uncharge(Pod& pod);
   void Unpend(Pod& pod);
+  void SetPhase(Pod& pod, PodPhase phase);  // keeps assumed_
   void ForgetPod(const std::string& uid);
   void Report(Pod& pod, const std::string& reason, const std::string& message, CycleResult& out,
               const std::string& nominated_node = "");
@@ -235,6 +236,7 @@ class ClusterState {
   // Preemptor (its first member's uid) -> the victims evicted for it, until they are gone.
   std::map<std::string, std::set<std::string>> preempting_;
   size_t unaccounted_ = 0;
+  size_t assumed_ = 0;  // pods in PodPhase::kAssumed
 };
 
 }  // namespace gpupool::kube

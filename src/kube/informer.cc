@@ -30,6 +30,15 @@ std::string VersionOf(const Json& object) {
   return md != object.end() && md->is_object() ? md->value("resourceVersion", "") : "";
 }
 
+// What a copy without objects keeps of one: its name, namespace, uid and resourceVersion.
+Json Slim(const Json& object) {
+  Json md = Json::object();
+  if (const auto it = object.find("metadata"); it != object.end() && it->is_object())
+    for (const char* field : {"name", "namespace", "uid", "resourceVersion"})
+      if (const auto f = it->find(field); f != it->end() && f->is_string()) md[field] = *f;
+  return Json{{"metadata", std::move(md)}};
+}
+
 }  // namespace
 
 Informer::Informer(KubeClient* client, Options options, Handler handler)
@@ -87,7 +96,7 @@ void Informer::Apply(const std::string& type, const Json& object) {
     if (type == "DELETED") {
       objects_.erase(key);
     } else {
-      objects_[key] = object;
+      objects_[key] = options_.keep_objects ? object : Slim(object);
     }
   }
   if (handler_) handler_(type, object);

@@ -106,12 +106,15 @@ TEST_F(InformerTest, FallenBehindTheHistoryItListsAgainAndRepairsItsCopy) {
   Informer::Options o;
   o.path = "/api/v1/pods";
   o.watch_timeout = 1s;
+  o.keep_objects = false;  // as the kube-scheduler's: a relist's DELETED carries the uid still
   std::mutex mu;
   std::vector<std::string> events;
+  std::map<std::string, std::string> deleted_uid;
   Informer informer(client_.get(), o, [&](const std::string& type, const json& obj) {
     {
       std::lock_guard<std::mutex> lock(mu);
       events.push_back(type + " " + ObjectKey(obj));
+      if (type == "DELETED") deleted_uid[ObjectKey(obj)] = obj["metadata"].value("uid", "");
     }
     // A slow consumer: while it dawdles over one event, its watch ends (1 s) and the server's
     // history moves on past where it will watch again from.
@@ -136,6 +139,11 @@ TEST_F(InformerTest, FallenBehindTheHistoryItListsAgainAndRepairsItsCopy) {
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_NE(std::find(events.begin(), events.end(), "DELETED default/p-2"), events.end());
   EXPECT_NE(std::find(events.begin(), events.end(), "ADDED default/p-9"), events.end());
+  EXPECT_FALSE(deleted_uid["default/p-2"].empty());
+  const auto copy = informer.Snapshot();
+  ASSERT_EQ(copy.count("default/p-0"), 1u);
+  EXPECT_FALSE(copy.at("default/p-0").contains("spec")) << copy.at("default/p-0").dump();
+  EXPECT_FALSE(copy.at("default/p-0")["metadata"].value("uid", "").empty());
 }
 
 TEST_F(InformerTest, AnUnreachableServerIsRetriedWithBackoffAndSaysWhy) {

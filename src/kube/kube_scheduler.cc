@@ -49,6 +49,7 @@ KubeScheduler::KubeScheduler(KubeClient* client, KubeSchedulerOptions options, s
   Informer::Options pods;
   pods.path = "/api/v1/pods";
   pods.query = "fieldSelector=" + KubeClient::Escape("status.phase!=Succeeded,status.phase!=Failed");
+  pods.keep_objects = false;  // the cluster state keeps what it needs of each pod
   pods_ = std::make_unique<Informer>(client_, pods, [this](const std::string& type, const Json& o) { Inbox(false, type, o); });
   if (options_.leader_elect) {
     elector_ = std::make_unique<LeaderElector>(client_, options_.leader, [this](bool leading) {
