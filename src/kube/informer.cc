@@ -59,13 +59,21 @@ void Informer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Informer::Resync() {
+uint64_t Informer::Resync() {
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    ticket = list_starts_ + 1;  // the next list to start
     resync_ = true;
     interrupt_ = true;
   }
   cv_.notify_all();
+  return ticket;
+}
+
+bool Informer::ListedSince(uint64_t ticket) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return listed_start_ >= ticket;
 }
 
 bool Informer::WaitSynced(std::chrono::milliseconds timeout) {
@@ -147,10 +155,12 @@ void Informer::Run() {
   std::chrono::milliseconds backoff = options_.backoff_min;
   bool need_list = true;
   while (!stop_) {
+    uint64_t start = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (resync_.exchange(false)) need_list = true;
       interrupt_ = stop_.load();
+      if (need_list) start = ++list_starts_;
     }
     if (need_list) {
       if (!Relist()) {
@@ -158,6 +168,10 @@ void Informer::Run() {
         SleepFor(backoff);
         backoff = std::min(backoff * 2, options_.backoff_max);
         continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        listed_start_ = start;
       }
       need_list = false;
     }

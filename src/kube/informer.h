@@ -46,9 +46,13 @@ class Informer {
   void Start();
   void Stop();
   // Lists again soon (within about a second), ending the watch: the copy is then as fresh as a
-  // quorum read, e.g. for a new leader that must see every write of the one before. lists()
-  // grows when it is done.
-  void Resync();
+  // quorum read, e.g. for a new leader that must see every write of the one before. Returns a
+  // ticket for ListedSince: a list that began after this call has been applied. A list under way
+  // when it is called does not count (it may have read the pods before the call); one that has
+  // not begun yet (the informer not started, or waiting out a back-off) does, and no second list
+  // is made for it.
+  uint64_t Resync();
+  bool ListedSince(uint64_t ticket) const;
   // Whether the first list has been applied; waits at most `timeout` for it.
   bool WaitSynced(std::chrono::milliseconds timeout);
   // The copy: every object, by "<namespace>/<name>" (cluster-scoped: "/<name>"); without
@@ -76,6 +80,8 @@ class Informer {
   std::map<std::string, nlohmann::json> objects_;  // guarded by mu_
   std::string resource_version_;                   // the informer thread's own
   bool synced_ = false;                            // guarded by mu_
+  uint64_t list_starts_ = 0;                       // guarded by mu_: lists begun
+  uint64_t listed_start_ = 0;                      // guarded by mu_: the number of the last list applied
   std::string last_error_;                         // guarded by mu_
   std::atomic<uint64_t> lists_{0};
   std::atomic<uint64_t> failures_{0};

@@ -146,6 +146,28 @@ TEST_F(InformerTest, FallenBehindTheHistoryItListsAgainAndRepairsItsCopy) {
   EXPECT_FALSE(copy.at("default/p-0")["metadata"].value("uid", "").empty());
 }
 
+// A new leader's resync: a list that begins after Resync() must be applied. Asked before the
+// informer starts, its first list is that list (no second one); asked later, one more list.
+TEST_F(InformerTest, AResyncIsOneListBegunAfterItAndNoMore) {
+  Serve({"--bookmark-seconds", "0.2"});
+  Pod("a");
+  Informer::Options o;
+  o.path = "/api/v1/pods";
+  o.watch_timeout = 5s;
+  Informer informer(client_.get(), o, [](const std::string&, const json&) {});
+  const uint64_t before = informer.Resync();
+  EXPECT_FALSE(informer.ListedSince(before));
+  informer.Start();
+  ASSERT_TRUE(Eventually([&] { return informer.ListedSince(before); })) << informer.last_error();
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(informer.lists(), 1u);
+  const uint64_t later = informer.Resync();
+  EXPECT_FALSE(informer.ListedSince(later));
+  ASSERT_TRUE(Eventually([&] { return informer.ListedSince(later); })) << informer.last_error();
+  EXPECT_EQ(informer.lists(), 2u);
+  informer.Stop();
+}
+
 TEST_F(InformerTest, AnUnreachableServerIsRetriedWithBackoffAndSaysWhy) {
   KubeEndpoint ep;
   ep.server = "http://127.0.0.1:9";  // discard: nothing listens

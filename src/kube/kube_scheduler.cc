@@ -57,6 +57,11 @@ KubeScheduler::KubeScheduler(KubeClient* client, KubeSchedulerOptions options, s
       if (leading) {
         std::cerr << fmt::format("gpupool kube-scheduler: {} leads (lease {}/{})\n", options_.leader.identity,
                                  options_.leader.namespace_name, options_.leader.name);
+        // Lists that begin from now on: one under way may have read the pods before this replica
+        // led. Asked here, on becoming leader: a list not begun yet (at start) needs no second one.
+        std::lock_guard<std::mutex> lock(mu_);
+        node_ticket_ = nodes_->Resync();
+        pod_ticket_ = pods_->Resync();
         resync_wanted_ = true;
       } else {
         std::cerr << fmt::format("gpupool kube-scheduler: {} no longer leads\n", options_.leader.identity);
@@ -74,17 +79,25 @@ void KubeScheduler::Start() {
   stop_ = false;
   report_refill_ = Clock::now();
   report_tokens_ = options_.report_qps;
+  // The election's first round before the lists: a replica that leads from the start then lists
+  // once, after it leads, instead of a second time (100,000 pods are seconds of listing).
+  if (elector_) {
+    elector_->Start();
+    auto decided = [this] {
+      const std::string holder = elector_->holder();
+      return resync_wanted_.load() || !elector_->last_error().empty() ||
+             (!holder.empty() && holder != options_.leader.identity);
+    };
+    for (int i = 0; i < 100 && !decided(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } else {
+    leading_ = true;
+  }
   // Nodes first: pods bound to a node not known yet wait in the state with their whole object.
   nodes_->Start();
   (void)nodes_->WaitSynced(std::chrono::seconds(30));
   pods_->Start();
   loop_ = std::thread([this] { Loop(); });
   for (int i = 0; i < options_.bind_workers; ++i) workers_.emplace_back([this] { Worker(); });
-  if (elector_) {
-    elector_->Start();
-  } else {
-    leading_ = true;
-  }
 }
 
 void KubeScheduler::Stop() {
@@ -126,7 +139,7 @@ bool KubeScheduler::Healthy(std::string* why) const {
 }
 
 void KubeScheduler::Loop() {
-  uint64_t node_lists = 0, pod_lists = 0;
+  uint64_t node_ticket = 0, pod_ticket = 0;
   bool resyncing = false;
   auto last_cycle = Clock::now() - options_.cycle_interval;
   auto last_views = last_cycle - std::chrono::seconds(1);
@@ -217,12 +230,11 @@ void KubeScheduler::Loop() {
     if (resync_wanted_.exchange(false) && leading_.load()) {
       ready_ = false;
       resyncing = true;
-      node_lists = nodes_->lists();
-      pod_lists = pods_->lists();
-      nodes_->Resync();
-      pods_->Resync();
+      std::lock_guard<std::mutex> lock(mu_);
+      node_ticket = node_ticket_;
+      pod_ticket = pod_ticket_;
     }
-    if (resyncing && nodes_->lists() > node_lists && pods_->lists() > pod_lists) {
+    if (resyncing && nodes_->ListedSince(node_ticket) && pods_->ListedSince(pod_ticket)) {
       resyncing = false;
       ready_ = true;
     }

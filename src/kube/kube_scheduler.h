@@ -97,6 +97,7 @@ class KubeScheduler {
   std::atomic<bool> stop_{false};
   std::atomic<bool> leading_{false};    // the elector says so
   std::atomic<bool> resync_wanted_{false};
+  uint64_t node_ticket_ = 0, pod_ticket_ = 0;  // guarded by mu_: the informers' Resync tickets
   std::atomic<int64_t> loop_beat_ns_{0};
 
   mutable std::mutex mu_;
