@@ -133,9 +133,11 @@ CycleResult ClusterState::Cycle() {
   }
   if (pending_.empty()) return out;
   // Nothing to try: every pending pod failed (or was found invalid or short of its gang) at the
-  // capacity there is now, and nothing else moved. A cluster with 100,000 pods that fit nowhere
-  // then costs a scan of pointers per cycle, not a queue order over all of them.
-  if (!poked_ && !AnyToTry()) return out;
+  // capacity there is now, and nothing else moved (poked_: set by what could make a pod fit, see
+  // CapacityChanged, and checked by CheckInvariants). A cluster with 100,000 pods that fit nowhere
+  // then costs nothing per cycle, not a queue order over all of them. Every 256th such cycle
+  // scans them anyway (a pointer each), should a change have been missed.
+  if (!poked_ && nominated_uids_.empty() && (++quiet_cycles_ % 256 != 0 || !AnyToTry())) return out;
   poked_ = false;
 
   // Units: a pod alone, or a gang's pending members (namespace/gang), in first-seen order.
@@ -202,7 +204,10 @@ CycleResult ClusterState::Cycle() {
   // cannot fit either.
   std::map<std::string, std::string> failed_shapes;
   while (auto next = pass.Next()) {
-    if (out.decisions >= options_.max_pods_per_cycle) break;
+    if (out.decisions >= options_.max_pods_per_cycle) {
+      poked_ = true;  // the rest are untried: the next cycle goes on
+      break;
+    }
     Unit& u = units[*next];
     const int held = u.gang.empty() ? 0 : (gang_held_.count(u.gang) ? gang_held_[u.gang] : 0);
     const int members = static_cast<int>(u.members().size());

@@ -110,7 +110,7 @@ void ClusterState::ApplyNode(const std::string& type, const Json& node) {
     // gpupool does not read) leaves the failed pods failed: they are not all tried again for it.
     if (same_labels && same_health) return;
     if (!same_labels) ++mask_epoch_;
-    ++capacity_epoch_;  // healthier or not, cordoned or not, other labels: decisions may differ now
+    CapacityChanged();  // healthier or not, cordoned or not, other labels: decisions may differ now
     if (!rebuild_) {
       if (auto idx = ledger_->FindNode(name)) ApplyHealth(*idx, it->second);
     }
@@ -118,7 +118,7 @@ void ClusterState::ApplyNode(const std::string& type, const Json& node) {
   }
   it = nodes_.emplace(name, std::move(kn)).first;
   ++mask_epoch_;
-  ++capacity_epoch_;
+  CapacityChanged();
   if (rebuild_) return;
   auto idx = ledger_->AddNode(Healthy(it->second.spec));
   if (!idx.ok()) {
@@ -195,7 +195,7 @@ Status ClusterState::Rebuild() {
   }
   RETURN_IF_ERROR(RebuildScheduler(TypicalOfGpuTasks(recent_)));
   masks_.clear();
-  ++capacity_epoch_;
+  CapacityChanged();
   ++mask_epoch_;
   rebuild_ = false;
   return Status::Ok();
@@ -333,7 +333,7 @@ void ClusterState::Uncharge(Pod& pod) {
   if (pod.alloc) {
     (void)ledger_->Release(*pod.alloc);
     pod.alloc.reset();
-    ++capacity_epoch_;
+    CapacityChanged();
   }
   pod.placement.reset();
   if (pod.unaccounted) {
@@ -356,6 +356,11 @@ void ClusterState::Uncharge(Pod& pod) {
 
 void ClusterState::Unpend(Pod& pod) {
   if (pod.seq != 0 && pending_.erase(pod.seq) > 0) pending_pods_.erase(pod.seq);
+}
+
+void ClusterState::CapacityChanged() {
+  ++capacity_epoch_;
+  poked_ = true;  // every failed pod is worth trying again
 }
 
 void ClusterState::SetPhase(Pod& pod, PodPhase phase) {
@@ -425,6 +430,7 @@ void ClusterState::ApplyPod(const std::string& type, const Json& pod) {
   p.request = ReadRequest(pod);
   p.constraints = NodeConstraints::FromPod(pod);
   p.failed_epoch = ~uint64_t{0};
+  poked_ = true;  // new, or changed in what its placement reads: to be tried
   if (p.seq == 0) p.seq = next_seq_++;
   if (p.parked) return;  // waits out its back-off first
   if (pending_.insert(p.seq).second) {
@@ -440,6 +446,7 @@ void ClusterState::BindFailed(const std::string& uid, bool park) {
   Uncharge(p);
   SetPhase(p, PodPhase::kPending);
   p.failed_epoch = ~uint64_t{0};
+  poked_ = true;
   p.last_message.clear();
   p.parked = park;
   if (!park && pending_.insert(p.seq).second) pending_pods_[p.seq] = &p;
@@ -454,14 +461,14 @@ void ClusterState::EvictFailed(const std::string& uid) {
     p->second.erase(uid);
     p = p->second.empty() ? preempting_.erase(p) : std::next(p);
   }
-  ++capacity_epoch_;  // its preemptor tries again (and may plan anew)
+  CapacityChanged();  // its preemptor tries again (and may plan anew)
 }
 
 void ClusterState::Unprotect(const std::string& uid) {
   auto it = pods_.find(uid);
   if (it == pods_.end() || !it->second.protected_) return;
   it->second.protected_ = false;
-  ++capacity_epoch_;
+  CapacityChanged();
 }
 
 void ClusterState::Unpark(const std::string& uid) {
@@ -470,6 +477,7 @@ void ClusterState::Unpark(const std::string& uid) {
   Pod& p = it->second;
   p.parked = false;
   if (p.phase == PodPhase::kPending && pending_.insert(p.seq).second) pending_pods_[p.seq] = &p;
+  poked_ = true;
 }
 
 // ---- views --------------------------------------------------------------------------------------
@@ -514,6 +522,9 @@ Status ClusterState::CheckInvariants() const {
   if (charged != ledger_->allocation_count())
     return Status::Internal(fmt::format("{} allocations in the ledger, {} pods hold one", ledger_->allocation_count(), charged));
   if (assumed != assumed_) return Status::Internal(fmt::format("{} pods assumed, {} counted", assumed, assumed_));
+  // A pod that could be placed now is never left for want of a cycle that looks (poked_).
+  if (!poked_ && nominated_uids_.empty() && AnyToTry())
+    return Status::Internal("a pending pod is untried at this capacity, yet no cycle would try it");
   return Status::Ok();
 }
 

@@ -220,7 +220,9 @@ class ClusterState {
   // A cycle tries the pending pods only when one of them could be placed now: one untried since
   // the capacity last changed (AnyToTry), or something else moved (poked_).
   bool poked_ = true;
+  uint64_t quiet_cycles_ = 0;
   bool AnyToTry() const;
+  void CapacityChanged();  // ++capacity_epoch_, and poked_
   std::unordered_map<std::string, std::pair<uint64_t, NodeMask>> masks_;
 
   std::unordered_map<std::string, Pod> pods_;  // by uid
