@@ -775,7 +775,9 @@ class Handler(BaseHTTPRequestHandler):
             more = bool(limit) and len(items) > limit
             if more:
                 items = items[:limit]
-            items = [copy.deepcopy(o) for o in items]
+            # Top-level copies: only kind and apiVersion are added (stored objects are never changed
+            # in place, so the rest is shared with the store safely).
+            items = [dict(o) for o in items]
         meta = {"resourceVersion": str(at_rv)}
         if more:
             last = items[-1]["metadata"]
