@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,14 +29,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "kube"))
 import testenv  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def cpu_seconds(pid):
@@ -144,7 +135,7 @@ def main():
         log = open(os.path.join(work, "scheduler.log"), "w")
         api_cpu0 = cpu_seconds(apiserver.pid)
         t0 = time.time()
-        port = free_port()
+        port = testenv.free_port()
         sched = subprocess.Popen([binary, "kube-scheduler", "--kubeconfig", kubeconfig, "--identity", "bench",
                                   "--lease-namespace", "gpupool-system", "--listen", "127.0.0.1:%d" % port,
                                   "--bind-workers", str(args.bind_workers)],
@@ -169,6 +160,8 @@ def main():
                 samples.append((now - t0, n))
             elif count > 0 and now - last_change >= args.quiet_seconds:
                 break
+        if count == 0:
+            raise RuntimeError("no pod was bound within %d s: see %s/scheduler.log" % (args.timeout, work))
         cycles = metric(port, "gpupool_kube_cycles_total")
         cycle_seconds = metric(port, "gpupool_kube_cycle_duration_seconds_sum")
         rss = peak_rss_mib(sched.pid)

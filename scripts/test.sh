@@ -112,6 +112,7 @@ PY
 echo "== benchmark smoke (figures live in docs/performance.md)"
 ./build/place_bench --benchmark_filter='BM_Place/(fgd|balanced)/openb/90' --benchmark_min_time=0.05
 ./build/kube_bench --nodes 200 --pods 2000
+python3 bench/kube_scale.py build/gpupool build/kube-scale --nodes 200 --pods 2000  # end to end through the test API server; fails on a pod bound twice or a node overcommitted
 ./build/store_bench --benchmark_min_time=0.05
 ./build/server_bench --skip-http --skip-place --history 6000 --list-jobs 500 --list-seconds 2  # past the 5,000-per-cycle removal cap; lists under load, briefly
 # 500 idle connections + 50 heartbeating nodes against a real server; fails on any heartbeat error,

@@ -177,15 +177,6 @@ def http_get(url):
         return 0, str(e)
 
 
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
@@ -265,7 +256,7 @@ def main():
 
         log_a = open(os.path.join(work, "sched-a.log"), "w")
         log_b = open(os.path.join(work, "sched-b.log"), "w")
-        ports = {"a": free_port(), "b": free_port()}
+        ports = {"a": testenv.free_port(), "b": testenv.free_port()}
         sched = {"a": start_scheduler(binary, work, kubeconfig, "replica-a", ports["a"], log_a, args.profile)}
         procs.append(sched["a"])
         time.sleep(1.0)  # a leads first (not required: either may)

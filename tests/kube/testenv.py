@@ -1,6 +1,7 @@
 """What the Kubernetes checks share: the test API server (apiserver.py) on a free port, and a
 kubeconfig for it."""
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,3 +31,12 @@ def write_kubeconfig(path, url, namespace="default"):
                 "clusters: [{name: t, cluster: {server: '%s'}}]\nusers: [{name: u, user: {}}]\n"
                 "contexts: [{name: t, context: {cluster: t, user: u, namespace: %s}}]\n" % (url, namespace))
     return path
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 free now (for a daemon's --listen)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
