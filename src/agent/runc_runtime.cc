@@ -503,6 +503,17 @@ class RuncRuntime final : public SupervisedRuntime {
     return Status::Ok();
   }
 
+  // The container runc still knows, not stopped; or the foreground `runc run` (and its group).
+  bool TaskMayRun(TaskRecord& rec) override {
+    std::string out;
+    auto rc = RunCommand(Cmd({"state", rec.id}), &out, kHelperTimeout);
+    if (rc.ok() && *rc == 0) {
+      const nlohmann::json state = nlohmann::json::parse(out, nullptr, false);
+      if (state.is_object() && state.value("status", "") != "stopped") return true;
+    }
+    return SupervisedRuntime::TaskMayRun(rec);
+  }
+
   Status Cleanup(TaskRecord& rec) override {
     std::string out;
     ASSIGN_OR_RETURN(int rc, RunCommand(Cmd({"delete", "--force", rec.id}), &out, kHelperTimeout));

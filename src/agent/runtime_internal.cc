@@ -307,9 +307,29 @@ std::optional<ProcStat> ReadProcStat(pid_t pid) {
     pos = text->find(' ', pos);
     if (pos == std::string::npos) return std::nullopt;
     ++pos;
+    if (field + 1 == 5) ps.pgrp = static_cast<pid_t>(std::strtol(text->c_str() + pos, nullptr, 10));
   }
   ps.start_time = std::strtoull(text->c_str() + pos, nullptr, 10);
   return ps;
+}
+
+bool GroupHasLiveMember(pid_t pgid) {
+  if (pgid <= 1) return false;
+  DIR* dir = ::opendir("/proc");
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || pid <= 0) continue;
+    auto ps = ReadProcStat(static_cast<pid_t>(pid));
+    if (ps && ps->pgrp == pgid && ps->state != 'Z' && ps->state != 'X') {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
 }
 
 bool ProcessAlive(pid_t pid, uint64_t start_time) {
@@ -766,6 +786,13 @@ void SupervisedRuntime::Unregister(const std::string& id) {
   ::unlink(RecordPath(id).c_str());
 }
 
+bool SupervisedRuntime::TaskMayRun(TaskRecord& rec) {
+  if (ProcessAlive(rec.pid, rec.start_time)) return true;
+  // The leader ended, members of its group may not have (a pgid is not reused while it has any;
+  // zombies, which nobody may reap soon once the supervisor is gone, do not count).
+  return GroupHasLiveMember(rec.pgid);
+}
+
 bool SupervisedRuntime::SupervisorAlive(TaskRecord& rec) {
   if (rec.supervisor_reaped) return false;
   // Our own child, or (in a process that outlived an earlier runtime object) still our child:
@@ -832,8 +859,17 @@ Result<TaskStatusInfo> SupervisedRuntime::Poll(const std::string& id) {
     return info;
   }
   if (!alive) {
+    if (!TaskMayRun(rec)) {
+      // Ended after its supervisor: how is not known (never a success), but it runs no more, so a
+      // stop asked of it is done.
+      info.state = RunState::kExited;
+      info.exit_code = -1;
+      info.message = fmt::format("ended after its supervisor was gone; no exit status was recorded{}",
+                                 rec.stop_requested ? " (stopped)" : "");
+      return info;
+    }
     info.state = RunState::kUnknown;
-    info.message = fmt::format("the supervisor of task {} is gone and recorded no exit status", id);
+    info.message = fmt::format("the supervisor of task {} is gone and recorded no exit status; the task may still run", id);
     return info;
   }
   info.state = RunState::kRunning;
@@ -849,7 +885,10 @@ Status SupervisedRuntime::Stop(const std::string& id, std::chrono::seconds grace
   bool alive = SupervisorAlive(rec);
   bool exited = ReadExitRecord(ExitPath(id)).has_value();
   if (!rec.stop_requested) {
-    if (exited || !alive) return Status::Ok();
+    if (exited) return Status::Ok();
+    // A supervisor gone without an exit record (killed, or with the agent's process group) may
+    // have left its task running: it is signalled all the same (Signal checks it is still ours).
+    if (!alive && !TaskMayRun(rec)) return Status::Ok();
     rec.stop_requested = true;
     rec.kill_deadline = Clock::now() + grace;
     Status st = Signal(rec, SIGTERM);

@@ -93,10 +93,13 @@ std::string DefaultPath();
 // ---- /proc -------------------------------------------------------------------------------------
 struct ProcStat {
   char state = '?';         // field 3: R, S, Z, ...
+  pid_t pgrp = 0;           // field 5: its process group
   uint64_t start_time = 0;  // field 22: clock ticks after boot
 };
 // Empty when the process does not exist.
 std::optional<ProcStat> ReadProcStat(pid_t pid);
+// Some process of group `pgid` exists and is not a zombie (a scan of /proc).
+bool GroupHasLiveMember(pid_t pgid);
 // The process exists, is not a zombie, and started at `start_time` (not a reused pid).
 bool ProcessAlive(pid_t pid, uint64_t start_time);
 
@@ -273,6 +276,9 @@ class SupervisedRuntime : public Runtime {
   void Unregister(const std::string& id);
   // Signals the task (process group / runc kill). A task already gone is Ok.
   virtual Status Signal(TaskRecord& rec, int sig) = 0;
+  // Whether what the task started may still run after its supervisor is gone: its process group
+  // leader (same start time) or another member of its group; a runtime may know more (runc).
+  virtual bool TaskMayRun(TaskRecord& rec);
   // Frees runtime-specific leftovers (cgroups, runc state, bundle).
   virtual Status Cleanup(TaskRecord& rec) = 0;
   // True while the supervisor lives; reaps it when it is our child.

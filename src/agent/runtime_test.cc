@@ -373,6 +373,43 @@ TEST(ProcessRuntime, StopReachesTheWholeProcessGroup) {
   ASSERT_TRUE(rt->Remove(id).ok());
 }
 
+// The supervisor dies (killed, or with the agent's process group) while its task runs on: a stop
+// still reaches the task. It used to be taken as done ("no supervisor, nothing runs"), and the task
+// ran to its end on a GPU the pool had given to another.
+TEST(ProcessRuntime, AStopReachesATaskWhoseSupervisorDied) {
+  TempDir dir;
+  auto rt = MakeProcess(dir.path());
+  ASSERT_NE(rt, nullptr);
+  std::string id = UniqueId("orphan");
+  ASSERT_TRUE(rt->Start(Spec(id, {"sh", "-c", "echo up; exec sleep 60"})).ok());
+  ASSERT_EQ(WaitLines(rt->StdoutPath(id), 1), "up\n");
+  auto task_json = nlohmann::json::parse(ReadText(dir.path() + "/" + id + "/task.json"));
+  const pid_t task = task_json["pid"].get<pid_t>();
+  const pid_t supervisor = task_json["supervisor_pid"].get<pid_t>();
+  ASSERT_GT(task, 0);
+  ASSERT_GT(supervisor, 0);
+  ASSERT_EQ(::kill(supervisor, SIGKILL), 0);
+  auto deadline = Clock::now() + 5s;
+  while (agent_internal::ProcessAlive(supervisor, 0) && Clock::now() < deadline) {
+    (void)rt->Poll(id);  // reaps it
+    std::this_thread::sleep_for(20ms);
+  }
+  if (!agent_internal::ProcessAlive(task, 0)) GTEST_SKIP() << "the task ended with its supervisor here";
+  ASSERT_TRUE(rt->Stop(id, 1s).ok());
+  deadline = Clock::now() + 5s;
+  while (agent_internal::ProcessAlive(task, 0) && Clock::now() < deadline) {
+    (void)rt->Poll(id);
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_FALSE(agent_internal::ProcessAlive(task, 0)) << "the stop did not reach the task";
+  ::kill(-task, SIGKILL);
+  // And it is seen to have ended (a stop the agent can confirm), not "unknown" for ever.
+  TaskStatusInfo info = WaitDone(*rt, id, 5s);
+  EXPECT_EQ(info.state, RunState::kExited) << info.message;
+  EXPECT_NE(info.exit_code, 0);
+  ASSERT_TRUE(rt->Remove(id).ok());
+}
+
 TEST(ProcessRuntime, ANewRuntimeAdoptsRunningTasks) {
   TempDir dir;
   std::string waiting = UniqueId("adopt-wait");
@@ -936,6 +973,34 @@ TEST_F(RuncTest, ANewRuntimeAdoptsARunningContainer) {
   EXPECT_EQ(info.state, RunState::kExited);
   EXPECT_EQ(info.term_signal, SIGKILL) << info.message;
   ASSERT_TRUE((*rt2)->Remove(id).ok());
+}
+
+// As for a process task: a container whose supervisor died is still stopped, and seen to end.
+TEST_F(RuncTest, AStopReachesAContainerWhoseSupervisorDied) {
+  std::string id = UniqueId("runc-orphan");
+  ASSERT_TRUE(rt_->Start(ContainerSpec(id, {"sh", "-c", "echo up; sleep 60"})).ok());
+  ASSERT_EQ(WaitLines(rt_->StdoutPath(id), 1), "up\n") << ReadText(rt_->StderrPath(id));
+  auto task_json = nlohmann::json::parse(ReadText(dir_.path() + "/state/" + id + "/task.json"));
+  const pid_t supervisor = task_json["supervisor_pid"].get<pid_t>();
+  ASSERT_GT(supervisor, 0);
+  ASSERT_EQ(::kill(supervisor, SIGKILL), 0);
+  auto deadline = Clock::now() + 5s;
+  while (agent_internal::ProcessAlive(supervisor, 0) && Clock::now() < deadline) {
+    (void)rt_->Poll(id);
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(rt_->Stop(id, 1s).ok());
+  // "Unknown" while it may still run (no supervisor to say), until runc says it has stopped.
+  TaskStatusInfo info;
+  deadline = Clock::now() + 15s;
+  do {
+    auto r = rt_->Poll(id);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    info = *r;
+    std::this_thread::sleep_for(50ms);
+  } while (info.state != RunState::kExited && Clock::now() < deadline);
+  EXPECT_EQ(info.state, RunState::kExited) << info.message;
+  ASSERT_TRUE(rt_->Remove(id).ok());
 }
 
 TEST_F(RuncTest, AnExpiredLeaseKillsTheContainer) {
