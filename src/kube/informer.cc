@@ -111,6 +111,12 @@ void Informer::Apply(const std::string& type, const Json& object) {
 }
 
 bool Informer::Relist() {
+  bool empty = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    empty = objects_.empty();
+  }
+  if (empty) return ListInto();
   auto list = client_->List(options_.path, options_.query);
   if (!list.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -143,6 +149,29 @@ bool Informer::Relist() {
     }
   }
   resource_version_ = list->resource_version;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    synced_ = true;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+bool Informer::ListInto() {
+  // Nothing to compare with (the first list, or a copy that held nothing): each item is an
+  // addition, applied as its page arrives; no list of every object is held at once. (A relist
+  // over a copy, below, takes the deletions first: a pod gone frees what a pod bound since may
+  // hold.)
+  auto rv = client_->ListEach(options_.path, options_.query, [this](Json&& item) {
+    if (!ObjectKey(item).empty()) Apply("ADDED", item);
+  });
+  if (!rv.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_error_ = rv.status().ToString();
+    return false;
+  }
+  ++lists_;
+  resource_version_ = *rv;
   {
     std::lock_guard<std::mutex> lock(mu_);
     synced_ = true;

@@ -65,6 +65,7 @@ class Informer {
  private:
   void Run();
   bool Relist();  // false: failed (after recording why)
+  bool ListInto();  // Relist into an empty copy, page by page
   void Apply(const std::string& type, const nlohmann::json& object);
   void SleepFor(std::chrono::milliseconds d);
 

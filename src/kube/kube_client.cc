@@ -4,6 +4,7 @@
 #include <curl/curl.h>
 
 #include <cctype>
+#include <future>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -258,20 +259,36 @@ Result<KubeResponse> KubeClient::Request(std::string_view method, const std::str
 
 Result<KubeList> KubeClient::List(const std::string& path, const std::string& query) {
   KubeList out;
-  std::string cont;
-  for (int pages = 0;; ++pages) {
-    if (pages > 100000) return Status::Internal(fmt::format("GET {}: no end to its pages", path));
+  ASSIGN_OR_RETURN(out.resource_version,
+                   ListEach(path, query, [&out](Json&& item) { out.items.push_back(std::move(item)); }));
+  return out;
+}
+
+Result<std::string> KubeClient::ListEach(const std::string& path, const std::string& query,
+                                         const std::function<void(Json&&)>& on_item) {
+  std::string resource_version;
+  auto fetch = [this, &path, &query](const std::string& cont) {
     std::string q = fmt::format("?limit={}", options_.page);
     if (!query.empty()) q += "&" + query;
     if (!cont.empty()) q += "&continue=" + Escape(cont);
-    ASSIGN_OR_RETURN(KubeResponse r, Get(path + q));
+    return Get(path + q);
+  };
+  Result<KubeResponse> page = fetch("");
+  for (int pages = 0;; ++pages) {
+    if (pages > 100000) return Status::Internal(fmt::format("GET {}: no end to its pages", path));
+    if (!page.ok()) return page.status();
+    KubeResponse r = std::move(page).value();
     if (r.code != 200 || !r.body.is_object()) return ErrorOf(r, "GET " + path);
     const Json& meta = r.body.value("metadata", Json::object());
-    if (out.resource_version.empty()) out.resource_version = meta.value("resourceVersion", "");
+    if (resource_version.empty() && meta.is_object()) resource_version = meta.value("resourceVersion", "");
+    const std::string cont = meta.is_object() ? meta.value("continue", "") : "";
+    // The next page is asked for before this one's items are handed over.
+    std::future<Result<KubeResponse>> next;
+    if (!cont.empty()) next = std::async(std::launch::async, fetch, cont);
     if (const auto it = r.body.find("items"); it != r.body.end() && it->is_array())
-      for (const Json& item : *it) out.items.push_back(item);
-    cont = meta.is_object() ? meta.value("continue", "") : "";
-    if (cont.empty()) return out;
+      for (Json& item : *it) on_item(std::move(item));
+    if (cont.empty()) return resource_version;
+    page = next.get();
   }
 }
 

@@ -71,6 +71,12 @@ class KubeClient {
   // added to each request (labelSelector=..., fieldSelector=..., URL-encoded by the caller).
   Result<KubeList> List(const std::string& path, const std::string& query = "");
 
+  // The same list given item by item to `on_item` as each page arrives, the next page fetched
+  // meanwhile (so the server writes it while this side reads the last); returns the snapshot's
+  // resourceVersion. An error after some pages: those items were given already.
+  Result<std::string> ListEach(const std::string& path, const std::string& query,
+                               const std::function<void(nlohmann::json&&)>& on_item);
+
   // Watches `path` from `resource_version` (empty: the current state first, as ADDED events),
   // with bookmarks. Each event goes to `on_event`; returning false ends the watch. Ends when the
   // server closes the stream, after `timeout`, when `stop` becomes true (checked about once a

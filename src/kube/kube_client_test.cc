@@ -82,6 +82,44 @@ TEST_F(KubeClientTest, ListPagesOneSnapshotAndTheServerFilters) {
   EXPECT_EQ(mine->items.size(), 4u);
 }
 
+// Items are handed over page by page while the next page is on its way; every page is still read
+// from the first page's snapshot (a pod made during the list is not in it), and a list whose
+// snapshot was compacted away meanwhile ends in an error after the pages already given.
+TEST_F(KubeClientTest, AListGivenItemByItemIsOneSnapshotAndEndsOnAnExpiredContinue) {
+  for (int i = 0; i < 7; ++i) CreatePod(fmt::format("s-{}", i));
+  KubeClient::Options small;
+  small.page = 2;
+  auto paged = KubeClient::Create(client_->endpoint(), small);
+  ASSERT_TRUE(paged.ok());
+  std::vector<std::string> names;
+  auto rv = (*paged)->ListEach("/api/v1/pods", "", [&](json&& item) {
+    names.push_back(item["metadata"].value("name", ""));
+    if (names.size() == 1) CreatePod("late");  // made after the snapshot: not listed
+  });
+  ASSERT_TRUE(rv.ok()) << rv.status().ToString();
+  EXPECT_EQ(names, (std::vector<std::string>{"s-0", "s-1", "s-2", "s-3", "s-4", "s-5", "s-6"}));
+  auto again = (*paged)->List("/api/v1/pods");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->items.size(), 8u);
+  EXPECT_GT(std::stoll(again->resource_version), std::stoll(*rv));
+
+  // More changes than the server keeps (--history 40) while the first page is read: the snapshot
+  // the third page would come from is gone (410).
+  size_t given = 0;
+  auto expired = (*paged)->ListEach("/api/v1/pods", "", [&](json&&) {
+    if (++given > 1) return;
+    for (int i = 0; i < 45; ++i) {
+      const json patch = {{"metadata", {{"labels", {{"n", std::to_string(i)}}}}}};
+      ASSERT_TRUE(client_->Request("PATCH", "/api/v1/namespaces/default/pods/late", &patch,
+                                   "application/merge-patch+json").ok());
+    }
+  });
+  ASSERT_FALSE(expired.ok());
+  EXPECT_EQ(expired.status().code(), StatusCode::kFailedPrecondition) << expired.status().ToString();
+  EXPECT_GE(given, 2u);
+  EXPECT_LT(given, 8u);
+}
+
 TEST_F(KubeClientTest, AWatchFromAResourceVersionSeesWhatChangedAndBookmarks) {
   CreatePod("w-0");
   CreatePod("w-1");
