@@ -126,7 +126,7 @@ def main():
     procs = []
     try:
         apiserver, url = testenv.start_apiserver(work, "--preload", preload, "--history", str(args.pods * 3),
-                                                 "--bookmark-seconds", "5", "--binding-log", bindings, "--request-log", os.path.join(work, "requests.jsonl"),
+                                                 "--bookmark-seconds", "5", "--binding-log", bindings,
                                                  ready_timeout=600)
         procs.append(apiserver)
         print("kube_scale: %d nodes, %d pods loaded into the test API server in %.1f s" %
