@@ -4,6 +4,8 @@
 # state directory so a restarted agent adopts what is still running.
 add_library(gpupool_agent_runtime
   src/agent/runtime_internal.cc
+  src/agent/runtime_files.cc
+  src/agent/supervised_runtime.cc
   src/agent/cgroups.cc
   src/agent/supervisor_protocol.cc
   src/agent/log_pump.cc
