@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,9 +21,6 @@
 #include <cstdint>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
-#include <thread>
-#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -116,17 +116,33 @@ bool Informer::Relist() {
     std::lock_guard<std::mutex> lock(mu_);
     empty = objects_.empty();
   }
-  if (empty) return ListInto();
-  auto list = client_->List(options_.path, options_.query);
-  if (!list.ok()) {
+  // Nothing to compare with (the first list, or a copy that held nothing): each item is an
+  // addition, applied as its page arrives; no list of every object is held at once. Over a copy,
+  // the whole list first, deletions applied before the rest: a pod gone frees what a pod bound
+  // since may hold.
+  Result<std::string> rv =
+      empty ? client_->ListEach(options_.path, options_.query, [this](Json&& item) { Apply("ADDED", item); })
+            : ListOverCopy();
+  if (!rv.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    last_error_ = list.status().ToString();
+    last_error_ = rv.status().ToString();
     return false;
   }
   ++lists_;
+  resource_version_ = *rv;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    synced_ = true;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+Result<std::string> Informer::ListOverCopy() {
+  ASSIGN_OR_RETURN(KubeList list, client_->List(options_.path, options_.query));
   // What changed since the copy: new objects added, changed ones modified, missing ones deleted.
   std::map<std::string, const Json*> now;
-  for (const Json& item : list->items)
+  for (const Json& item : list.items)
     if (const std::string key = ObjectKey(item); !key.empty()) now[key] = &item;
   std::vector<Json> gone;
   {
@@ -148,36 +164,7 @@ bool Informer::Relist() {
       Apply("MODIFIED", *item);
     }
   }
-  resource_version_ = list->resource_version;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    synced_ = true;
-  }
-  cv_.notify_all();
-  return true;
-}
-
-bool Informer::ListInto() {
-  // Nothing to compare with (the first list, or a copy that held nothing): each item is an
-  // addition, applied as its page arrives; no list of every object is held at once. (A relist
-  // over a copy, below, takes the deletions first: a pod gone frees what a pod bound since may
-  // hold.)
-  auto rv = client_->ListEach(options_.path, options_.query, [this](Json&& item) {
-    if (!ObjectKey(item).empty()) Apply("ADDED", item);
-  });
-  if (!rv.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    last_error_ = rv.status().ToString();
-    return false;
-  }
-  ++lists_;
-  resource_version_ = *rv;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    synced_ = true;
-  }
-  cv_.notify_all();
-  return true;
+  return list.resource_version;
 }
 
 void Informer::Run() {

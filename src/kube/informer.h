@@ -65,7 +65,7 @@ class Informer {
  private:
   void Run();
   bool Relist();  // false: failed (after recording why)
-  bool ListInto();  // Relist into an empty copy, page by page
+  Result<std::string> ListOverCopy();  // Relist's diff against a copy; the list's resourceVersion
   void Apply(const std::string& type, const nlohmann::json& object);
   void SleepFor(std::chrono::milliseconds d);
 
