@@ -21,7 +21,8 @@ resumption elsewhere from the checkpoint. Then it lets everything settle and che
   adoption     tasks survived an agent restart shorter than the heartbeat timeout
   node-lost    an agent down longer than the timeout made its node `lost`, then `ready` again
   fencing      the tasks of a lost node stopped by themselves within the timeout
-  gpu-fault    no task restarted on a GPU within 3 s of an XID on it
+  gpu-fault    no task placed on a GPU after the server had an XID on it, and one placed just
+               before it had it stopped within 3 s (placement times from the job's events)
   stray        no task process is left once every job is terminal
 
 usage: chaos_e2e.py GPUPOOL_BINARY WORK_DIR [--seed N] [--duration S] [--settle S] [--jobs N]
@@ -365,6 +366,33 @@ def churn(pool, jobs_by_id):
         worst = max(worst, types.count("Preempting"))
     return "%d victims preempted by %d preemptions (at most %d by one job); %d task starts" % (
         preempted, preempting, worst, started)
+
+
+def xid_restart_verdict(pool, run, xid, known):
+    """Why a run that began on a GPU within 3 s of an XID on it breaks the rule, or None when it does
+    not: the server placed it before it had the fault (its last `Scheduled` event before the run's
+    process began is older than the fault, from the job's `Fault` event or the first sample showing
+    the GPU unhealthy) and the fault then stopped it within 3 s."""
+    try:
+        _, ev = pool.api.call("GET", "/api/v1/jobs/%s/events?limit=1000" % run["job"])
+        items = ev.get("items", [])
+    except (OSError, ValueError):
+        return "its placement time is unknown (events of %s unreadable)" % run["job"]
+    where = "GPU %d on %s failed" % (xid["gpu"], xid["node"])
+    fault_at = next((event_seconds(e["time"]) for e in items
+                     if e.get("type") == "Fault" and where in e.get("message", "")
+                     and event_seconds(e["time"]) >= xid["t"] - 0.5), None)
+    server_knew = min(known, fault_at) if fault_at else known
+    placed = [event_seconds(e["time"]) for e in items
+              if e.get("type") == "Scheduled" and event_seconds(e["time"]) <= run["born"] + 0.02]
+    placed_at = placed[-1] if placed else None
+    rel = lambda t: "+%.1f s" % (t - xid["t"]) if t else "never"
+    if placed_at is None or placed_at >= server_knew:
+        return "placed at %s, after the server had the fault at %s" % (rel(placed_at), rel(server_knew))
+    if run["last"] > server_knew + 3 and "done" not in run["events"]:
+        return ("placed at %s, before the server had the fault at %s, but still running at %s (job's Fault event: %s)"
+                % (rel(placed_at), rel(server_knew), rel(run["last"]), rel(fault_at)))
+    return None
 
 
 def stale_lists(pool):
@@ -883,7 +911,7 @@ def main():
                            if lost else "node %s: %d tasks fenced by their lease (last log +%s s)" % (
                                a["node"], len(ends), "%.1f" % max(ends) if ends else "-"))
             elif a["kind"] == "xid":
-                moved = []
+                moved, early = [], 0
                 # From when the server is known to have had the fault (the first sample that showed
                 # the GPU unhealthy): a start before it may be a move of another cause (a preemption,
                 # a killed gang member) that the server made before the agent's next heartbeat.
@@ -891,13 +919,23 @@ def main():
                              a["t"] + 1.5)
                 for key, inc in a["live"].items():
                     nxt = next((x for x in journals.get(key, []) if x["first"] > a["t"] and "double" not in x["events"]), None)
-                    if nxt:
-                        moved.append((nxt["first"] - a["t"], nxt["node"], nxt["gpus"]))
-                        if a["uuid"] in nxt["gpus"].split(",") and known <= nxt["first"] < a["t"] + 3:
-                            violate("gpu-fault", "task %s restarted on faulted GPU %s %.1f s after the XID (the server showed it unhealthy "
-                                                "at +%.1f s)" % (key, a["uuid"], nxt["first"] - a["t"], known - a["t"]))
-                obs.append("XID on %s: %d/%d tasks restarted elsewhere after %s s" % (
-                    a["uuid"], len(moved), len(a["live"]), "/".join("%.1f" % m[0] for m in sorted(moved)) or "-"))
+                    if not nxt:
+                        continue
+                    moved.append((nxt["first"] - a["t"], nxt["node"], nxt["gpus"]))
+                    if a["uuid"] not in nxt["gpus"].split(",") or not a["t"] <= nxt["first"] < a["t"] + 3:
+                        continue
+                    # A process starts a while after its placement (the agent's next poll, a
+                    # container's creation): what counts is when the server placed it. Placed before
+                    # the server had the fault, it must be among the jobs the fault stops.
+                    verdict = xid_restart_verdict(pool, nxt, a, known)
+                    early += verdict is None
+                    if verdict:
+                        violate("gpu-fault", "task %s restarted on faulted GPU %s %.1f s after the XID: %s" % (
+                            key, a["uuid"], nxt["first"] - a["t"], verdict))
+                obs.append("XID on %s: %d/%d tasks restarted after %s s%s" % (
+                    a["uuid"], len(moved), len(a["live"]), "/".join("%.1f" % m[0] for m in sorted(moved)) or "-",
+                    " (%d on the faulted GPU itself: placed before the server had the fault)" % early if early
+                    else ", elsewhere" if moved and all(a["uuid"] not in m[2].split(",") for m in moved) else ""))
         if strays and states.get("succeeded", 0) + states.get("failed", 0) + states.get("cancelled", 0) == len(jobs_by_id):
             violate("stray", "%d task processes still alive after every job ended: pids %s" % (len(strays), strays[:10]))
         server_restarts = sum(1 for a in actions if a["kind"] == "server")
