@@ -299,6 +299,51 @@ TEST_F(AgentLeaseTest, ARestartedAgentAdoptsARunTheServerWantsStopped) {
   EXPECT_EQ(Slurp(starts), "x\n") << "started once";
 }
 
+// A task in its third run (restarts 2) that the server wants stopped, by a live agent and by one
+// restarted meanwhile: the stop names the run, the way the run itself was named. A stop entry
+// once read without its restarts named the first run ("j-...0"), so a restarted agent never
+// adopted the running third run: it ran on unwatched, and the server, told of no stop, placed the
+// task again beside it.
+TEST_F(AgentLeaseTest, AStopReachesTheRunItNamesAfterRestartsAlsoThroughARestartedAgent) {
+  for (const bool restart_agent : {false, true}) {
+    SCOPED_TRACE(restart_agent ? "restarted agent" : "live agent");
+    const std::string tag = restart_agent ? "-restarted" : "-live";
+    const std::string starts = root_ + "/starts" + tag, term = root_ + "/term" + tag;
+    const std::string job = restart_agent ? "j-000000000007" : "j-000000000008";
+    json task = Task(job, fmt::format("echo x >> {}; trap 'echo term > {}; exit 0' TERM; "
+                                      "while true; do sleep 0.1; done",
+                                      starts, term));
+    task["restarts"] = 2;
+    task["runId"] = "r-00000000000000000000000000000002";
+    LeaseServer server(json::array({task}), 30);
+    ASSERT_NE(Create(Opts(server.url())), nullptr);
+    ASSERT_TRUE(agent_->Start(5s).ok());
+    ASSERT_TRUE(WaitFor([&] { return !server.Status(job, "running").is_null(); }, 10s));
+    if (restart_agent) {
+      agent_->Stop(false);  // the agent goes; its task runs on
+      agent_.reset();
+    }
+    task["desired"] = "stop";
+    task["state"] = "stopping";
+    task["gracePeriodSeconds"] = 5;
+    task["reason"] = "preempted";
+    server.SetAssignments(json::array({task}));
+    if (restart_agent) {
+      ASSERT_NE(Create(Opts(server.url())), nullptr);
+      ASSERT_TRUE(agent_->Start(5s).ok());
+    }
+    ASSERT_TRUE(WaitFor([&] { return !server.Status(job, "stopped").is_null(); }, 10s));
+    const json stopped = server.Status(job, "stopped");
+    EXPECT_EQ(stopped.value("message", ""), "exit code 0") << stopped.dump();
+    EXPECT_EQ(stopped.value("restarts", -1), 2) << stopped.dump();
+    EXPECT_EQ(stopped.value("runId", ""), "r-00000000000000000000000000000002") << stopped.dump();
+    EXPECT_EQ(Slurp(term), "term\n") << "the run got its SIGTERM";
+    EXPECT_EQ(Slurp(starts), "x\n") << "started once";
+    agent_->Stop(false);
+    agent_.reset();
+  }
+}
+
 // Issue 19: the same task id (a job id handed out again by a server whose store was lost) with
 // another placement's run id is not the old process: that one is stopped, never adopted, and the
 // new placement's run starts; reports carry the run id.

@@ -76,8 +76,11 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
     return Bad(where + ".jobId", "must be 1-64 of [A-Za-z0-9_-]");
   if (out.index < 0) return Bad(where + ".index", "must not be negative");
   ASSIGN_OR_RETURN(int64_t grace, Int(a, "gracePeriodSeconds", where, false));
+  if (grace < 0 || grace > 86'400) return Bad(where + ".gracePeriodSeconds", "must be 0..86400");
   if (a.contains("gracePeriodSeconds")) out.grace_period_seconds = static_cast<int>(grace);
-  if (out.desired == "stop") return out;
+  // A stop entry is read whole, as a run entry: its restarts and run id name the run to stop, and
+  // its image, bundle, rootfs and runtime class the runtime that runs it. (Read without them, a
+  // stop named a task's first run: a restarted agent never found the run it was meant to stop.)
 
   ASSIGN_OR_RETURN(out.name, Str(a, "name", where, false));
   ASSIGN_OR_RETURN(out.tenant, Str(a, "tenant", where, false));
@@ -155,6 +158,7 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
     out.rendezvous = std::move(z);
   }
   ASSIGN_OR_RETURN(int64_t restarts, Int(a, "restarts", where, false));
+  if (restarts < 0 || restarts > 1'000'000'000) return Bad(where + ".restarts", "must be 0..1000000000");
   out.restarts = static_cast<int>(restarts);
   ASSIGN_OR_RETURN(out.placement_run, Str(a, "runId", where, false));
   if (out.placement_run.size() > 64 ||
