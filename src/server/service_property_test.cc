@@ -243,7 +243,7 @@ class PropertyRun {
   }
 
   // A minute passes while every agent stays in touch: stops nobody confirms run past their
-  // deadline (the loop releases them) instead of their nodes being lost.
+  // deadline and are held (their nodes still heartbeat) instead of their nodes being lost.
   void KeepAlive(std::string& log) {
     log = "a minute of heartbeats and cycles";
     for (int i = 0; i < 6; ++i) {

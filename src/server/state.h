@@ -61,6 +61,8 @@ struct PoolTask {
   std::string run_id;  // of the current (or last) placement; see TaskRecord::run_id
   int64_t updated_ms = 0;
   int64_t stop_deadline_ms = 0;
+  // The stop passed its deadline on a node that still heartbeats: said once, and held (memory only).
+  bool stop_overdue_noted = false;
   std::string last_node;  // where the task last ran (kept after release: its logs are there)
   std::string stop_reason;
   std::string end_message;  // what the agent said when the task ended ("killed by SIGKILL")

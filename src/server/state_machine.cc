@@ -133,6 +133,7 @@ void StateMachine::StopTask(PoolJob& j, int index, TaskPhase outcome, const std:
     st_.SetTaskPhase(j, ts, TaskPhase::kStopping);
     fx_->nodes_changed.insert(ts.placement.node);
     ts.stop_deadline_ms = now + 1000LL * (config_.grace_period_seconds + config_.heartbeat_timeout_seconds);
+    ts.stop_overdue_noted = false;
   }
   ts.stop_outcome = outcome;
   ts.stop_reason = reason;

@@ -350,9 +350,26 @@ Status StateMachine::On(const StopsOverdueOp& op) {
     if (i < 0 || static_cast<size_t>(i) >= j.tasks.size() || j.tasks[static_cast<size_t>(i)].phase != TaskPhase::kStopping)
       return Status::FailedPrecondition(fmt::format("task {}[{}] is not stopping", op.job_id, i));
   }
+  bool released = false;
   for (int i : op.tasks) {
     PoolTask& ts = j.tasks[static_cast<size_t>(i)];
     if (ts.phase != TaskPhase::kStopping) continue;  // listed twice
+    const NodeIndex n = ts.placement.node;
+    if (ts.placed && n < st_.nodes.size() && st_.nodes[n].state == "ready") {
+      // Its node still heartbeats, so its agent renews its lease and nothing fences the run: the
+      // run may still be going. Released, the task could be placed again beside it (a second run
+      // writing the same checkpoint, a GPU given twice). Held until the agent confirms the stop,
+      // or the node is lost (its agent gone: the run fenced, then released with the node).
+      if (!ts.stop_overdue_noted) {
+        ts.stop_overdue_noted = true;
+        Event(j.rec.id, "StopOverdue",
+              fmt::format("task {} has not confirmed its stop ({}) on {}, which still heartbeats: its resources "
+                          "stay held until its agent confirms the stop or the node is lost",
+                          i, ts.stop_reason, st_.ledger.spec(n).name));
+      }
+      continue;
+    }
+    released = true;
     ReleaseTask(j, i);
     st_.SetTaskPhase(j, ts, ts.stop_outcome);
     ts.updated_ms = now_;
@@ -360,7 +377,7 @@ Status StateMachine::On(const StopsOverdueOp& op) {
     Event(j.rec.id, "TaskFinished",
           fmt::format("task {} did not confirm its stop in time; released ({})", i, ts.stop_reason));
   }
-  AfterTaskEnded(j);
+  if (released) AfterTaskEnded(j);
   return Status::Ok();
 }
 

@@ -20,7 +20,8 @@ std::vector<OverdueStops> OverdueStopsAt(const PoolState& st, int64_t now_ms) {
     OverdueStops due{id, {}};
     for (size_t i = 0; i < j->tasks.size(); ++i) {
       const PoolTask& ts = j->tasks[i];
-      if (ts.phase == TaskPhase::kStopping && ts.stop_deadline_ms <= now_ms) due.tasks.push_back(static_cast<int>(i));
+      if (ts.phase == TaskPhase::kStopping && ts.stop_deadline_ms <= now_ms && !ts.stop_overdue_noted)
+        due.tasks.push_back(static_cast<int>(i));
     }
     if (!due.tasks.empty()) out.push_back(std::move(due));
   }

@@ -1,6 +1,7 @@
 // The server's two timeouts, as controllers that only read the state and say what is due
 // (docs/server.md#faults): a node whose heartbeats stopped for the heartbeat timeout is lost, and
-// a task whose agent did not confirm its stop by the stop deadline is released as stopped.
+// a task whose agent did not confirm its stop by the stop deadline is released as stopped when its
+// node is not ready (else held: see StateMachine::On(StopsOverdueOp)).
 // PoolService acts on what they say (releases, faults, events, the store).
 #pragma once
 
@@ -23,7 +24,8 @@ struct OverdueStops {
   std::string job_id;
   std::vector<int> tasks;  // indexes of its stopping tasks whose deadline has passed
 };
-// Among the jobs listed as stopping, those with a stop whose deadline is not after `now_ms`.
+// Among the jobs listed as stopping, those with a stop whose deadline is not after `now_ms` (and
+// not already found overdue and held).
 std::vector<OverdueStops> OverdueStopsAt(const PoolState& st, int64_t now_ms);
 
 }  // namespace gpupool
