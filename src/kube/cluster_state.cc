@@ -259,11 +259,15 @@ Result<Placement> ClusterState::ForeignPlacement(NodeIndex n, const Json& object
     int best = -1;
     for (size_t g = 0; g < s.gpus.size(); ++g) {
       const GpuState& gs = s.gpus[g];
-      if (gs.mig_enabled || gs.free_share < r.gpu_share.units() || gs.free_memory < r.gpu_memory.units()) continue;
+      if (gs.mig_enabled || gs.free_share < r.gpu_share.units() ||
+          gs.free_memory < GrantMemory(r.gpu_share.units(), r.gpu_memory.units(), gs.memory))
+        continue;
       if (best < 0 || gs.free_share > s.gpus[static_cast<size_t>(best)].free_share) best = static_cast<int>(g);
     }
     if (best < 0) return Status::ResourceExhausted("no GPU has the share it holds");
-    p.gpus.push_back({best, r.gpu_share, r.gpu_memory, std::nullopt});
+    const GpuState& chosen = s.gpus[static_cast<size_t>(best)];
+    p.gpus.push_back({best, r.gpu_share, MiB(GrantMemory(r.gpu_share.units(), r.gpu_memory.units(), chosen.memory)),
+                      std::nullopt});
     p.share_task = true;
     return p;
   }

@@ -37,6 +37,7 @@ void Ledger::RecountNode(NodeState& s) const {
   s.fully_free_gpus = 0;
   s.usable_gpus = 0;
   s.max_free_share = 0;
+  s.memory_short_gpus = 0;
   s.usable_free.fill(0);
   s.usable_index.fill(0);
   const bool compact = s.compact();
@@ -51,6 +52,7 @@ void Ledger::RecountNode(NodeState& s) const {
     s.free_gpu_share += g.free_share;
     s.max_free_share = std::max(s.max_free_share, g.free_share);
     if (g.free_share == kWholeGpu.units()) ++s.fully_free_gpus;
+    if (g.free_memory < ShareMemory(g.free_share, g.memory)) ++s.memory_short_gpus;
   }
 }
 
@@ -75,6 +77,7 @@ Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
     GpuState g;
     g.free_share = static_cast<int32_t>(kWholeGpu.units());
     g.free_memory = d.memory.units();
+    g.memory = d.memory.units();
     g.healthy = d.healthy;
     g.mig_enabled = d.mig_enabled;
     s.gpus.push_back(std::move(g));
@@ -304,6 +307,7 @@ Status Ledger::CheckInvariants() const {
     for (size_t i = 0; i < spec.gpus.size(); ++i) {
       e.gpus[i].free_share = static_cast<int32_t>(kWholeGpu.units());
       e.gpus[i].free_memory = spec.gpus[i].memory.units();
+      e.gpus[i].memory = spec.gpus[i].memory.units();
       if (!spec.gpus[i].mig_enabled) {
         ++total_gpus;
         total_share += kWholeGpu.units();
@@ -364,6 +368,8 @@ Status Ledger::CheckInvariants() const {
       }
       if (g.tasks != eg.tasks)
         return Status::Internal(fmt::format("{} GPU {}: task count drifted", where, i));
+      if (g.memory != spec.gpus[i].memory.units())
+        return Status::Internal(fmt::format("{} GPU {}: memory drifted from the spec", where, i));
       if (Sorted(g.mig.instances()) != Sorted(mig[n][i])) {
         return Status::Internal(fmt::format("{} GPU {}: MIG layout does not match allocations", where, i));
       }
@@ -379,7 +385,8 @@ Status Ledger::CheckInvariants() const {
     RecountNode(e);
     if (s.free_gpu_share != e.free_gpu_share || s.fully_free_gpus != e.fully_free_gpus ||
         s.usable_gpus != e.usable_gpus || s.max_free_share != e.max_free_share ||
-        s.max_tasks != spec.max_tasks || s.usable_free != e.usable_free || s.usable_index != e.usable_index) {
+        s.max_tasks != spec.max_tasks || s.usable_free != e.usable_free || s.usable_index != e.usable_index ||
+        s.memory_short_gpus != e.memory_short_gpus) {
       return Status::Internal(fmt::format("{}: GPU share summary drifted", where));
     }
     if (s.share_tasks != e.share_tasks)

@@ -26,9 +26,22 @@ using AllocationId = uint64_t;
 using ModelId = uint16_t;
 
 // Dynamic state of one GPU.
+// The GPU memory a share of a GPU reserves when its task names none: the share's part of the GPU's
+// memory, rounded down, so that shares that fit a GPU always fit its memory too (rounded up, shares
+// adding up to the whole GPU could ask a MiB more than it has).
+constexpr int64_t ShareMemory(int64_t share_milli, int64_t gpu_memory_mib) {
+  return share_milli * gpu_memory_mib / 1000;
+}
+// What a grant of `share_milli` on a GPU of `gpu_memory_mib` reserves: the memory asked for, or
+// without one, the share's part (ShareMemory).
+constexpr int64_t GrantMemory(int64_t share_milli, int64_t asked_mib, int64_t gpu_memory_mib) {
+  return asked_mib > 0 ? asked_mib : ShareMemory(share_milli, gpu_memory_mib);
+}
+
 struct GpuState {
   int32_t free_share = 1000;  // milli-GPU
   int64_t free_memory = 0;    // MiB
+  int64_t memory = 0;         // MiB, all of it (the spec's)
   int32_t tasks = 0;
   bool healthy = true;
   bool mig_enabled = false;
@@ -61,6 +74,10 @@ struct NodeState {
   static constexpr size_t kCompactGpus = 16;
   std::array<int16_t, kCompactGpus> usable_free{};
   std::array<uint8_t, kCompactGpus> usable_index{};
+  // Usable GPUs whose free memory is less than their free share's part of it (tasks that named
+  // their GPU memory took more than their share's): only on these can memory, not share, refuse a
+  // task that names no memory (ShareMemory). 0 on a node of share-only tasks.
+  int32_t memory_short_gpus = 0;
   // GpuClustering's tags of the GPU tasks on the node: share tasks, and tasks by GPU count.
   int32_t share_tasks = 0;
   std::vector<int32_t> tasks_by_gpu_count;  // index k: tasks using k GPUs (k >= 1, not share)

@@ -15,7 +15,8 @@ namespace gpupool {
 // One task's request.
 //   gpu_count == 0                 CPU-only; every GPU field must be empty
 //   gpu_count >= 1, gpu_share      per-GPU share in milli-GPU, 1..1000 (1000 = whole GPU), and
-//                  gpu_memory      optionally per-GPU memory (0: no memory reservation)
+//                  gpu_memory      optionally per-GPU memory (0: the share's part of each GPU's
+//                                  memory is reserved, model/ledger.h ShareMemory)
 //   mig_profile                    one MIG instance ("3g.40gb", or "3g" for any 3-slice profile);
 //                                  then gpu_count == 1 and no share or GPU memory
 struct TaskRequest {
@@ -45,7 +46,7 @@ Status ValidateTaskRequest(const TaskRequest& request);
 std::string DescribeTaskRequest(const TaskRequest& request);
 
 enum class QosClass : uint8_t {
-  kGuaranteed,  // latency-sensitive inference: static, hard-limited partition, never preempted
+  kGuaranteed,  // latency-sensitive inference: a static partition, never preempted
   kBurstable,
   kBestEffort,  // training: time-sliced and preemptible
 };
@@ -55,9 +56,9 @@ Result<QosClass> ParseQosClass(std::string_view name);
 // How a task shares its GPUs with others on the node (the agent enforces it).
 enum class IsolationMode : uint8_t {
   kExclusive,  // whole GPUs, nobody else on them
-  kMps,        // CUDA MPS: compute share and memory hard-limited per client
+  kMps,        // CUDA MPS: compute share and memory limits per client (docs/jobspec.md#isolation)
   kMig,        // a MIG instance
-  kTimeslice,  // time-sliced sharing, memory capped by framework settings only
+  kTimeslice,  // time-sliced sharing; the CUDA limiter holds a share in process tasks
 };
 std::string_view IsolationModeName(IsolationMode mode);
 Result<IsolationMode> ParseIsolationMode(std::string_view name);

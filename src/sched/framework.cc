@@ -37,7 +37,7 @@ void FittingGpus(const NodeState& node, const PreparedTask& task, std::vector<in
   for (size_t i = 0; i < node.gpus.size(); ++i) {
     const GpuState& g = node.gpus[i];
     if (!g.healthy || g.mig_enabled) continue;
-    if (g.free_share >= task.share && g.free_memory >= task.gpu_memory) out.push_back(static_cast<int>(i));
+    if (task.FitsOn(g)) out.push_back(static_cast<int>(i));
   }
 }
 
@@ -47,7 +47,7 @@ int BestFitGpu(const NodeState& node, const PreparedTask& task) {
   for (size_t i = 0; i < node.gpus.size(); ++i) {
     const GpuState& g = node.gpus[i];
     if (!g.healthy || g.mig_enabled) continue;
-    if (g.free_share < task.share || g.free_memory < task.gpu_memory) continue;
+    if (!task.FitsOn(g)) continue;
     if (best < 0 || g.free_share < best_free) {
       best = static_cast<int>(i);
       best_free = g.free_share;

@@ -34,7 +34,7 @@ struct PreparedTask {
   int64_t memory = 0;  // MiB
   int gpu_count = 0;
   int64_t share = 0;        // per-GPU milli-GPU (0 for CPU-only and MIG tasks)
-  int64_t gpu_memory = 0;   // per-GPU MiB
+  int64_t gpu_memory = 0;   // per-GPU MiB asked for (0: the share's part of each GPU's, MemoryOn)
   bool share_task = false;  // one GPU, less than all of it
   bool mig = false;
   bool nvlink = false;  // every pair of the chosen GPUs must share NVLink
@@ -42,6 +42,10 @@ struct PreparedTask {
   std::vector<uint8_t> allowed_models;
 
   bool wants_gpu() const { return gpu_count > 0; }
+  // The GPU memory the task reserves on `g` (model/ledger.h GrantMemory).
+  int64_t MemoryOn(const GpuState& g) const { return GrantMemory(share, gpu_memory, g.memory); }
+  // Whether `g` has the task's share and memory free (its health and MIG mode aside).
+  bool FitsOn(const GpuState& g) const { return g.free_share >= share && g.free_memory >= MemoryOn(g); }
   bool ModelAllowed(ModelId m) const {
     return allowed_models.empty() || (m < allowed_models.size() && allowed_models[m]);
   }

@@ -121,7 +121,8 @@ Result<std::vector<GpuGrant>> FgdCore::Select(const Ledger& ledger, const Prepar
         fmt::format("{}: node '{}' passed the filters but no GPU fits", who, ledger.spec(node).name));
   }
   std::vector<GpuGrant> out;
-  for (int g : gpus) out.push_back(GpuGrant{g, MilliGpu(t.share), MiB(t.gpu_memory), std::nullopt});
+  for (int g : gpus)
+    out.push_back(GpuGrant{g, MilliGpu(t.share), MiB(t.MemoryOn(s.gpus[static_cast<size_t>(g)])), std::nullopt});
   return out;
 }
 
@@ -163,7 +164,10 @@ int FgdCore::BestShareGpu(const Ledger& ledger, const NodeState& s, const Prepar
   for (size_t j = 0; j < free_.size(); ++j) {
     const int32_t g = free_[j];
     if (g < t.share) continue;
-    if (t.gpu_memory > 0 && s.gpus[static_cast<size_t>(index_[j])].free_memory < t.gpu_memory) continue;
+    if (s.memory_short_gpus > 0 || t.gpu_memory > 0) {
+      const GpuState& gs = s.gpus[static_cast<size_t>(index_[j])];
+      if (gs.free_memory < t.MemoryOn(gs)) continue;
+    }
     int64_t points = -1;
     for (const auto& [value, p] : tried_) {
       if (value == g) points = p;

@@ -101,8 +101,9 @@ class GpuFitFilter final : public FilterPlugin {
  private:
   // -1 when the node has the GPUs, else the reason index.
   static int Fit(const NodeState& s, const PreparedTask& task) {
-    // Fast paths from the ledger's per-node summary (no walk over the GPUs).
-    if (task.gpu_memory == 0) {
+    // Fast paths from the ledger's per-node summary (no walk over the GPUs): a task that names no
+    // memory takes its share's part of it, which only a GPU short of memory can refuse.
+    if (task.gpu_memory == 0 && s.memory_short_gpus == 0) {
       if (s.usable_gpus < task.gpu_count) return 0;
       if (task.gpu_count == 1) return s.max_free_share >= task.share ? -1 : 1;
       if (task.share == kWholeGpu.units()) return s.fully_free_gpus >= task.gpu_count ? -1 : 1;
@@ -113,7 +114,7 @@ class GpuFitFilter final : public FilterPlugin {
       ++usable;
       if (g.free_share < task.share) continue;
       ++share_ok;
-      if (g.free_memory >= task.gpu_memory) ++both_ok;
+      if (g.free_memory >= task.MemoryOn(g)) ++both_ok;
     }
     if (both_ok >= task.gpu_count) return -1;
     if (usable < task.gpu_count) return 0;

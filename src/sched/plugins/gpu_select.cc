@@ -12,10 +12,11 @@
 namespace gpupool {
 namespace {
 
-std::vector<GpuGrant> Grants(const std::vector<int>& gpus, const PreparedTask& task) {
+std::vector<GpuGrant> Grants(const NodeState& node, const std::vector<int>& gpus, const PreparedTask& task) {
   std::vector<GpuGrant> out;
   out.reserve(gpus.size());
-  for (int g : gpus) out.push_back(GpuGrant{g, MilliGpu(task.share), MiB(task.gpu_memory), std::nullopt});
+  for (int g : gpus)
+    out.push_back(GpuGrant{g, MilliGpu(task.share), MiB(task.MemoryOn(node.gpus[static_cast<size_t>(g)])), std::nullopt});
   return out;
 }
 
@@ -38,7 +39,7 @@ class BestSelector final : public GpuSelector {
       set = TopologyBestSet(ledger.spec(node), ledger.state(node), task);
     }
     if (set.empty()) return NoFit(ledger, node);
-    return Grants(set, task);
+    return Grants(ledger.state(node), set, task);
   }
 };
 
@@ -56,7 +57,7 @@ class RandomSelector final : public GpuSelector {
       set = TopologyBestSet(ledger.spec(node), ledger.state(node), task);
     }
     if (set.empty()) return NoFit(ledger, node);
-    return Grants(set, task);
+    return Grants(ledger.state(node), set, task);
   }
 
  private:
