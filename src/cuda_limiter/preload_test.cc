@@ -1,0 +1,264 @@
+// libgpupool-cuda.so preloaded into tests/fake_cuda/cuda_probe on the fake driver
+// (tests/fake_cuda/fake_cuda.cc): what a program sees of the limits, through each way a program
+// reaches the driver. Each test runs the probe as a child process; none asserts a lower bound on
+// time.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace gpupool::cuda_limiter {
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+struct ProbeRun {
+  int status = -1;  // exit status, or -1
+  std::map<std::string, std::string> values;
+  std::string err;
+  uint64_t U(const std::string& key) const {
+    auto it = values.find(key);
+    return it == values.end() ? UINT64_MAX : std::strtoull(it->second.c_str(), nullptr, 10);
+  }
+  double D(const std::string& key) const {
+    auto it = values.find(key);
+    return it == values.end() ? 1e9 : std::strtod(it->second.c_str(), nullptr);
+  }
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs cuda_probe with the fake driver, the limiter preloaded (unless preload is false) and env
+// added to this process's environment (less anything the limiter or the fake reads).
+ProbeRun Probe(const std::vector<std::string>& args, const std::vector<std::string>& env,
+               bool preload = true) {
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string variable(*entry);
+    if (variable.rfind("LD_PRELOAD=", 0) != 0 && variable.rfind("LD_LIBRARY_PATH=", 0) != 0 &&
+        variable.rfind("GPUPOOL_", 0) != 0 && variable.rfind("FAKE_CUDA_", 0) != 0) {
+      environment.push_back(variable);
+    }
+  }
+  environment.push_back(std::string("LD_LIBRARY_PATH=") + FAKE_CUDA_DIR + ":" + FAKE_NVML_DIR);
+  if (preload) environment.push_back(std::string("LD_PRELOAD=") + GPUPOOL_CUDA_PRELOAD_PATH);
+  environment.insert(environment.end(), env.begin(), env.end());
+  std::vector<std::string> argv_strings = {CUDA_PROBE_PATH};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv, envp;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  for (std::string& s : environment) envp.push_back(s.data());
+  argv.push_back(nullptr);
+  envp.push_back(nullptr);
+
+  char out_path[] = "/tmp/cuda_probe_out_XXXXXX";
+  char err_path[] = "/tmp/cuda_probe_err_XXXXXX";
+  const int out = mkstemp(out_path), err = mkstemp(err_path);
+  ProbeRun run;
+  if (out < 0 || err < 0) return run;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err, STDERR_FILENO);
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, CUDA_PROBE_PATH, &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out);
+  close(err);
+  if (spawned == 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    int wstatus = 0;
+    while (waitpid(pid, &wstatus, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &wstatus, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (WIFEXITED(wstatus)) run.status = WEXITSTATUS(wstatus);
+  }
+  std::istringstream lines(ReadAll(out_path));
+  for (std::string line; std::getline(lines, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) run.values[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  run.err = ReadAll(err_path);
+  unlink(out_path);
+  unlink(err_path);
+  return run;
+}
+
+// 10 GiB on device 0 of the fake's two, no cap on device 1.
+const std::string kTenGiB = "GPUPOOL_GPU_MEMORY_BYTES=" + std::to_string(10 * kGiB) + ",0";
+constexpr uint64_t kCap = 10 * kGiB;
+constexpr uint64_t kFakeDevice = 80 * kGiB;  // the fake's default
+
+// The figures of one `alloc` run against a cap: what it got, what it could get back after freeing
+// and what cuMemGetInfo said, all within the cap.
+void ExpectCapped(const ProbeRun& run, const std::string& kind) {
+  SCOPED_TRACE(kind + "\n" + run.err);
+  ASSERT_EQ(run.status, 0);
+  EXPECT_EQ(run.U("init"), 0U);
+  const uint64_t obtained = run.U("obtained");
+  EXPECT_LE(obtained, kCap);
+  EXPECT_GT(obtained, kCap - 2 * kGiB);
+  EXPECT_EQ(run.U("obtained_error"), 2U);  // CUDA_ERROR_OUT_OF_MEMORY
+  EXPECT_EQ(run.U("info_total"), kCap);
+  EXPECT_EQ(run.U("info_free"), kCap - obtained);
+  const uint64_t freed = run.U("freed"), reobtained = run.U("reobtained");
+  EXPECT_GT(freed, 0U);
+  EXPECT_GE(reobtained + kGiB + 1024 * 1024, freed);  // what was freed can be had again
+  const uint64_t held = obtained - freed + reobtained;
+  EXPECT_LE(held, kCap);
+  EXPECT_EQ(run.U("final_total"), kCap);
+  EXPECT_EQ(run.U("final_free"), kCap - held);
+  EXPECT_EQ(run.U("destroy"), 0U);
+  if (kind == "vmm") {
+    EXPECT_EQ(run.U("after_destroy"), 0U);  // VMM handles outlive contexts
+  } else {
+    EXPECT_GT(run.U("after_destroy"), kCap - 2 * kGiB);
+    EXPECT_LE(run.U("after_destroy"), kCap);
+  }
+}
+
+class AllocationKindTest : public testing::TestWithParam<const char*> {};
+
+TEST_P(AllocationKindTest, StopsAtTheCapAndCountsFrees) {
+  ExpectCapped(Probe({"alloc", GetParam()}, {kTenGiB}), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, AllocationKindTest,
+                         testing::Values("plain", "pitch", "managed", "async", "pool", "vmm"));
+
+TEST(PreloadTest, RuntimeStyleAndDlsymStyleLookupsAreLimitedToo) {
+  ExpectCapped(Probe({"runtime-style", "plain"}, {kTenGiB}), "runtime-style plain");
+  ExpectCapped(Probe({"runtime-style", "async"}, {kTenGiB}), "runtime-style async (_ptsz)");
+  ExpectCapped(Probe({"dlsym-style", "plain"}, {kTenGiB}), "dlsym-style plain");
+  ExpectCapped(Probe({"dlsym-style", "vmm"}, {kTenGiB}), "vmm");
+}
+
+TEST(PreloadTest, ThreadsAllocatingAtOnceShareOneCap) {
+  const ProbeRun run = Probe({"alloc-threads", "8"}, {kTenGiB});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(run.U("threads_obtained"), kCap);  // 256 MiB chunks fill it exactly, never more
+  EXPECT_EQ(run.U("info_free"), 0U);
+}
+
+TEST(PreloadTest, NoLimitsNoCaps) {
+  for (bool preload : {true, false}) {
+    const ProbeRun run = Probe({"alloc", "plain"}, {}, preload);
+    SCOPED_TRACE(run.err);
+    ASSERT_EQ(run.status, 0);
+    EXPECT_EQ(run.U("obtained"), kFakeDevice);
+    EXPECT_EQ(run.U("info_total"), kFakeDevice);
+    EXPECT_TRUE(run.err.empty());
+  }
+}
+
+TEST(PreloadTest, EachDeviceHasItsOwnCap) {
+  ProbeRun run = Probe({"alloc", "plain", "1"}, {kTenGiB});
+  EXPECT_EQ(run.U("obtained"), kFakeDevice) << run.err;  // 0: no cap on device 1
+  run = Probe({"alloc", "plain", "0"}, {kTenGiB});
+  EXPECT_EQ(run.U("obtained"), kCap) << run.err;
+}
+
+// dlsym is interposed, but dlsym(RTLD_NEXT) still searches after its real caller: from the
+// program, the next cuInit is the limiter's, the one RTLD_DEFAULT finds too (called through a
+// wrapper it would search after the limiter and find the driver's).
+TEST(PreloadTest, DlsymRtldNextStillSearchesAfterItsCaller) {
+  const ProbeRun run = Probe({"info"}, {kTenGiB});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(run.U("rtld_next_same"), 1U);
+}
+
+TEST(PreloadTest, MalformedLimitsRefuseCuda) {
+  for (const std::string& env :
+       {std::string("GPUPOOL_GPU_MEMORY_BYTES=10G,0"), std::string("GPUPOOL_GPU_SHARES_MILLI=0,1000")}) {
+    const ProbeRun run = Probe({"info"}, {env});
+    EXPECT_EQ(run.status, 3) << env;
+    EXPECT_EQ(run.U("init"), 3U);  // CUDA_ERROR_NOT_INITIALIZED
+    EXPECT_EQ(run.err.rfind("gpupool-cuda: GPUPOOL_GPU_", 0), 0U) << run.err;
+    EXPECT_NE(run.err.find("CUDA is refused"), std::string::npos) << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  }
+}
+
+TEST(PreloadTest, MoreDevicesThanTheListsCoverRefuseCuda) {
+  const std::string one_entry = "GPUPOOL_GPU_MEMORY_BYTES=" + std::to_string(10 * kGiB);
+  const ProbeRun run = Probe({"info"}, {one_entry});  // two fake devices
+  EXPECT_EQ(run.status, 3);
+  EXPECT_NE(run.err.find("gpupool-cuda: the task sees 2 devices but the limits list 1"), std::string::npos)
+      << run.err;
+  EXPECT_EQ(Probe({"info"}, {one_entry, "FAKE_CUDA_DEVICES=1"}).status, 0);
+}
+
+TEST(PreloadTest, LegacyAllocationIsRefusedUnderACap) {
+  EXPECT_EQ(Probe({"legacy"}, {kTenGiB}).U("legacy"), 801U);  // CUDA_ERROR_NOT_SUPPORTED
+}
+
+TEST(PreloadTest, NvmlShowsTheCapAndTheTasksUse) {
+  ProbeRun run = Probe({"nvml"}, {kTenGiB});
+  SCOPED_TRACE(run.err);
+  ASSERT_EQ(run.status, 0) << run.values["error"];
+  for (const std::string prefix : {"nvml_", "nvml_v2_"}) {
+    EXPECT_EQ(run.U(prefix + "result"), 0U);
+    EXPECT_EQ(run.U(prefix + "total"), kCap);
+    EXPECT_EQ(run.U(prefix + "used"), 3 * kGiB);
+    EXPECT_EQ(run.U(prefix + "free"), kCap - 3 * kGiB);
+  }
+  // No cap: NVML's own figures, as without the limiter.
+  run = Probe({"nvml"}, {});
+  const ProbeRun alone = Probe({"nvml"}, {}, /*preload=*/false);
+  for (const char* key : {"nvml_total", "nvml_used", "nvml_free", "nvml_v2_total", "nvml_v2_free"}) {
+    EXPECT_NE(run.U(key), UINT64_MAX) << key;
+    EXPECT_EQ(run.U(key), alone.U(key)) << key;
+  }
+}
+
+// Upper bounds only: a slow machine can only make the fraction lower.
+TEST(PreloadTest, AQuarterShareKeepsTheGpuBusyAQuarterOfTheTime) {
+  const ProbeRun run = Probe({"launch", "2", "2000"}, {"GPUPOOL_GPU_SHARES_MILLI=250,1000"});
+  SCOPED_TRACE(run.err);
+  ASSERT_EQ(run.status, 0);
+  EXPECT_EQ(run.U("launch_result"), 0U);
+  EXPECT_GT(run.U("launches"), 0U);
+  EXPECT_LE(run.D("busy_fraction"), 0.25 + 0.05);
+}
+
+TEST(PreloadTest, PacingHoldsThroughTheRuntimesEntryPoints) {
+  const ProbeRun run = Probe({"launch", "1", "5000", "runtime"}, {"GPUPOOL_GPU_SHARES_MILLI=250,1000"});
+  SCOPED_TRACE(run.err);
+  ASSERT_EQ(run.status, 0);
+  EXPECT_GT(run.U("launches"), 0U);
+  EXPECT_LE(run.D("busy_fraction"), 0.25 + 0.05);
+}
+
+TEST(PreloadTest, FullShareLaunchesUnpaced) {
+  const ProbeRun run = Probe({"launch", "0.2", "1000"}, {"GPUPOOL_GPU_SHARES_MILLI=1000,1000"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(run.U("launch_result"), 0U);
+  EXPECT_GT(run.U("launches"), 0U);
+}
+
+}  // namespace
+}  // namespace gpupool::cuda_limiter
