@@ -23,6 +23,10 @@ if(GPUPOOL_BUILD_TESTS)
   target_compile_definitions(agent_test PRIVATE
     FAKE_MPS_CONTROL="${CMAKE_CURRENT_SOURCE_DIR}/tests/fake_mps/nvidia-cuda-mps-control"
     FAKE_NVML_PATH="$<TARGET_FILE:fake_nvml>"
+    # The CUDA limiter run by the agent against the fake driver (cmake/cuda_limiter.cmake).
+    CUDA_PROBE_PATH="$<TARGET_FILE:cuda_probe>"
+    FAKE_CUDA_DIR="$<TARGET_FILE_DIR:fake_cuda>"
+    GPUPOOL_CUDA_PRELOAD_PATH="$<TARGET_FILE:gpupool-cuda>"
   )
-  add_dependencies(agent_test fake_nvml)
+  add_dependencies(agent_test fake_nvml cuda_probe fake_cuda gpupool-cuda)
 endif()

@@ -152,6 +152,19 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (!agent->cdi_note_.empty()) agent->summary_ += "; " + agent->cdi_note_;
   if (!o.sim_faults.empty() && !agent->inventory_.simulated)
     return Status::InvalidArgument("--sim-faults: only simulated GPUs take injected faults (add --simulate)");
+  if (o.cuda_limiter == "none") {
+    agent->cuda_limiter_.clear();
+  } else if (!o.cuda_limiter.empty()) {
+    if (o.cuda_limiter.front() != '/' || ::access(o.cuda_limiter.c_str(), R_OK) != 0)
+      return Status::InvalidArgument(
+          fmt::format("--cuda-limiter {}: not a readable file by an absolute path", o.cuda_limiter));
+    agent->cuda_limiter_ = o.cuda_limiter;
+  } else {
+    std::error_code ec;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    const std::filesystem::path beside = self.parent_path() / "libgpupool-cuda.so";
+    if (!ec && ::access(beside.c_str(), R_OK) == 0) agent->cuda_limiter_ = beside.string();
+  }
   agent->lease_path_ = o.state_dir + "/lease";
   // A restarted agent keeps its tasks' lease: it knows the server's timeout from the file.
   if (auto text = agent_internal::ReadFile(agent->lease_path_); text.ok()) {

@@ -122,6 +122,9 @@ struct AgentOptions {
   // Simulated GPUs only: a JSON file of GPU faults and telemetry overrides, re-read on every
   // heartbeat (docs/agent.md#fault-injection). Empty: none.
   std::string sim_faults;
+  // libgpupool-cuda.so (docs/cuda_limiter.md), preloaded into fractional time-sliced tasks that
+  // run as processes. Empty: the one beside the agent's executable when there is one; "none": off.
+  std::string cuda_limiter;
 };
 
 // Lease fencing: when, after a lease of `timeout_s` seconds starts, the agent's tasks get SIGTERM
@@ -323,6 +326,7 @@ class Agent {
   // Lease fencing (docs/agent.md#lease-fencing).
   std::mutex lease_mu_;
   std::string lease_path_;
+  std::string cuda_limiter_;  // libgpupool-cuda.so to preload ("": none; options_.cuda_limiter)
   double lease_timeout_s_ = 0;     // the server's heartbeatTimeoutSeconds; 0: not known yet
   int64_t lease_term_ms_ = 0;      // CLOCK_BOOTTIME deadlines written to the lease file
   int64_t lease_kill_ms_ = 0;

@@ -618,6 +618,50 @@ TEST_F(AgentLeaseTest, RegistrationAdvertisesTheContainerClassesItCanRunAndNoPod
   EXPECT_EQ(labels.value("gpupool.io/runtime-runc", ""), have_runc ? "true" : "") << labels.dump();
 }
 
+// Issue 23: a quarter GPU, time-sliced, run by the agent with the CUDA limiter it finds beside its
+// binary (or is given): a program allocating device memory through the driver until refused gets
+// no more than the quarter's memory (20 GiB of 80), and the driver's memory report shows the cap.
+// The driver is tests/fake_cuda's; the program tests/fake_cuda/cuda_probe.
+TEST_F(AgentLeaseTest, AQuarterGpuTaskCannotAllocateMoreThanItsMemory) {
+  const std::string out = root_ + "/probe.out";
+  json task = Task("j-000000000009", fmt::format("FAKE_CUDA_DEVICES=1 LD_LIBRARY_PATH={} {} alloc plain > {} 2>&1",
+                                                 FAKE_CUDA_DIR, CUDA_PROBE_PATH, out),
+                   250);
+  task["gpus"][0]["memory"] = "20Gi";
+  LeaseServer server(json::array({task}), 30);
+  AgentOptions o = Opts(server.url());
+  o.cuda_limiter = GPUPOOL_CUDA_PRELOAD_PATH;
+  ASSERT_NE(Create(o), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000009", "succeeded").is_null(); }, 20s)) << Slurp(out);
+  std::map<std::string, uint64_t> v;
+  std::istringstream lines(Slurp(out));
+  for (std::string line; std::getline(lines, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos && line.find_first_not_of("0123456789", eq + 1) == std::string::npos && eq + 1 < line.size())
+      v[line.substr(0, eq)] = std::stoull(line.substr(eq + 1));
+  }
+  const uint64_t cap = uint64_t{20} << 30;
+  EXPECT_EQ(v["init"], 0u) << Slurp(out);
+  EXPECT_LE(v["obtained"], cap) << Slurp(out);
+  EXPECT_GT(v["obtained"], cap - (uint64_t{2} << 30)) << Slurp(out);
+  EXPECT_EQ(v["obtained_error"], 2u) << "CUDA_ERROR_OUT_OF_MEMORY\n" << Slurp(out);
+  EXPECT_EQ(v["info_total"], cap) << Slurp(out);
+  // Without the limiter (off), the same program takes the whole simulated device.
+  agent_->Stop(false);
+  agent_.reset();
+  json again = Task("j-000000000010", fmt::format("FAKE_CUDA_DEVICES=1 LD_LIBRARY_PATH={} {} alloc plain > {}.off 2>&1",
+                                                  FAKE_CUDA_DIR, CUDA_PROBE_PATH, out),
+                    250);
+  server.SetAssignments(json::array({again}));
+  o.cuda_limiter = "none";
+  ASSERT_NE(Create(o), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000010", "succeeded").is_null(); }, 20s));
+  EXPECT_NE(Slurp(out + ".off").find("info_total=" + std::to_string(uint64_t{81920} << 20)), std::string::npos)
+      << Slurp(out + ".off");
+}
+
 TEST_F(AgentLeaseTest, HeartbeatCarriesSimulatedGpuLoad) {
   LeaseServer server(json::array({Task("j-000000000004", "sleep 30", 500)}), 30);
   Agent* agent = Create(Opts(server.url()));

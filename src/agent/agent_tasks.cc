@@ -317,6 +317,7 @@ void Agent::StartTask(LocalTask& t) {
   TaskEnvOptions eo;
   eo.node = options_.node;
   eo.mps_pipe_root = options_.state_dir + "/mps";
+  eo.cuda_limiter = cuda_limiter_;
   if (a.isolation == "mps" && mps_) {
     if (Status st = EnsureMps(t); !st.ok()) return fail(st);
     eo.mps_daemons = true;

@@ -514,6 +514,15 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
           fmt::format("env.{}: set by gpupool to enforce the allocation; a job may not set it", k));
     env[k] = v;
   }
+  // A time-sliced share has nothing else holding it to its memory and compute: the CUDA limiter
+  // (docs/cuda_limiter.md) goes first in LD_PRELOAD, before whatever the job preloads itself. In
+  // containers the library is not inside the root file system yet: not preloaded there.
+  const bool process_task = a.bundle.empty() && a.rootfs.empty() && a.image.empty();
+  if (!options.cuda_limiter.empty() && process_task && a.isolation == "timeslice" && !a.gpus.empty() &&
+      std::any_of(a.gpus.begin(), a.gpus.end(), [](const AssignedGpu& g) { return g.share_milli < 1000; })) {
+    const auto mine = env.find("LD_PRELOAD");
+    env["LD_PRELOAD"] = options.cuda_limiter + (mine == env.end() || mine->second.empty() ? "" : ":" + mine->second);
+  }
   return env;
 }
 

@@ -86,6 +86,8 @@ struct TaskEnvOptions {
   std::string node;
   std::string mps_pipe_root;  // per-GPU MPS pipe/log directories live under it ("<root>/<uuid>")
   bool mps_daemons = false;   // real GPUs: MPS control daemons run; simulated: only the variables
+  // libgpupool-cuda.so to preload into a fractional time-sliced task run as a process ("": none).
+  std::string cuda_limiter;
 };
 
 // With a rendezvous, the variables distributed frameworks read: MASTER_ADDR, MASTER_PORT,

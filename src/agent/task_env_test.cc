@@ -497,3 +497,40 @@ TEST(TaskEnvTest, TheMpiHostfileHasOneLinePerNodeInRankOrder) {
 
 }  // namespace
 }  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+// The CUDA limiter goes first in LD_PRELOAD of a fractional time-sliced process task, before what
+// the job preloads itself (a job cannot take it out: an empty LD_PRELOAD of its own gets it too);
+// nowhere else (MPS shares, whole GPUs, containers, no limiter configured).
+TEST(TaskEnvTest, TheCudaLimiterIsPreloadedIntoFractionalTimeslicedProcessTasksOnly) {
+  TaskEnvOptions o;
+  o.node = "node-1";
+  o.cuda_limiter = "/usr/lib/gpupool/libgpupool-cuda.so";
+  const json quarter = json::array({{{"index", 2}, {"uuid", "GPU-test-2"}, {"share", 250}, {"memory", "20Gi"}}});
+  const json whole = json::array({{{"index", 2}, {"uuid", "GPU-test-2"}, {"share", 1000}, {"memory", "80Gi"}}});
+  auto env_of = [&](json a, const TaskEnvOptions& opts) {
+    auto env = TaskEnvironment(ParseSingle(a), FourGpus(), opts);
+    EXPECT_TRUE(env.ok()) << env.status().ToString();
+    return env.ok() ? *env : std::map<std::string, std::string>{};
+  };
+  auto env = env_of(RunAssignment("timeslice", quarter), o);
+  EXPECT_EQ(env["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so");
+  EXPECT_EQ(env["GPUPOOL_GPU_MEMORY_BYTES"], std::to_string(20LL << 30));
+  EXPECT_EQ(env["GPUPOOL_GPU_SHARES_MILLI"], "250");
+  json own = RunAssignment("timeslice", quarter);
+  own["env"]["LD_PRELOAD"] = "/usr/lib/libjemalloc.so.2";
+  EXPECT_EQ(env_of(own, o)["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so:/usr/lib/libjemalloc.so.2");
+  own["env"]["LD_PRELOAD"] = "";
+  EXPECT_EQ(env_of(own, o)["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so");
+  EXPECT_EQ(env_of(RunAssignment("mps", quarter), o).count("LD_PRELOAD"), 0u);
+  EXPECT_EQ(env_of(RunAssignment("timeslice", whole), o).count("LD_PRELOAD"), 0u);
+  json boxed = RunAssignment("timeslice", quarter);
+  boxed["rootfs"] = "/srv/rootfs";
+  EXPECT_EQ(env_of(boxed, o).count("LD_PRELOAD"), 0u);
+  EXPECT_EQ(env_of(RunAssignment("timeslice", quarter), TaskEnvOptions{}).count("LD_PRELOAD"), 0u);
+}
+
+}  // namespace
+}  // namespace gpupool

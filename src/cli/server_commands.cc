@@ -349,6 +349,9 @@ std::function<int()> AddServerCommand(CLI::App& app) {
   agent_cmd->add_option("--memory", agent->options.memory, "Memory to offer, e.g. 64Gi (default: all)");
   agent_cmd->add_option("--heartbeat-interval", agent->options.heartbeat_seconds,
                         "Seconds between heartbeats (default: what the server asks)");
+  agent_cmd->add_option("--cuda-limiter", agent->options.cuda_limiter,
+                        "libgpupool-cuda.so to preload into fractional time-sliced tasks (default: the one beside "
+                        "this binary; none: off)");
   agent_cmd->add_option("--sim-faults", agent->options.sim_faults,
                         "Simulated GPUs: JSON file of injected GPU faults/telemetry, re-read every heartbeat");
   agent_cmd->add_option("--assignment-poll", agent->options.assignment_poll_seconds,
