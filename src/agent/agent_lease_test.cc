@@ -74,6 +74,15 @@ json Task(const std::string& job, const std::string& script, int share_milli = 5
           {"gpus", json::array({{{"index", 1}, {"share", share_milli}, {"memory", "10Gi"}}})}};
 }
 
+// The same task as the server lists it once it is being preempted.
+json Stopping(json task) {
+  task["desired"] = "stop";
+  task["state"] = "stopping";
+  task["gracePeriodSeconds"] = 5;
+  task["reason"] = "preempted";
+  return task;
+}
+
 // Registration, heartbeats and assignment polls that hand out `assignments`, status reports. The
 // heartbeat answers 503 while `failing`; both answers carry heartbeatTimeoutSeconds.
 class LeaseServer {
@@ -286,11 +295,7 @@ TEST_F(AgentLeaseTest, ARestartedAgentAdoptsARunTheServerWantsStopped) {
   ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000004", "running").is_null(); }, 10s));
   agent_->Stop(false);  // the agent goes; its task runs on
   agent_.reset();
-  task["desired"] = "stop";
-  task["state"] = "stopping";
-  task["gracePeriodSeconds"] = 5;
-  task["reason"] = "preempted";
-  server.SetAssignments(json::array({task}));
+  server.SetAssignments(json::array({Stopping(task)}));
   ASSERT_NE(Create(Opts(server.url())), nullptr);
   ASSERT_TRUE(agent_->Start(5s).ok());
   ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000004", "stopped").is_null(); }, 10s));
@@ -323,11 +328,7 @@ TEST_F(AgentLeaseTest, AStopReachesTheRunItNamesAfterRestartsAlsoThroughARestart
       agent_->Stop(false);  // the agent goes; its task runs on
       agent_.reset();
     }
-    task["desired"] = "stop";
-    task["state"] = "stopping";
-    task["gracePeriodSeconds"] = 5;
-    task["reason"] = "preempted";
-    server.SetAssignments(json::array({task}));
+    server.SetAssignments(json::array({Stopping(task)}));
     if (restart_agent) {
       ASSERT_NE(Create(Opts(server.url())), nullptr);
       ASSERT_TRUE(agent_->Start(5s).ok());

@@ -322,6 +322,17 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
   bad_id["jobId"] = "../../etc";
   json bad_desired = RunAssignment("mps", json::array());
   bad_desired["desired"] = "maybe";
+  // A stop entry is read whole: a forged run count or grace period is refused there too.
+  json bad_restarts = RunAssignment("mps", json::array());
+  bad_restarts["desired"] = "stop";
+  bad_restarts["restarts"] = -1;
+  json huge_restarts = RunAssignment("mps", json::array());
+  huge_restarts["restarts"] = int64_t{1} << 40;
+  json huge_grace = RunAssignment("mps", json::array());
+  huge_grace["desired"] = "stop";
+  huge_grace["gracePeriodSeconds"] = int64_t{1} << 40;
+  json negative_grace = RunAssignment("mps", json::array());
+  negative_grace["gracePeriodSeconds"] = -5;
   json relative_dir = RunAssignment("mps", json::array());
   relative_dir["workingDir"] = "data";
   json long_dir = RunAssignment("mps", json::array());
@@ -363,6 +374,10 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
       {{{"assignments", {bad_share}}}, "assignments[0].gpus[0].share: must be 0..1000"},
       {{{"assignments", {bad_id}}}, "assignments[0].jobId: must be 1-64 of"},
       {{{"assignments", {bad_desired}}}, "assignments[0].desired: must be run or stop"},
+      {{{"assignments", {bad_restarts}}}, "assignments[0].restarts: must be 0..1000000000"},
+      {{{"assignments", {huge_restarts}}}, "assignments[0].restarts: must be 0..1000000000"},
+      {{{"assignments", {huge_grace}}}, "assignments[0].gracePeriodSeconds: must be 0..86400"},
+      {{{"assignments", {negative_grace}}}, "assignments[0].gracePeriodSeconds: must be 0..86400"},
       {{{"assignments", {relative_dir}}}, "assignments[0].workingDir: must be an absolute path"},
       {{{"assignments", {long_dir}}}, "assignments[0].workingDir: must be an absolute path of at most 4096"},
       {{{"assignments", {{{"index", 0}, {"desired", "run"}}}}}, "assignments[0].jobId: missing"},
