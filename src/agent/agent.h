@@ -211,8 +211,13 @@ class Agent {
   void Report(LocalTask& t);
   Result<Runtime*> RuntimeFor(const Assignment& a);
   // Real GPUs, isolation mps: makes sure each of the task's GPUs has its MPS control daemon, with
-  // the task among its users. REQUIRES: mu_ held.
+  // the task among its users, and the MPS server of the task's uid held to the task's limits (summed
+  // over that uid's tasks on the GPU; mps.h). An error means the task must not start. REQUIRES: mu_
+  // held.
   Status EnsureMps(LocalTask& t);
+  // The uid a's processes run as: its runAs (0 for a root queue's root) in the sandbox, the agent's
+  // own without it.
+  int64_t TaskUid(const Assignment& a) const;
   Status SandboxTask(const Assignment& a, LaunchSpec* spec);
   Status MountVolumes(const Assignment& a, LaunchSpec* spec);
   // agent_cdi.cc: the CDI specs for this node's GPUs, read or generated once at start, and what

@@ -160,13 +160,18 @@ Status Agent::ApplyCdi(const Assignment& a, LaunchSpec* spec) {
   return Status::Ok();
 }
 
+int64_t Agent::TaskUid(const Assignment& a) const {
+  if (!sandbox_) return ::geteuid();
+  return a.run_as_root ? 0 : a.uid;
+}
+
 // The task's volumes (docs/jobspec.md#volumes): a host directory only from under the admin's
 // roots, its links resolved first (a link in an allowed tree pointing out of it is refused), and
 // read-only unless both the job and the root say otherwise; scratch made for this run alone.
 // REQUIRES: mu_ held.
 Status Agent::MountVolumes(const Assignment& a, LaunchSpec* spec) {
   // Whose the run's own directories are: the task's, or the agent's own without the sandbox.
-  const int64_t uid = !sandbox_ ? ::geteuid() : a.run_as_root ? 0 : a.uid;
+  const int64_t uid = TaskUid(a);
   const int64_t gid = !sandbox_ ? ::getegid() : a.run_as_root ? 0 : a.gid;
   const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
   if (a.rendezvous && !a.rendezvous->hosts.empty()) {

@@ -238,13 +238,23 @@ void Agent::Forget(const std::string& id, LocalTask& t) {
 Status Agent::EnsureMps(LocalTask& t) {
   const Assignment& a = t.assignment;
   if (a.isolation != "mps" || !mps_) return Status::Ok();
-  for (const AssignedGpu& g : a.gpus) {
+  // The figures of the task's CUDA_MPS_* variables, held by its server whatever the task does to them.
+  const MpsTaskLimits granted = TaskMpsLimits(a);
+  for (size_t i = 0; i < a.gpus.size(); ++i) {
+    const AssignedGpu& g = a.gpus[i];
     // An index outside the inventory is TaskEnvironment's to refuse.
     if (g.index < 0 || static_cast<size_t>(g.index) >= inventory_.gpus.size()) continue;
+    const GpuInfo& info = inventory_.gpus[static_cast<size_t>(g.index)];
     // The inventory's UUID: the one TaskEnvironment names the pipe directory after.
-    const std::string& uuid = inventory_.gpus[static_cast<size_t>(g.index)].uuid;
+    const std::string& uuid = info.uuid;
     if (std::find(t.mps_gpus.begin(), t.mps_gpus.end(), uuid) != t.mps_gpus.end()) continue;
-    RETURN_IF_ERROR(mps_->Ensure(uuid, a.run_id()));
+    MpsClientLimits limits;
+    limits.uid = TaskUid(a);
+    limits.active_thread_percentage = granted.active_thread_percentage;
+    // No memory granted (a server older than always-reserved GPU memory): the whole GPU's.
+    limits.pinned_mem_mib =
+        granted.pinned_mem_mib[i] > 0 ? granted.pinned_mem_mib[i] : info.memory_bytes / (1024 * 1024);
+    RETURN_IF_ERROR(mps_->Ensure(uuid, a.run_id(), limits));
     t.mps_gpus.push_back(uuid);
   }
   return Status::Ok();

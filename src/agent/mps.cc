@@ -1,9 +1,5 @@
 #include "agent/mps.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "agent/mps_control.h"
 #include "agent/runtime_internal.h"
 
 extern char** environ;
@@ -23,10 +20,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using agent_internal::ErrnoText;
-using agent_internal::FdCloser;
+using mps_internal::DescribeOutput;
+using mps_internal::DescribeStatus;
+using mps_internal::RunCommand;
 
 constexpr const char* kPidFile = "nvidia-cuda-mps-control.pid";
-constexpr size_t kMaxOutput = 64 * 1024;
 
 // GPU UUIDs become directory names: "GPU-8f6b...", "MIG-...". Nothing that could leave the root.
 Status ValidateUuid(const std::string& uuid) {
@@ -39,149 +37,6 @@ Status ValidateUuid(const std::string& uuid) {
     if (!ok) return Status::InvalidArgument(fmt::format("MPS: '{}' is not a usable GPU UUID", uuid));
   }
   return Status::Ok();
-}
-
-// Moves a descriptor to 10 or above with FD_CLOEXEC, so the dup2 calls onto 0..3 in the child
-// never clobber one that is still needed. Closes the original.
-int MoveHigh(int fd) {
-  if (fd < 0) return fd;
-  const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  return high;
-}
-
-struct CommandResult {
-  int status = 0;          // the exit status, or 128 + signal
-  bool timed_out = false;  // killed after the timeout
-  std::string output;      // stdout and stderr together, at most kMaxOutput bytes
-};
-
-std::string Trimmed(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-// Runs `exe` with `argv` and exactly `env`, `input` on its stdin, and its stdout and stderr
-// captured, until it exits or `timeout` passes (then it is killed). No shell. The child gets its own
-// session and no descriptor of ours beyond stdio, so a daemon it leaves behind holds neither the
-// agent's terminal nor its sockets. A daemonizing program may leave a grandchild holding the output
-// pipe: the exit of the child, not the end of its output, ends the wait.
-Result<CommandResult> RunCommand(const std::string& exe, const std::vector<std::string>& argv,
-                                 const std::vector<std::string>& env, const std::string& input,
-                                 std::chrono::milliseconds timeout) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-
-  int in[2], out[2], ex[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  FdCloser in_r(MoveHigh(in[0])), in_w(MoveHigh(in[1]));
-  if (::pipe2(out, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  FdCloser out_r(MoveHigh(out[0])), out_w(MoveHigh(out[1]));
-  if (::pipe2(ex, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", ErrnoText(errno)));
-  FdCloser ex_r(MoveHigh(ex[0])), ex_w(MoveHigh(ex[1]));
-  if (in_r.get() < 0 || in_w.get() < 0 || out_r.get() < 0 || out_w.get() < 0 || ex_r.get() < 0 || ex_w.get() < 0)
-    return Status::IoError(fmt::format("setting up pipes: {}", ErrnoText(errno)));
-  // The input is a command or two: it fits the pipe buffer, so it is written before the fork and
-  // nothing can block or raise SIGPIPE here.
-  if (input.size() > 4096) return Status::InvalidArgument("control input too long");
-  if (!input.empty() && ::write(in_w.get(), input.data(), input.size()) != static_cast<ssize_t>(input.size()))
-    return Status::IoError(fmt::format("writing the control input: {}", ErrnoText(errno)));
-  in_w.reset();
-  if (::fcntl(out_r.get(), F_SETFL, O_NONBLOCK) != 0)
-    return Status::IoError(fmt::format("fcntl: {}", ErrnoText(errno)));
-  long max_fd = ::sysconf(_SC_OPEN_MAX);
-  if (max_fd < 0 || max_fd > 65536) max_fd = 65536;
-  const int in_fd = in_r.get(), out_fd = out_w.get(), ex_fd = ex_w.get();
-  const char* path = exe.c_str();
-
-  const pid_t pid = ::fork();
-  if (pid < 0) return Status::Internal(fmt::format("fork: {}", ErrnoText(errno)));
-  if (pid == 0) {
-    // Only async-signal-safe calls from here on.
-    ::setsid();
-    if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(out_fd, 2) < 0 || ::dup2(ex_fd, 3) < 0) ::_exit(127);
-    ::fcntl(3, F_SETFD, FD_CLOEXEC);
-    if (::close_range(4, ~0U, 0) != 0) {
-      for (long fd = 4; fd < max_fd; ++fd) ::close(static_cast<int>(fd));
-    }
-    sigset_t none;
-    ::sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::signal(sig, SIG_DFL);
-    ::execve(path, args.data(), envp.data());
-    const int err = errno;
-    [[maybe_unused]] ssize_t n = ::write(3, &err, sizeof(err));
-    ::_exit(127);
-  }
-  in_r.reset();
-  out_w.reset();
-  ex_w.reset();
-  // The exec pipe closes on a successful exec; an errno arrives when it failed.
-  int exec_errno = 0;
-  ssize_t en;
-  do {
-    en = ::read(ex_r.get(), &exec_errno, sizeof(exec_errno));
-  } while (en < 0 && errno == EINTR);
-  const bool exec_failed = en == static_cast<ssize_t>(sizeof(exec_errno));
-
-  CommandResult result;
-  const auto deadline = Clock::now() + timeout;
-  bool eof = false;
-  int wstatus = 0;
-  char buf[4096];
-  auto drain = [&] {
-    for (;;) {
-      const ssize_t n = ::read(out_r.get(), buf, sizeof(buf));
-      if (n < 0 && errno == EINTR) continue;
-      if (n == 0) eof = true;
-      if (n <= 0) return;
-      if (result.output.size() < kMaxOutput)
-        result.output.append(buf, std::min(static_cast<size_t>(n), kMaxOutput - result.output.size()));
-    }
-  };
-  for (;;) {
-    pid_t w = ::waitpid(pid, &wstatus, WNOHANG);
-    if (w < 0 && errno == EINTR) continue;
-    if (w == pid || w < 0) break;
-    if (Clock::now() >= deadline) {
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-      }
-      result.timed_out = true;
-      break;
-    }
-    if (eof) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;
-    }
-    pollfd pfd{out_r.get(), POLLIN, 0};
-    if (::poll(&pfd, 1, 20) > 0) drain();
-  }
-  if (!eof) drain();
-  if (exec_failed) return Status::FailedPrecondition(fmt::format("cannot execute '{}': {}", exe, ErrnoText(exec_errno)));
-  if (WIFEXITED(wstatus)) {
-    result.status = WEXITSTATUS(wstatus);
-  } else if (WIFSIGNALED(wstatus)) {
-    result.status = 128 + WTERMSIG(wstatus);
-  }
-  return result;
-}
-
-std::string DescribeStatus(const CommandResult& r) {
-  if (r.timed_out) return "killed after the timeout";
-  if (r.status > 128) return fmt::format("killed by signal {}", r.status - 128);
-  return fmt::format("exit status {}", r.status);
-}
-
-std::string DescribeOutput(const CommandResult& r) {
-  const std::string text = Trimmed(r.output);
-  return text.empty() ? std::string("no output") : fmt::format("output: {}", text);
 }
 
 // The pid in the daemon's pid file, or -1 when there is none (or it is unreadable).
@@ -323,17 +178,62 @@ Status MpsDaemons::Ensure(const std::string& gpu_uuid, const std::string& user) 
   RETURN_IF_ERROR(ValidateUuid(gpu_uuid));
   std::lock_guard<std::mutex> lock(mu_);
   if (!Healthy(gpu_uuid)) RETURN_IF_ERROR(Start(gpu_uuid));
-  users_[gpu_uuid].insert(user);
+  users_[gpu_uuid].try_emplace(user);  // a user that has limits keeps them
   return Status::Ok();
+}
+
+Status MpsDaemons::Ensure(const std::string& gpu_uuid, const std::string& user, const MpsClientLimits& limits) {
+  RETURN_IF_ERROR(ValidateUuid(gpu_uuid));
+  RETURN_IF_ERROR(
+      ValidateMpsClientLimits(limits).WithContext(fmt::format("MPS limits of {} on GPU {}", user, gpu_uuid)));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!Healthy(gpu_uuid)) RETURN_IF_ERROR(Start(gpu_uuid));
+  std::optional<std::optional<MpsClientLimits>> before;  // the user's entry before this call
+  {
+    auto& users = users_[gpu_uuid];
+    if (auto it = users.find(user); it != users.end()) before = it->second;
+    users[user] = limits;
+  }
+  Status st = ApplyServerLimits(gpu_uuid, *SumLocked(gpu_uuid, limits.uid));
+  const bool moved = before && *before && (*before)->uid != limits.uid;  // not something the agent does
+  if (st.ok() && moved) {
+    if (auto rest = SumLocked(gpu_uuid, (*before)->uid)) st = ApplyServerLimits(gpu_uuid, *rest);
+  }
+  if (st.ok()) return st;
+  // The user's entry as it was; the daemon and the servers as they were, as far as that goes.
+  auto& users = users_[gpu_uuid];
+  if (before) {
+    users[user] = *before;
+  } else {
+    users.erase(user);
+  }
+  if (users.empty()) {
+    users_.erase(gpu_uuid);
+    (void)Quit(gpu_uuid);  // st says what went wrong; a daemon that will not quit is tried again later
+  } else if (auto rest = SumLocked(gpu_uuid, limits.uid)) {
+    (void)ApplyServerLimits(gpu_uuid, *rest);  // best effort: st is the error to report
+  }
+  return st;
 }
 
 Status MpsDaemons::Release(const std::string& gpu_uuid, const std::string& user) {
   RETURN_IF_ERROR(ValidateUuid(gpu_uuid));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = users_.find(gpu_uuid);
-  if (it == users_.end() || it->second.erase(user) == 0 || !it->second.empty()) return Status::Ok();
-  users_.erase(it);
-  return Quit(gpu_uuid);
+  if (it == users_.end()) return Status::Ok();
+  auto u = it->second.find(user);
+  if (u == it->second.end()) return Status::Ok();
+  const std::optional<MpsClientLimits> gone = u->second;
+  it->second.erase(u);
+  if (it->second.empty()) {
+    users_.erase(it);
+    return Quit(gpu_uuid);
+  }
+  if (!gone) return Status::Ok();
+  // The uid's remaining users on this GPU hold its server to their sum, now lower.
+  const std::optional<MpsClientLimits> rest = SumLocked(gpu_uuid, gone->uid);
+  if (!rest) return Status::Ok();
+  return ApplyServerLimits(gpu_uuid, *rest).WithContext(fmt::format("releasing {}", user));
 }
 
 Status MpsDaemons::StopAll() {
@@ -358,7 +258,9 @@ std::vector<std::string> MpsDaemons::Users(const std::string& gpu_uuid) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = users_.find(gpu_uuid);
   if (it == users_.end()) return {};
-  return {it->second.begin(), it->second.end()};
+  std::vector<std::string> out;
+  for (const auto& [user, limits] : it->second) out.push_back(user);
+  return out;
 }
 
 int MpsDaemons::starts() const {

@@ -1,141 +1,36 @@
-// MPS control daemons, against the fake nvidia-cuda-mps-control of tests/fake_mps: real processes,
-// real FIFOs; every check looks at what the fake daemon recorded or at the process table.
+// MPS control daemons and the limits of their servers, against the fake nvidia-cuda-mps-control of
+// tests/fake_mps: real processes, real FIFOs; every check looks at what the fake daemon recorded or
+// at the process table. The parsers of the daemon's replies are tested on their own at the end.
 #include "agent/mps.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <mutex>
-#include <sstream>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-
-#include "agent/agent.h"
-#include "agent/runtime_internal.h"
-
-#if !defined(FAKE_MPS_CONTROL) || !defined(FAKE_NVML_PATH)
-#error "FAKE_MPS_CONTROL must name tests/fake_mps/nvidia-cuda-mps-control, FAKE_NVML_PATH the fake NVML"
-#endif
+#include "agent/mps_control.h"
+#include "agent/mps_test_util.h"
 
 namespace gpupool {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<std::string> Lines(const std::string& path) {
-  std::vector<std::string> out;
-  std::istringstream in(Slurp(path));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(line);
-  return out;
-}
-
-bool Alive(pid_t pid) {
-  auto st = agent_internal::ReadProcStat(pid);
-  return st.has_value() && st->state != 'Z';
-}
-
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
-bool IsFifo(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
-}
-
-class MpsTest : public ::testing::Test {
- protected:
-  // The fake daemons detach from the control program; as a subreaper this process inherits and reaps
-  // them, rather than leaving zombies to an init that may not reap.
-  static void SetUpTestSuite() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
-  static void Reap() {
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
-  }
-
-  void SetUp() override {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = fmt::format("{}/gpupool-mps-XXXXXX", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
-    // Sandboxed tasks (as nobody: the fake server sends no runAs) see nothing of the agent's state
-    // directory (root_): they leave their marks in out_.
-    out_ = root_ + "-out";
-    ASSERT_EQ(::mkdir(out_.c_str(), 0777), 0);
-    ::chmod(out_.c_str(), 0777);
-  }
-
-  void TearDown() override {
-    // Whatever a failed test left running: the fake daemons it started, by their recorded pids.
-    std::error_code ec;
-    for (const auto& entry : fs::recursive_directory_iterator(root_, ec)) {
-      if (entry.path().filename() != "starts") continue;
-      for (const std::string& line : Lines(entry.path().string())) {
-        const pid_t pid = static_cast<pid_t>(std::atol(line.c_str()));
-        if (pid > 0 && Alive(pid)) ::kill(pid, SIGKILL);
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    Reap();
-    fs::remove_all(root_, ec);
-    fs::remove_all(out_, ec);
-  }
-
-  MpsOptions Options(std::string binary = FAKE_MPS_CONTROL) const {
-    MpsOptions o;
-    o.control_binary = std::move(binary);
-    o.root = root_;
-    o.start_timeout = std::chrono::seconds(5);
-    o.command_timeout = std::chrono::seconds(5);
-    return o;
-  }
-
-  std::string Pipe(const std::string& uuid) const { return fmt::format("{}/{}/pipe", root_, uuid); }
-  std::vector<std::string> Starts(const std::string& uuid) const { return Lines(Pipe(uuid) + "/starts"); }
-  std::vector<std::string> Commands(const std::string& uuid) const { return Lines(Pipe(uuid) + "/commands"); }
-  // The daemon's pid as its pid file says; -1 when there is none.
-  pid_t DaemonPid(const std::string& uuid) const {
-    const std::string text = Slurp(Pipe(uuid) + "/nvidia-cuda-mps-control.pid");
-    return text.empty() ? -1 : static_cast<pid_t>(std::atol(text.c_str()));
-  }
-  pid_t LastStartedPid(const std::string& uuid) const {
-    auto s = Starts(uuid);
-    return s.empty() ? -1 : static_cast<pid_t>(std::atol(s.back().c_str()));
-  }
-  static bool Contains(const std::vector<std::string>& v, const std::string& x) {
-    return std::find(v.begin(), v.end(), x) != v.end();
-  }
-
-  std::string root_;
-  std::string out_;
-};
+using mps_test::Alive;
+using mps_test::IsFifo;
+using mps_test::Lines;
+using mps_test::MpsTest;
+using mps_test::ServerState;
+using mps_test::Slurp;
+using mps_test::WaitFor;
 
 TEST_F(MpsTest, EnsureStartsOneDaemonPerGpuWithItsOwnEnvironment) {
   MpsDaemons mps(Options());
@@ -244,7 +139,8 @@ TEST_F(MpsTest, MissingBinaryIsAClearError) {
     Status st = mps.Ensure("GPU-aaaa", "j-1.0");
     ASSERT_FALSE(st.ok());
     EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-    EXPECT_NE(st.message().find("MPS isolation requested for GPU GPU-aaaa"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("MPS isolation requested for GPU GPU-aaaa"), std::string::npos)
+        << st.message();
     EXPECT_NE(st.message().find(fmt::format("{}/nowhere/nvidia-cuda-mps-control", root_)), std::string::npos)
         << st.message();
     EXPECT_TRUE(mps.Gpus().empty());
@@ -255,7 +151,8 @@ TEST_F(MpsTest, MissingBinaryIsAClearError) {
     MpsDaemons mps(Options("gpupool-no-such-mps-control"));
     Status st = mps.Ensure("GPU-aaaa", "j-1.0");
     ASSERT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("gpupool-no-such-mps-control was not found"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("gpupool-no-such-mps-control was not found"), std::string::npos)
+        << st.message();
     EXPECT_NE(st.message().find("PATH="), std::string::npos) << st.message();
   }
 }
@@ -327,189 +224,328 @@ TEST_F(MpsTest, UnusableUuidsAreRefused) {
   EXPECT_TRUE(fs::is_empty(root_));
 }
 
+// ---- server limits ------------------------------------------------------------------------------
 
-// ---- the agent: mps tasks on real (fake NVML) GPUs get a daemon, simulated ones do not ----------
-
-using nlohmann::json;
-
-// Just enough of the server for an agent: registration, heartbeats that hand out `assignments`,
-// and the task status reports, kept for the test to read.
-class FakeServer {
- public:
-  explicit FakeServer(json assignments) : assignments_(std::move(assignments)) {
-    srv_.Post("/api/v1/agent/register", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"heartbeatIntervalSeconds":0.1})", "application/json");
-    });
-    srv_.Post(R"(/api/v1/agent/nodes/([^/]+)/heartbeat)", [this](const httplib::Request&, httplib::Response& res) {
-      std::lock_guard<std::mutex> lock(mu_);
-      res.set_content(json{{"assignments", assignments_}}.dump(), "application/json");
-    });
-    srv_.Post(R"(/api/v1/agent/nodes/([^/]+)/tasks/([^/]+)/(\d+)/status)",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                std::lock_guard<std::mutex> lock(mu_);
-                statuses_.push_back(json::parse(req.body));
-                res.set_content("{}", "application/json");
-              });
-    port_ = srv_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { srv_.listen_after_bind(); });
-  }
-  ~FakeServer() {
-    srv_.stop();
-    thread_.join();
-  }
-  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
-  // The last status reported with a final state (not "running"); null while there is none.
-  json FinalStatus() {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = statuses_.rbegin(); it != statuses_.rend(); ++it)
-      if ((*it)["state"] != "running") return *it;
-    return nullptr;
-  }
-  bool Reported(const std::string& state) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const json& s : statuses_)
-      if (s["state"] == state) return true;
-    return false;
-  }
-
- private:
-  httplib::Server srv_;
-  std::thread thread_;
-  int port_ = 0;
-  std::mutex mu_;
-  json assignments_;
-  std::vector<json> statuses_;
-};
-
-json MpsAssignment(const std::string& script) {
-  return json::array({{{"jobId", "j-000000000007"}, {"index", 0}, {"desired", "run"}, {"state", "assigned"},
-                       {"name", "infer/server-0"}, {"tenant", "vision"}, {"qos", "guaranteed"},
-                       {"isolation", "mps"}, {"command", {"/bin/sh", "-c", script}}, {"env", json::object()},
-                       {"bundle", ""}, {"rootfs", ""}, {"restarts", 0}, {"cpu", "0"}, {"memory", "0"},
-                       {"gpus", json::array({{{"index", 1}, {"share", 500}, {"memory", "10Gi"}}})}}});
+// The tests' MPS servers run as this process's own uid: any user may start a server for itself.
+int64_t Me() {
+  return ::geteuid();
 }
 
-class AgentMpsTest : public MpsTest {
- protected:
-  void SetUp() override {
-    MpsTest::SetUp();
-    ::unsetenv("GPUPOOL_FAKE_NVML");  // the fake's default machine: 4 GPUs
-  }
-  // Tasks outlive a plain agent stop: a failed test must not leave its task running.
-  void TearDown() override {
-    if (agent_) agent_->Stop(true);
-    agent_.reset();
-    MpsTest::TearDown();
-  }
-  // Creates the agent (kept for TearDown); null, with a test failure, when that fails.
-  Agent* CreateAgent(const AgentOptions& o) {
-    auto agent = Agent::Create(o);
-    EXPECT_TRUE(agent.ok()) << agent.status().ToString();
-    if (!agent.ok()) return nullptr;
-    agent_ = std::move(agent).value();
-    return agent_.get();
-  }
-  AgentOptions AgentOpts(const FakeServer& server, std::string mps_binary) const {
-    AgentOptions o;
-    o.server = server.url();
-    o.node = "mps-node";
-    o.cpu = "4";
-    o.memory = "8Gi";
-    o.nvml_library = FAKE_NVML_PATH;
-    o.mps_control_binary = std::move(mps_binary);
-    o.state_dir = root_;
-    o.poll_seconds = 0.05;
-    o.heartbeat_seconds = 0.1;
-    return o;
-  }
-  // Where the agent keeps GPU `uuid`'s MPS pipe directory.
-  std::string AgentPipe(const std::string& uuid) const { return fmt::format("{}/mps/{}/pipe", root_, uuid); }
+MpsClientLimits Grant(int percentage, int64_t mib, int64_t uid = Me()) {
+  return {uid, percentage, mib};
+}
 
-  std::unique_ptr<Agent> agent_;
-};
+size_t Count(const std::vector<std::string>& v, const std::string& prefix) {
+  return static_cast<size_t>(
+      std::count_if(v.begin(), v.end(), [&](const std::string& s) { return s.rfind(prefix, 0) == 0; }));
+}
 
-TEST_F(AgentMpsTest, MpsTaskOnRealGpusRunsWithItsGpusDaemonWhichStopsAfterIt) {
-  // The task records its MPS directories and runs until told to finish.
-  const std::string script = fmt::format(
-      "echo \"$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY\" > {0}/task-env.tmp; "
-      "mv {0}/task-env.tmp {0}/task-env; "  // appears whole: the test reads it as soon as it exists
-      "n=0; while [ ! -e {0}/finish ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done",
-      out_);
-  FakeServer server(MpsAssignment(script));
-  Agent* agent = CreateAgent(AgentOpts(server, FAKE_MPS_CONTROL));
-  ASSERT_NE(agent, nullptr);
-  ASSERT_FALSE(agent->inventory().simulated) << agent->summary();
-  const std::string uuid = agent->inventory().gpus.at(1).uuid;
-  ASSERT_TRUE(agent->Start(std::chrono::seconds(5)).ok());
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(out_ + "/task-env"); }, std::chrono::seconds(10)));
-  // One daemon, for GPU 1 only, in the very directories the task was pointed at.
-  ASSERT_EQ(Lines(AgentPipe(uuid) + "/starts").size(), 1u);
-  const pid_t daemon = static_cast<pid_t>(std::atol(Lines(AgentPipe(uuid) + "/starts")[0].c_str()));
+TEST_F(MpsTest, LimitsAreSetOnTheServerOfTheTasksUidAndReadBack) {
+  MpsDaemons mps(Options());
+  Status st = mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto server = ServerState(Pipe("GPU-aaaa"), Me());
+  EXPECT_EQ(server["threads"], "25");
+  EXPECT_EQ(server["pinned"], "20480M");
+  const pid_t pid = static_cast<pid_t>(std::atol(server["pid"].c_str()));
+  ASSERT_TRUE(Alive(pid));
+  auto owner = mps_internal::ProcUid(pid);
+  ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+  EXPECT_EQ(*owner, Me());
+  // Started, set, and read back, by the PID the daemon listed.
+  const auto commands = Commands("GPU-aaaa");
+  EXPECT_TRUE(Contains(commands, fmt::format("start_server -uid {}", Me())));
+  for (const std::string c : {"set_active_thread_percentage {} 25", "set_device_pinned_mem_limit {} 0 20480M",
+                              "get_active_thread_percentage {}", "get_device_pinned_mem_limit {} 0"})
+    EXPECT_TRUE(Contains(commands, fmt::format(fmt::runtime(c), pid))) << c;
+  EXPECT_EQ(mps.ServerLimits("GPU-aaaa", Me()), Grant(25, 20480));
+  EXPECT_EQ(mps.Users("GPU-aaaa"), std::vector<std::string>{"j-1.0"});
+  // The daemon's defaults are untouched: only this uid's server is limited.
+  EXPECT_EQ(Lines(Pipe("GPU-aaaa") + "/defaults"), (std::vector<std::string>{"threads=100", "pinned=none"}));
+
+  EXPECT_TRUE(mps.StopAll().ok());
+  EXPECT_TRUE(WaitFor([&] { return !Alive(pid); }));
+}
+
+TEST_F(MpsTest, UsersOfOneUidShareOneServerHeldToTheSumOfTheirLimits) {
+  MpsDaemons mps(Options());
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480)).ok());
+  const std::string pid = ServerState(Pipe("GPU-aaaa"), Me())["pid"];
+  Status st = mps.Ensure("GPU-aaaa", "j-2.0", Grant(50, 10240));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto server = ServerState(Pipe("GPU-aaaa"), Me());
+  EXPECT_EQ(server["pid"], pid);  // the same server
+  EXPECT_EQ(server["threads"], "75");
+  EXPECT_EQ(server["pinned"], "30720M");
+  EXPECT_EQ(Count(Commands("GPU-aaaa"), "start_server"), 1u);
+  // Percentages stop at 100; memory adds up.
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-3.0", Grant(50, 1024)).ok());
+  server = ServerState(Pipe("GPU-aaaa"), Me());
+  EXPECT_EQ(server["threads"], "100");
+  EXPECT_EQ(server["pinned"], "31744M");
+  EXPECT_EQ(mps.ServerLimits("GPU-aaaa", Me()), Grant(100, 31744));
+  // Ensuring a user again changes nothing.
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-3.0", Grant(50, 1024)).ok());
+  EXPECT_EQ(ServerState(Pipe("GPU-aaaa"), Me())["pinned"], "31744M");
+  EXPECT_TRUE(mps.StopAll().ok());
+}
+
+TEST_F(MpsTest, ReleaseLowersTheServerLimitsToTheRemainingUsers) {
+  MpsDaemons mps(Options());
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480)).ok());
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-2.0", Grant(50, 10240)).ok());
+  const pid_t pid = static_cast<pid_t>(std::atol(ServerState(Pipe("GPU-aaaa"), Me())["pid"].c_str()));
+
+  Status st = mps.Release("GPU-aaaa", "j-2.0");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto server = ServerState(Pipe("GPU-aaaa"), Me());
+  EXPECT_EQ(server["threads"], "25");
+  EXPECT_EQ(server["pinned"], "20480M");
+  EXPECT_EQ(mps.ServerLimits("GPU-aaaa", Me()), Grant(25, 20480));
+  EXPECT_EQ(Count(Commands("GPU-aaaa"), "set_active_thread_percentage"), 3u);
+  // Released twice: nothing more is set.
+  ASSERT_TRUE(mps.Release("GPU-aaaa", "j-2.0").ok());
+  EXPECT_EQ(Count(Commands("GPU-aaaa"), "set_active_thread_percentage"), 3u);
+
+  // The last user: the daemon quits, and its server goes with it.
+  ASSERT_TRUE(mps.Release("GPU-aaaa", "j-1.0").ok());
+  EXPECT_TRUE(Contains(Commands("GPU-aaaa"), "quit"));
+  EXPECT_TRUE(WaitFor([&] { return !Alive(pid); }));
+  EXPECT_EQ(mps.ServerLimits("GPU-aaaa", Me()), std::nullopt);
+}
+
+TEST_F(MpsTest, EachUidHasItsOwnServerAndLimits) {
+  if (::geteuid() != 0) GTEST_SKIP() << "a server for another uid needs root";
+  MpsDaemons mps(Options());
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480)).ok());
+  Status st = mps.Ensure("GPU-aaaa", "j-2.0", Grant(50, 10240, 65534));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto mine = ServerState(Pipe("GPU-aaaa"), Me());
+  auto nobody = ServerState(Pipe("GPU-aaaa"), 65534);
+  EXPECT_NE(mine["pid"], nobody["pid"]);
+  EXPECT_EQ(*mps_internal::ProcUid(static_cast<pid_t>(std::atol(nobody["pid"].c_str()))), 65534);
+  EXPECT_EQ(mine["threads"], "25");
+  EXPECT_EQ(nobody["threads"], "50");
+  EXPECT_EQ(nobody["pinned"], "10240M");
+  // Releasing one uid's user leaves the other uid's server as it was.
+  ASSERT_TRUE(mps.Release("GPU-aaaa", "j-2.0").ok());
+  mine = ServerState(Pipe("GPU-aaaa"), Me());
+  EXPECT_EQ(mine["threads"], "25");
+  EXPECT_EQ(mine["pinned"], "20480M");
+  EXPECT_EQ(mps.ServerLimits("GPU-aaaa", 65534), std::nullopt);
+  EXPECT_TRUE(mps.StopAll().ok());
+}
+
+TEST_F(MpsTest, ASetTheDaemonIgnoresIsAnErrorNamingTheCommandAndTheAnswer) {
+  // Every set answered with success and ignored: the percentage is the first to be found out.
+  fs::create_directories(Pipe("GPU-aaaa"));
+  std::ofstream(Pipe("GPU-aaaa") + "/fail-set").flush();
+  MpsDaemons mps(Options());
+  Status st = mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480));
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Has(st.message(), fmt::format("MPS server limits for uid {} on GPU GPU-aaaa: ", Me())))
+      << st.message();
+  EXPECT_TRUE(Has(st.message(), "'set_active_thread_percentage ")) << st.message();
+  EXPECT_TRUE(Has(st.message(), " 25' did not take effect: 'get_active_thread_percentage ")) << st.message();
+  EXPECT_TRUE(Has(st.message(), "' answered '100.0', not 25")) << st.message();
+  // Not counted: the daemon it started for the user is gone again.
+  EXPECT_TRUE(mps.Gpus().empty());
+  EXPECT_TRUE(Contains(Commands("GPU-aaaa"), "quit"));
+
+  // Only the memory limit ignored, on a server that has none: its reply ("none") is no limit.
+  std::ofstream(Pipe("GPU-aaaa") + "/fail-set") << "set_device_pinned_mem_limit\n";
+  st = mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480));
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(
+      Has(st.message(), " 0 20480M' not verified: unexpected reply to get_device_pinned_mem_limit: 'none'"))
+      << st.message();
+  EXPECT_TRUE(mps.Gpus().empty());
+
+  // ... and on a server that has one: the old limit is still there.
+  fs::remove(Pipe("GPU-aaaa") + "/fail-set");
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480)).ok());
+  std::ofstream(Pipe("GPU-aaaa") + "/fail-set") << "set_device_pinned_mem_limit\n";
+  st = mps.Ensure("GPU-aaaa", "j-2.0", Grant(25, 10240));
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(Has(st.message(), " 0 30720M' did not take effect: 'get_device_pinned_mem_limit "))
+      << st.message();
+  EXPECT_TRUE(Has(st.message(), " 0' answered '20480M', not 30720M")) << st.message();
+  EXPECT_EQ(mps.Users("GPU-aaaa"), std::vector<std::string>{"j-1.0"});
+  EXPECT_TRUE(mps.StopAll().ok());
+}
+
+TEST_F(MpsTest, AFailedEnsureLeavesTheOtherUsersAndTheirLimits) {
+  MpsDaemons mps(Options());
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480)).ok());
+  const pid_t daemon = LastStartedPid("GPU-aaaa");
+  std::ofstream(Pipe("GPU-aaaa") + "/fail-set").flush();
+  Status st = mps.Ensure("GPU-aaaa", "j-2.0", Grant(50, 10240));
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(Has(st.message(), "did not take effect")) << st.message();
+  EXPECT_EQ(mps.Users("GPU-aaaa"), std::vector<std::string>{"j-1.0"});
+  EXPECT_EQ(mps.ServerLimits("GPU-aaaa", Me()), Grant(25, 20480));
   EXPECT_TRUE(Alive(daemon));
-  EXPECT_EQ(Slurp(AgentPipe(uuid) + "/env"),
-            fmt::format("CUDA_VISIBLE_DEVICES={0}\nCUDA_MPS_PIPE_DIRECTORY={1}/mps/{0}/pipe\n"
-                        "CUDA_MPS_LOG_DIRECTORY={1}/mps/{0}/log\n",
-                        uuid, root_));
-  EXPECT_EQ(Slurp(out_ + "/task-env"), fmt::format("{0}/mps/{1}/pipe {0}/mps/{1}/log\n", root_, uuid));
-  EXPECT_FALSE(fs::exists(AgentPipe(agent->inventory().gpus.at(0).uuid)));
-  EXPECT_NE(agent->MetricsText().find("gpupool_agent_mps_daemons{node=\"mps-node\"} 1\n"), std::string::npos);
+  EXPECT_EQ(ServerState(Pipe("GPU-aaaa"), Me())["threads"], "25");
 
-  std::ofstream(out_ + "/finish") << "\n";
-  ASSERT_TRUE(WaitFor([&] { return server.Reported("succeeded"); }, std::chrono::seconds(10)))
-      << server.FinalStatus().dump();
-  EXPECT_TRUE(WaitFor([&] { return !Alive(daemon); }));
-  EXPECT_TRUE(Contains(Lines(AgentPipe(uuid) + "/commands"), "quit"));
-  EXPECT_FALSE(fs::exists(AgentPipe(uuid) + "/control"));
-  EXPECT_NE(agent->MetricsText().find("gpupool_agent_mps_daemons{node=\"mps-node\"} 0\n"), std::string::npos);
-  agent->Stop(true);
+  fs::remove(Pipe("GPU-aaaa") + "/fail-set");
+  ASSERT_TRUE(mps.Ensure("GPU-aaaa", "j-2.0", Grant(50, 10240)).ok());
+  EXPECT_EQ(ServerState(Pipe("GPU-aaaa"), Me())["threads"], "75");
+  EXPECT_TRUE(mps.StopAll().ok());
 }
 
-TEST_F(AgentMpsTest, AgentStopWithTasksStopsTheDaemons) {
-  FakeServer server(MpsAssignment("sleep 30"));
-  Agent* agent = CreateAgent(AgentOpts(server, FAKE_MPS_CONTROL));
-  ASSERT_NE(agent, nullptr);
-  const std::string uuid = agent->inventory().gpus.at(1).uuid;
-  ASSERT_TRUE(agent->Start(std::chrono::seconds(5)).ok());
-  ASSERT_TRUE(WaitFor([&] { return server.Reported("running"); }, std::chrono::seconds(10)));
-  const auto starts = Lines(AgentPipe(uuid) + "/starts");
-  ASSERT_EQ(starts.size(), 1u);
-  const pid_t daemon = static_cast<pid_t>(std::atol(starts[0].c_str()));
-  ASSERT_TRUE(Alive(daemon));
-  agent->Stop(true);
-  EXPECT_TRUE(WaitFor([&] { return !Alive(daemon); }));
-  EXPECT_TRUE(Contains(Lines(AgentPipe(uuid) + "/commands"), "quit"));
+TEST_F(MpsTest, HostileRepliesAreErrorsThatQuoteThemSafely) {
+  struct Case {
+    std::string command;  // whose reply the fake daemon replaces
+    std::string reply;
+    std::string expected;  // in the error message
+  };
+  std::string many_lines;
+  for (int i = 0; i < 2000; ++i) many_lines += "7\n";
+  const std::vector<Case> cases = {
+      {"get_server_list", "12abc\n", "unexpected reply to get_server_list: '12abc'"},
+      {"get_server_list", "\x01\xff garbage\n", "'\\x01\\xff garbage'"},
+      {"get_server_list", "99999999\n", "unexpected reply to get_server_list"},
+      {"get_server_list", "-5\n", "unexpected reply to get_server_list"},
+      {"get_server_list", many_lines, "(expected at most 1024 lines)"},
+      {"get_server_list", std::string(100000, '7'), "printed more than 65536 bytes"},
+      {"get_active_thread_percentage", "25.5\n", "unexpected reply to get_active_thread_percentage: '25.5'"},
+      {"get_active_thread_percentage", "", "unexpected reply to get_active_thread_percentage: ''"},
+      {"get_active_thread_percentage", "25.0\n25.0\n", "'25.0\\n25.0'"},
+      {"get_active_thread_percentage", "Error: operation not permitted\n",
+       "'Error: operation not permitted'"},
+      {"get_active_thread_percentage", "1e2\n", "get_active_thread_percentage: '1e2'"},
+      {"get_device_pinned_mem_limit", "20480\n", "unexpected reply to get_device_pinned_mem_limit: '20480'"},
+      {"get_device_pinned_mem_limit", "1.5G\n", "get_device_pinned_mem_limit: '1.5G'"},
+      {"get_device_pinned_mem_limit", "99999999999999999999M\n", "get_device_pinned_mem_limit: '9999"},
+      {"get_device_pinned_mem_limit", "20480M; reboot\n", "'20480M; reboot'"},
+      {"get_device_pinned_mem_limit", std::string(5000, 'M'), "'MMMM"},
+  };
+  MpsOptions o = Options();
+  o.command_timeout = std::chrono::seconds(2);
+  MpsDaemons mps(o);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const std::string uuid = fmt::format("GPU-hostile-{}", i);
+    SCOPED_TRACE(fmt::format("{}: {}", c.command, c.expected));
+    fs::create_directories(Pipe(uuid));
+    std::ofstream(Pipe(uuid) + "/reply." + c.command) << c.reply;
+    Status st = mps.Ensure(uuid, "j-1.0", Grant(25, 20480));
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(Has(st.message(), c.expected)) << st.message();
+    EXPECT_TRUE(Has(st.message(), fmt::format("uid {} on GPU {}", Me(), uuid))) << st.message();
+    EXPECT_LT(st.message().size(), 1000u) << st.message();  // an excerpt, never the whole reply
+    EXPECT_TRUE(mps.Gpus().empty());
+  }
 }
 
-TEST_F(AgentMpsTest, MissingControlProgramFailsTheMpsTaskClearly) {
-  FakeServer server(MpsAssignment("echo ran > " + root_ + "/ran"));
-  Agent* agent = CreateAgent(AgentOpts(server, root_ + "/not-installed/nvidia-cuda-mps-control"));
-  ASSERT_NE(agent, nullptr);
-  ASSERT_TRUE(agent->Start(std::chrono::seconds(5)).ok());
-  ASSERT_TRUE(WaitFor([&] { return !server.FinalStatus().is_null(); }, std::chrono::seconds(10)));
-  const json st = server.FinalStatus();
-  EXPECT_EQ(st["state"], "failed");
-  const std::string message = st.value("message", "");
-  EXPECT_NE(message.find("MPS isolation requested"), std::string::npos) << message;
-  EXPECT_NE(message.find("nvidia-cuda-mps-control"), std::string::npos) << message;
-  EXPECT_FALSE(fs::exists(root_ + "/ran"));
-  agent->Stop(true);
+TEST_F(MpsTest, AServerThatNeverAppearsIsAnError) {
+  fs::create_directories(Pipe("GPU-aaaa"));
+  std::ofstream(Pipe("GPU-aaaa") + "/reply.get_server_list").flush();  // the daemon lists none, ever
+  MpsOptions o = Options();
+  o.command_timeout = std::chrono::milliseconds(300);
+  MpsDaemons mps(o);
+  Status st = mps.Ensure("GPU-aaaa", "j-1.0", Grant(25, 20480));
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(
+      Has(st.message(), fmt::format("'start_server -uid {0}' exited 0, but get_server_list shows no server "
+                                    "of uid {0} after 300 ms",
+                                    Me())))
+      << st.message();
+  EXPECT_TRUE(mps.Gpus().empty());
 }
 
-TEST_F(AgentMpsTest, SimulatedGpusGetTheVariablesButNoDaemon) {
-  FakeServer server(MpsAssignment("echo \"$CUDA_MPS_PIPE_DIRECTORY\" > " + out_ + "/task-env"));
-  AgentOptions o = AgentOpts(server, FAKE_MPS_CONTROL);
-  o.simulate = "4xA100-80GB";
-  Agent* agent = CreateAgent(o);
-  ASSERT_NE(agent, nullptr);
-  ASSERT_TRUE(agent->inventory().simulated);
-  const std::string uuid = agent->inventory().gpus.at(1).uuid;
-  ASSERT_TRUE(agent->Start(std::chrono::seconds(5)).ok());
-  ASSERT_TRUE(WaitFor([&] { return server.Reported("succeeded"); }, std::chrono::seconds(10)))
-      << server.FinalStatus().dump();
-  EXPECT_EQ(Slurp(out_ + "/task-env"), fmt::format("{}/mps/{}/pipe\n", root_, uuid));
-  EXPECT_FALSE(fs::exists(AgentPipe(uuid) + "/starts"));
-  agent->Stop(true);
+TEST_F(MpsTest, LimitsOutOfBoundsAreRefusedBeforeAnythingRuns) {
+  MpsDaemons mps(Options());
+  const std::vector<MpsClientLimits> bad = {
+      Grant(0, 1024),      Grant(101, 1024),
+      Grant(-1, 1024),     Grant(25, 0),
+      Grant(25, -512),     Grant(25, kMaxPinnedMemMib + 1),
+      Grant(25, 1024, -1), Grant(25, 1024, int64_t{1} << 32),
+  };
+  for (const MpsClientLimits& limits : bad) {
+    Status st = mps.Ensure("GPU-aaaa", "j-1.0", limits);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument)
+        << limits.uid << " " << limits.active_thread_percentage << " " << limits.pinned_mem_mib;
+    EXPECT_TRUE(Has(st.message(), "MPS limits of j-1.0 on GPU GPU-aaaa")) << st.message();
+  }
+  EXPECT_TRUE(fs::is_empty(root_));
+  EXPECT_TRUE(mps.Gpus().empty());
+  // The largest values that are allowed.
+  EXPECT_TRUE(ValidateMpsClientLimits(Grant(100, kMaxPinnedMemMib, 4294967294)).ok());
+  EXPECT_TRUE(ValidateMpsClientLimits(Grant(1, 1, 0)).ok());
+}
+
+// ---- the parsers of the daemon's replies ---------------------------------------------------------
+
+TEST(MpsReplies, ServerListIsPidsOneALine) {
+  using mps_internal::ParseServerList;
+  EXPECT_EQ(*ParseServerList(""), std::vector<pid_t>{});
+  EXPECT_EQ(*ParseServerList("\n"), std::vector<pid_t>{});
+  EXPECT_EQ(*ParseServerList("123\n4194304\n"), (std::vector<pid_t>{123, 4194304}));
+  EXPECT_EQ(*ParseServerList(" 77 \r\n77\n"), std::vector<pid_t>{77});  // blanks around, repeats once
+  for (const std::string& bad :
+       std::vector<std::string>{"0\n", "4194305\n", "12 13\n", "+12\n", "-1\n", "abc\n", "1\nServer 2\n",
+                                "12345678901234567890\n", std::string("1\0", 2)}) {
+    auto r = ParseServerList(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+}
+
+TEST(MpsReplies, PercentageIsAWholeNumber) {
+  using mps_internal::ParsePercentage;
+  EXPECT_EQ(*ParsePercentage("25.0\n"), 25);
+  EXPECT_EQ(*ParsePercentage("100"), 100);
+  EXPECT_EQ(*ParsePercentage("1.000\n"), 1);
+  EXPECT_EQ(*ParsePercentage("0.0\n"), 0);
+  for (const std::string bad :
+       {"", "\n", "25.5", "101.0", "25.", ".0", "-1", "1e2", "25 %", "25.0\n3", "0x19", "25.0000000", "1000"})
+    EXPECT_FALSE(ParsePercentage(bad).ok()) << bad;
+}
+
+TEST(MpsReplies, PinnedMemoryIsAWholeNumberOfMibOrGib) {
+  using mps_internal::ParsePinnedMib;
+  EXPECT_EQ(*ParsePinnedMib("20480M\n"), 20480);
+  EXPECT_EQ(*ParsePinnedMib("20G"), 20480);
+  EXPECT_EQ(*ParsePinnedMib("20480 MiB"), 20480);
+  EXPECT_EQ(*ParsePinnedMib("20480.0M"), 20480);
+  EXPECT_EQ(*ParsePinnedMib("1 GB"), 1024);
+  for (const std::string bad : {"", "20480", "M", "1.5G", "20480K", "20480  M", "20480m", "20480M\n1M",
+                                "99999999999999M", "2000000000G", "none", "-1M", "20 480M"})
+    EXPECT_FALSE(ParsePinnedMib(bad).ok()) << bad;
+}
+
+TEST(MpsReplies, ExcerptsAreShortAndPrintable) {
+  using mps_internal::Excerpt;
+  EXPECT_EQ(Excerpt("plain text\n"), "'plain text'");
+  EXPECT_EQ(Excerpt("a\nb\x1b[31m'\\"), "'a\\nb\\x1b[31m\\x27\\x5c'");
+  EXPECT_EQ(Excerpt(std::string(500, 'x')), "'" + std::string(200, 'x') + "'...");
+}
+
+TEST(MpsReplies, ProcUidIsTheRealUidOfTheProcess) {
+  auto self = mps_internal::ProcUid(::getpid());
+  ASSERT_TRUE(self.ok()) << self.status().ToString();
+  EXPECT_EQ(*self, static_cast<int64_t>(::getuid()));
+
+  char tmpl[] = "/tmp/gpupool-proc-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  fs::create_directories(root + "/42");
+  std::ofstream(root + "/42/status") << "Name:\tnvidia-cuda-mps-server\nUid:\t1000\t1000\t1000\t1000\n";
+  fs::create_directories(root + "/43");
+  std::ofstream(root + "/43/status") << "Name:\tx\nUid:\tbogus\n";
+  fs::create_directories(root + "/44");
+  std::ofstream(root + "/44/status") << "Name:\tx\n";
+  EXPECT_EQ(*mps_internal::ProcUid(42, root), 1000);
+  EXPECT_EQ(mps_internal::ProcUid(43, root).status().code(), StatusCode::kInternal);
+  EXPECT_EQ(mps_internal::ProcUid(44, root).status().code(), StatusCode::kInternal);
+  EXPECT_EQ(mps_internal::ProcUid(45, root).status().code(), StatusCode::kNotFound);
+  fs::remove_all(root);
 }
 
 }  // namespace

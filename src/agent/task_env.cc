@@ -477,14 +477,12 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
     const bool fractional = min_share < 1000 || min_fraction < 1.0;
     if (a.isolation == "mps") {
-      // Compute share as the MPS active-thread percentage (at least 1 %), and the granted memory as
-      // the pinned-memory limit of every visible device (ordinals within CUDA_VISIBLE_DEVICES).
-      const int64_t pct = std::max<int64_t>(1, (min_share + 5) / 10);
-      env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = std::to_string(std::min<int64_t>(100, pct));
+      // The same figures the agent has the MPS control daemons hold the task's server to.
+      const MpsTaskLimits mps = TaskMpsLimits(a);
+      env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = std::to_string(mps.active_thread_percentage);
       std::vector<std::string> limits;
-      for (size_t i = 0; i < a.gpus.size(); ++i) {
-        if (a.gpus[i].memory_bytes > 0)
-          limits.push_back(fmt::format("{}={}M", i, a.gpus[i].memory_bytes / (1024 * 1024)));
+      for (size_t i = 0; i < mps.pinned_mem_mib.size(); ++i) {
+        if (mps.pinned_mem_mib[i] > 0) limits.push_back(fmt::format("{}={}M", i, mps.pinned_mem_mib[i]));
       }
       if (!limits.empty()) env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = Join(limits, ",");
       if (!options.mps_pipe_root.empty()) {
@@ -524,6 +522,17 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
     env["LD_PRELOAD"] = options.cuda_limiter + (mine == env.end() || mine->second.empty() ? "" : ":" + mine->second);
   }
   return env;
+}
+
+MpsTaskLimits TaskMpsLimits(const Assignment& a) {
+  MpsTaskLimits out;
+  int64_t min_share = 1000;
+  for (const AssignedGpu& g : a.gpus) {
+    min_share = std::min(min_share, g.share_milli);
+    out.pinned_mem_mib.push_back(std::max<int64_t>(0, g.memory_bytes / (1024 * 1024)));
+  }
+  out.active_thread_percentage = static_cast<int>(std::clamp<int64_t>((min_share + 5) / 10, 1, 100));
+  return out;
 }
 
 void ApplyImageConfig(const ImageConfig& image, const std::map<std::string, std::string>& job_env, LaunchSpec* spec) {

@@ -108,6 +108,17 @@ struct TaskEnvOptions {
 Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, const Inventory& inv,
                                                            const TaskEnvOptions& options);
 
+// Isolation mps: the compute share as an MPS active-thread percentage (the smallest share of the
+// task's GPUs in percent, rounded, 1..100) and, per GPU of the assignment (a.gpus[i]), the granted
+// memory in MiB (0: none granted). TaskEnvironment puts them in CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+// and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; the agent has each GPU's MPS control daemon hold the task's
+// server to them (mps.h).
+struct MpsTaskLimits {
+  int active_thread_percentage = 100;
+  std::vector<int64_t> pinned_mem_mib;
+};
+MpsTaskLimits TaskMpsLimits(const Assignment& a);
+
 // The MPI hostfile of a job of several tasks: one "addr slots=N" line per node, in node-rank
 // order (Open MPI's form; MPICH's hydra reads "addr:N", and GPUPOOL_HOSTS has that).
 std::string MpiHostfile(const Assignment::Rendezvous& z);

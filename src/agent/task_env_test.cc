@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace gpupool {
 namespace {
@@ -73,6 +74,21 @@ TEST(TaskEnvTest, MpsQuarterGpuGetsThreadPercentagePinnedMemoryAndFrameworkCaps)
   EXPECT_EQ(env["GPUPOOL_SIMULATED"], "1");
   EXPECT_EQ(env["MODEL"], "resnet50");
   EXPECT_EQ(env.count("NCCL_P2P_LEVEL"), 0u);  // one GPU
+}
+
+TEST(TaskEnvTest, MpsLimitsAreTheSmallestShareInPercentAndEachGpusMemory) {
+  const Assignment a = ParseSingle(RunAssignment(
+      "mps", json::array({{{"index", 0}, {"share", 500}, {"memory", "20Gi"}}, {{"index", 1}, {"share", 333}},
+                          {{"index", 2}, {"share", 4}, {"memory", "1Mi"}}})));
+  const MpsTaskLimits limits = TaskMpsLimits(a);
+  EXPECT_EQ(limits.active_thread_percentage, 1);  // 0.4 % rounds to 0: at least 1
+  EXPECT_EQ(limits.pinned_mem_mib, (std::vector<int64_t>{20480, 0, 1}));
+  auto env = Env(a, FourGpus());
+  EXPECT_EQ(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "1");
+  EXPECT_EQ(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=20480M,2=1M");
+  EXPECT_EQ(TaskMpsLimits(ParseSingle(RunAssignment("mps", json::array({{{"index", 0}, {"share", 335}}}))))
+                .active_thread_percentage,
+            34);
 }
 
 TEST(TaskEnvTest, WholeGpusGetNoCapsAndNcclLevelFromTheirTopology) {
