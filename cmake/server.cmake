@@ -57,6 +57,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/agent_reports_test.cc
     src/server/gpu_fault_test.cc
     src/server/stop_overdue_test.cc
+    src/server/qos_sharing_test.cc
     src/server/agent_endpoint_test.cc
     src/server/reservations_test.cc
   )

@@ -240,6 +240,13 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   } else {
     o.labels.erase(kPodNetworkLabel);
   }
+  // What holds GPU shares to their size here, for the scheduler's QoS (a guaranteed share shares a
+  // GPU only with shares held): the CUDA limiter in fractional timeslice process tasks (containers
+  // do not get it yet), and MPS limits set and read back through the control daemon before an mps
+  // task starts (a task whose limits cannot be set does not start). An admin's label is overridden.
+  for (uint8_t bit : {kEnforceLimiter, kEnforceLimiterContainer, kEnforceMps}) o.labels.erase(EnforceLabel(bit));
+  if (!agent->cuda_limiter_.empty()) o.labels[EnforceLabel(kEnforceLimiter)] = "true";
+  if (agent->mps_) o.labels[EnforceLabel(kEnforceMps)] = "true";
   ImageCacheOptions io;
   io.dir = o.image_cache_dir.empty() ? "/var/lib/gpupool/image-cache/" + o.node : o.image_cache_dir;
   io.max_bytes = o.image_cache_max_bytes;

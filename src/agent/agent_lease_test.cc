@@ -632,8 +632,14 @@ TEST_F(AgentLeaseTest, AQuarterGpuTaskCannotAllocateMoreThanItsMemory) {
   LeaseServer server(json::array({task}), 30);
   AgentOptions o = Opts(server.url());
   o.cuda_limiter = GPUPOOL_CUDA_PRELOAD_PATH;
+  // An admin's label cannot claim MPS limits a simulated node does not set.
+  o.labels["gpupool.io/enforce-mps"] = "true";
   ASSERT_NE(Create(o), nullptr);
   ASSERT_TRUE(agent_->Start(5s).ok());
+  // The scheduler learns that the limiter holds this node's timeslice shares (QoS: guaranteed
+  // shares may share a GPU with them).
+  EXPECT_EQ(server.Registration()["labels"].value("gpupool.io/enforce-limiter", ""), "true");
+  EXPECT_FALSE(server.Registration()["labels"].contains("gpupool.io/enforce-mps"));
   ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000009", "succeeded").is_null(); }, 20s)) << Slurp(out);
   std::map<std::string, uint64_t> v;
   std::istringstream lines(Slurp(out));
@@ -658,6 +664,7 @@ TEST_F(AgentLeaseTest, AQuarterGpuTaskCannotAllocateMoreThanItsMemory) {
   o.cuda_limiter = "none";
   ASSERT_NE(Create(o), nullptr);
   ASSERT_TRUE(agent_->Start(5s).ok());
+  EXPECT_FALSE(server.Registration()["labels"].contains("gpupool.io/enforce-limiter"));
   ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000010", "succeeded").is_null(); }, 20s));
   EXPECT_NE(Slurp(out + ".off").find("info_total=" + std::to_string(uint64_t{81920} << 20)), std::string::npos)
       << Slurp(out + ".off");

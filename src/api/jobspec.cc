@@ -664,6 +664,7 @@ Result<Job> ReadJob(const Json& root, const JobSpecLimits& limits) {
     }
   }
 
+  DeriveSharing(job);
   const Status valid = ValidateJob(job);
   if (!valid.ok()) return FromValidateJob(valid, job);
   return job;

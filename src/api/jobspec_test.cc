@@ -83,6 +83,9 @@ Job ExpectedResnet() {
   g.exec.env = {{"MODEL", "resnet50"}};
   g.exec.rootfs = "/var/lib/gpupool/images/resnet50";
   g.exec.checkpoint = {"/var/lib/gpupool/checkpoints/resnet50", 600};
+  // A share of a guaranteed job, held by the MPS limits its agent sets (DeriveSharing).
+  g.request.guaranteed = true;
+  g.request.enforced_by = kEnforceMps;
   job.groups.push_back(g);
   return job;
 }
@@ -121,6 +124,37 @@ Job MustParse(std::string_view text, SpecFormat format) {
 }
 
 // ---- the example spec ------------------------------------------------------------------------
+
+// What would hold each share to its size, and whether it is guaranteed, follow from the job's QoS
+// and the task's isolation; a spec cannot say so itself.
+TEST(JobSpec, SharingIsDerivedFromQosAndIsolation) {
+  const Job job = MustParse(R"({"name": "mix", "qos": "guaranteed", "tasks": [
+      {"name": "p", "command": ["x"], "isolation": "timeslice", "resources": {"gpu": 0.5}},
+      {"name": "c", "command": ["x"], "isolation": "timeslice", "container": {"image": "oci:/srv/i"},
+       "resources": {"gpu": 0.5}},
+      {"name": "m", "command": ["x"], "resources": {"gpu": 0.25}},
+      {"name": "w", "command": ["x"], "resources": {"gpu": 2}},
+      {"name": "cpu", "command": ["x"], "resources": {"cpu": 1}}]})",
+                            SpecFormat::kJson);
+  ASSERT_EQ(job.groups.size(), 5u);
+  const uint8_t want[] = {kEnforceLimiter, kEnforceLimiterContainer, kEnforceMps, 0, 0};
+  const bool guaranteed[] = {true, true, true, false, false};
+  for (size_t i = 0; i < 5; ++i) {
+    SCOPED_TRACE(job.groups[i].name);
+    EXPECT_EQ(job.groups[i].request.enforced_by, want[i]);
+    EXPECT_EQ(job.groups[i].request.guaranteed, guaranteed[i]);
+  }
+  const Job burstable = MustParse(R"({"name": "b", "tasks": [
+      {"name": "p", "command": ["x"], "resources": {"gpu": 0.5}}]})",
+                                  SpecFormat::kJson);
+  EXPECT_FALSE(burstable.groups[0].request.guaranteed);
+  EXPECT_EQ(burstable.groups[0].request.enforced_by, kEnforceLimiter);  // timeslice by default
+  // Forged fields are unknown fields.
+  EXPECT_FALSE(ParseJobSpec(R"({"name": "f", "tasks": [{"name": "p", "command": ["x"],
+      "resources": {"gpu": 0.5, "guaranteed": true}}]})",
+                            SpecFormat::kJson)
+                   .ok());
+}
 
 TEST(JobSpec, ExampleYamlParsesToTheExpectedJob) {
   EXPECT_TRUE(SameJob(MustParse(kResnetYaml, SpecFormat::kYaml), ExpectedResnet()));
@@ -945,6 +979,7 @@ class JobGenerator {
     }
     for (int i = Int(0, 2); i > 0; --i) job.affinity.together_with.push_back(Labels(Int(1, 2)));
     for (int i = Int(0, 2); i > 0; --i) job.affinity.apart_from.push_back(Labels(Int(1, 2)));
+    DeriveSharing(job);  // what reading the spec derives
     return job;
   }
 

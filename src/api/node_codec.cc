@@ -269,7 +269,7 @@ Result<std::optional<MigInstance>> ReadMig(const Json& v, const std::string& pat
 }
 
 Result<Placement> ReadPlacement(const Json& j, const Ledger& ledger) {
-  ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(j, "", {"node", "cpu", "memory", "gpus", "shareTask"}));
+  ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(j, "", {"node", "cpu", "memory", "gpus", "shareTask", "guaranteed", "enforced"}));
   Placement p;
   const Json* node = f.Get("node");
   if (node == nullptr) return FieldError("node", "is required");
@@ -325,6 +325,13 @@ Result<Placement> ReadPlacement(const Json& j, const Ledger& ledger) {
   p.share_task = p.gpus.size() == 1 && p.gpus.front().share < kWholeGpu && !p.gpus.front().mig.has_value();
   if (const Json* share_task = f.Get("shareTask")) {
     ASSIGN_OR_RETURN(p.share_task, ReadBool(*share_task, "shareTask"));
+  }
+  // Absent (a placement stored before QoS sharing): not guaranteed, and held by nothing.
+  if (const Json* guaranteed = f.Get("guaranteed")) {
+    ASSIGN_OR_RETURN(p.guaranteed, ReadBool(*guaranteed, "guaranteed"));
+  }
+  if (const Json* enforced = f.Get("enforced")) {
+    ASSIGN_OR_RETURN(p.enforced, ReadBool(*enforced, "enforced"));
   }
   return p;
 }
@@ -494,11 +501,14 @@ Json PlacementToJson(const Placement& p, const Ledger& ledger) {
     }
     gpus.push_back(std::move(g));
   }
-  return {{"node", spec != nullptr ? spec->name : std::string()},
-          {"cpu", FormatCpu(p.cpu)},
-          {"memory", FormatMemory(p.memory)},
-          {"gpus", std::move(gpus)},
-          {"shareTask", p.share_task}};
+  Json out = {{"node", spec != nullptr ? spec->name : std::string()},
+              {"cpu", FormatCpu(p.cpu)},
+              {"memory", FormatMemory(p.memory)},
+              {"gpus", std::move(gpus)},
+              {"shareTask", p.share_task}};
+  if (p.guaranteed) out["guaranteed"] = true;
+  if (p.enforced) out["enforced"] = true;
+  return out;
 }
 
 Result<Placement> PlacementFromJson(const Json& j, const Ledger& ledger) {

@@ -38,6 +38,7 @@ void Ledger::RecountNode(NodeState& s) const {
   s.usable_gpus = 0;
   s.max_free_share = 0;
   s.memory_short_gpus = 0;
+  s.guaranteed_gpus = 0;
   s.usable_free.fill(0);
   s.usable_index.fill(0);
   const bool compact = s.compact();
@@ -53,6 +54,7 @@ void Ledger::RecountNode(NodeState& s) const {
     s.max_free_share = std::max(s.max_free_share, g.free_share);
     if (g.free_share == kWholeGpu.units()) ++s.fully_free_gpus;
     if (g.free_memory < ShareMemory(g.free_share, g.memory)) ++s.memory_short_gpus;
+    if (g.guaranteed_shares > 0) ++s.guaranteed_gpus;
   }
 }
 
@@ -66,6 +68,7 @@ Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
   s.free_memory = spec.memory.units();
   s.healthy = spec.healthy;
   s.max_tasks = spec.max_tasks;
+  s.enforces = ShareEnforcementOf(spec.labels);
   // Intern the catalog's canonical name, so a spec that spells an alias ("A100-SXM4-80GB") shares
   // its ModelId with nodes and requests that use the canonical name.
   const GpuModelSpec* model_spec = spec.gpus.empty() ? nullptr : catalog_.Find(spec.gpus.front().model);
@@ -162,6 +165,12 @@ Status Ledger::CheckFits(const Placement& p) const {
           fmt::format("{}: insufficient GPU memory on GPU {}: asks {} MiB, {} MiB free", where, g.gpu,
                       g.memory.units(), gs.free_memory));
     }
+    if (g.share < kWholeGpu && !QosAllows(gs, p.guaranteed, p.enforced)) {
+      return Status::FailedPrecondition(fmt::format(
+          "{}: GPU {} holds {}, and a {} may not share a GPU with it", where, g.gpu,
+          p.guaranteed ? "a share nothing holds to its size" : "a guaranteed share",
+          p.guaranteed ? "guaranteed share" : "share nothing holds to its size"));
+    }
   }
   return Status::Ok();
 }
@@ -185,6 +194,10 @@ void Ledger::Apply(const Placement& p, int sign) {
     }
     gs.free_share -= static_cast<int32_t>(sign * g.share.units());
     gs.free_memory -= sign * g.memory.units();
+    if (g.share < kWholeGpu) {
+      if (p.guaranteed) gs.guaranteed_shares += sign;
+      if (!p.enforced) gs.unlimited_shares += sign;
+    }
     used_gpu_share_ += sign * g.share.units();
   }
   if (!p.gpus.empty()) {
@@ -316,6 +329,8 @@ Status Ledger::CheckInvariants() const {
   }
   std::vector<std::vector<std::vector<MigInstance>>> mig(states_.size());
   for (size_t n = 0; n < specs_.size(); ++n) mig[n].resize(specs_[n].gpus.size());
+  std::vector<std::vector<int>> unlimited_guaranteed(states_.size());  // shares both at once, per GPU
+  for (size_t n = 0; n < specs_.size(); ++n) unlimited_guaranteed[n].assign(specs_[n].gpus.size(), 0);
   for (const auto& [id, p] : allocations_) {
     NodeState& e = expect[p.node];
     e.free_cpu -= p.cpu.units();
@@ -328,6 +343,11 @@ Status Ledger::CheckInvariants() const {
       eg.free_memory -= g.memory.units();
       used_share += g.share.units();
       if (g.mig) mig[p.node][static_cast<size_t>(g.gpu)].push_back(*g.mig);
+      if (!g.mig && g.share < kWholeGpu) {
+        eg.guaranteed_shares += p.guaranteed ? 1 : 0;
+        eg.unlimited_shares += p.enforced ? 0 : 1;
+        if (p.guaranteed && !p.enforced) ++unlimited_guaranteed[p.node][static_cast<size_t>(g.gpu)];
+      }
     }
     if (!p.gpus.empty()) {
       if (p.share_task) {
@@ -368,6 +388,14 @@ Status Ledger::CheckInvariants() const {
       }
       if (g.tasks != eg.tasks)
         return Status::Internal(fmt::format("{} GPU {}: task count drifted", where, i));
+      if (g.guaranteed_shares != eg.guaranteed_shares || g.unlimited_shares != eg.unlimited_shares)
+        return Status::Internal(fmt::format("{} GPU {}: QoS share counts drifted", where, i));
+      // A guaranteed share beside a share nothing holds: allowed only when both are one task's.
+      if (g.guaranteed_shares > 0 && g.unlimited_shares > 0 &&
+          !(g.guaranteed_shares == 1 && g.unlimited_shares == 1 && unlimited_guaranteed[n][i] == 1)) {
+        return Status::Internal(fmt::format("{} GPU {}: a guaranteed share shares it with a share nothing holds",
+                                            where, i));
+      }
       if (g.memory != spec.gpus[i].memory.units())
         return Status::Internal(fmt::format("{} GPU {}: memory drifted from the spec", where, i));
       if (Sorted(g.mig.instances()) != Sorted(mig[n][i])) {
@@ -386,7 +414,8 @@ Status Ledger::CheckInvariants() const {
     if (s.free_gpu_share != e.free_gpu_share || s.fully_free_gpus != e.fully_free_gpus ||
         s.usable_gpus != e.usable_gpus || s.max_free_share != e.max_free_share ||
         s.max_tasks != spec.max_tasks || s.usable_free != e.usable_free || s.usable_index != e.usable_index ||
-        s.memory_short_gpus != e.memory_short_gpus) {
+        s.memory_short_gpus != e.memory_short_gpus || s.guaranteed_gpus != e.guaranteed_gpus ||
+        s.enforces != ShareEnforcementOf(spec.labels)) {
       return Status::Internal(fmt::format("{}: GPU share summary drifted", where));
     }
     if (s.share_tasks != e.share_tasks)

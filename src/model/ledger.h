@@ -43,12 +43,24 @@ struct GpuState {
   int64_t free_memory = 0;    // MiB
   int64_t memory = 0;         // MiB, all of it (the spec's)
   int32_t tasks = 0;
+  // Shares (grants of less than the whole GPU) held for guaranteed tasks, and shares nothing holds
+  // to their size (Placement::enforced false): a GPU never has one of each from different tasks
+  // (QosAllows).
+  int32_t guaranteed_shares = 0;
+  int32_t unlimited_shares = 0;
   bool healthy = true;
   bool mig_enabled = false;
   MigLayout mig;
   // Usable for new placements: healthy, and its node schedulable.
   bool usable() const { return healthy; }
 };
+
+// Whether a share of a task that is (not) `guaranteed` and (not) `enforced` may join GPU `g`: a
+// guaranteed share shares a GPU only with shares held to their size (docs/jobspec.md#qos), so neither
+// joins a GPU that holds the other kind.
+constexpr bool QosAllows(const GpuState& g, bool guaranteed, bool enforced) {
+  return !(guaranteed && g.unlimited_shares > 0) && !(!enforced && g.guaranteed_shares > 0);
+}
 
 // Dynamic state of one node. Fields the placement policies read are kept up to date
 // incrementally, so a score never has to walk the allocations.
@@ -78,6 +90,11 @@ struct NodeState {
   // their GPU memory took more than their share's): only on these can memory, not share, refuse a
   // task that names no memory (ShareMemory). 0 on a node of share-only tasks.
   int32_t memory_short_gpus = 0;
+  // Usable GPUs holding a guaranteed share: only on these can QoS, not capacity, refuse a task that
+  // is not guaranteed itself. And what holds shares to their size here (kEnforce* bits, from the
+  // spec's labels).
+  int32_t guaranteed_gpus = 0;
+  uint8_t enforces = 0;
   // GpuClustering's tags of the GPU tasks on the node: share tasks, and tasks by GPU count.
   int32_t share_tasks = 0;
   std::vector<int32_t> tasks_by_gpu_count;  // index k: tasks using k GPUs (k >= 1, not share)
@@ -103,6 +120,10 @@ struct Placement {
   std::vector<GpuGrant> gpus;
   // True for a share task (one GPU, less than all of it) — GpuClustering's "share" tag.
   bool share_task = false;
+  // For its grants of less than a whole GPU: the task is QoS guaranteed; something on the node
+  // holds it to its share (its TaskRequest::enforced_by is among the node's `enforces`).
+  bool guaranteed = false;
+  bool enforced = false;
   bool operator==(const Placement&) const = default;
 };
 

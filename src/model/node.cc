@@ -82,6 +82,23 @@ Status ValidateNodeSpec(const NodeSpec& spec, const GpuCatalog& catalog) {
   return CheckNodeSpec(spec, catalog).WithContext(fmt::format("node '{}'", spec.name));
 }
 
+std::string EnforceLabel(uint8_t bit) {
+  const char* what = bit == kEnforceLimiter             ? "limiter"
+                     : bit == kEnforceLimiterContainer ? "limiter-container"
+                     : bit == kEnforceMps              ? "mps"
+                                                       : nullptr;
+  return what == nullptr ? std::string() : std::string(kEnforceLabelPrefix) + what;
+}
+
+uint8_t ShareEnforcementOf(const std::map<std::string, std::string>& labels) {
+  uint8_t bits = 0;
+  for (uint8_t bit : {kEnforceLimiter, kEnforceLimiterContainer, kEnforceMps}) {
+    auto it = labels.find(EnforceLabel(bit));
+    if (it != labels.end() && it->second == "true") bits |= bit;
+  }
+  return bits;
+}
+
 NodeSpec MakeNode(const std::string& name, MilliCpu cpu, MiB memory, int gpu_count, const std::string& model,
                   const GpuCatalog& catalog) {
   NodeSpec node;

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "model/gpu_catalog.h"
 #include "model/topology.h"
+#include "model/workload.h"
 
 namespace gpupool {
 
@@ -29,6 +30,13 @@ struct GpuDevice {
 // (docs/agent.md#runtime-classes): each container runtime class it can run, and a pod network.
 inline constexpr const char* kRuntimeClassLabelPrefix = "gpupool.io/runtime-";
 inline constexpr const char* kPodNetworkLabel = "gpupool.io/network-pod";
+// What holds GPU shares to their size on the node (model/workload.h kEnforce*), advertised the same
+// way: "gpupool.io/enforce-limiter", "-limiter-container", "-mps".
+inline constexpr const char* kEnforceLabelPrefix = "gpupool.io/enforce-";
+// The kEnforce* bits of a node's labels (each "true" label of the three).
+uint8_t ShareEnforcementOf(const std::map<std::string, std::string>& labels);
+// The label that advertises `bit` ("" for an unknown bit).
+std::string EnforceLabel(uint8_t bit);
 
 struct NodeSpec {
   std::string name;

@@ -14,6 +14,20 @@ IsolationMode DefaultIsolation(const TaskRequest& r, QosClass qos) {
   return IsolationMode::kExclusive;
 }
 
+void DeriveSharing(Job& job) {
+  for (TaskGroup& g : job.groups) {
+    TaskRequest& r = g.request;
+    const bool shares = r.wants_gpu() && !r.wants_mig() && r.gpu_share < kWholeGpu;
+    r.guaranteed = shares && job.qos == QosClass::kGuaranteed;
+    r.enforced_by = 0;
+    if (!shares) continue;
+    const bool container = !g.exec.bundle.empty() || !g.exec.rootfs.empty() || !g.exec.image.empty();
+    if (g.exec.isolation == IsolationMode::kMps) r.enforced_by = kEnforceMps;
+    if (g.exec.isolation == IsolationMode::kTimeslice)
+      r.enforced_by = container ? kEnforceLimiterContainer : kEnforceLimiter;
+  }
+}
+
 Status CheckIsolation(const TaskRequest& r, IsolationMode mode) {
   const std::string_view name = IsolationModeName(mode);
   if (r.wants_mig() && mode != IsolationMode::kMig) {
@@ -67,6 +81,10 @@ Status ValidateTaskRequest(const TaskRequest& r) {
       return Status::InvalidArgument("a MIG request cannot also ask for GPU share or GPU memory");
     }
     return Status::Ok();
+  }
+  if (r.enforced_by != 0 && r.enforced_by != kEnforceLimiter && r.enforced_by != kEnforceLimiterContainer &&
+      r.enforced_by != kEnforceMps) {
+    return Status::InvalidArgument(fmt::format("unknown share enforcement {}", r.enforced_by));
   }
   if (r.gpu_share.units() < 1 || r.gpu_share > kWholeGpu) {
     return Status::InvalidArgument(

@@ -12,6 +12,13 @@
 
 namespace gpupool {
 
+// What can hold a GPU share to its size (its memory and its compute) on a node, one bit each; a
+// node's agent says which it offers (model/node.h kEnforceLabels), a task which one it would need
+// (TaskRequest::enforced_by).
+inline constexpr uint8_t kEnforceLimiter = 1 << 0;           // the CUDA limiter, process tasks
+inline constexpr uint8_t kEnforceLimiterContainer = 1 << 1;  // the CUDA limiter, container tasks
+inline constexpr uint8_t kEnforceMps = 1 << 2;               // limits set through the MPS control daemon
+
 // One task's request.
 //   gpu_count == 0                 CPU-only; every GPU field must be empty
 //   gpu_count >= 1, gpu_share      per-GPU share in milli-GPU, 1..1000 (1000 = whole GPU), and
@@ -30,6 +37,12 @@ struct TaskRequest {
   // Every pair of the task's GPUs must be joined by NVLink (directly or through NVSwitch): for
   // multi-GPU tasks whose collectives would crawl over PCIe. Needs gpu_count >= 2, no MIG.
   bool nvlink = false;
+  // Sharing a GPU with others (docs/jobspec.md#qos). `guaranteed`: the task's job is QoS guaranteed,
+  // so it shares a GPU only with shares held to their size. `enforced_by`: the one kEnforce* bit
+  // (model/node.h) of what holds this task to its share on a node whose agent offers it; 0: nothing
+  // does. Derived from the job's QoS and the task's isolation (DeriveSharing), never asked for.
+  bool guaranteed = false;
+  uint8_t enforced_by = 0;
 
   bool wants_gpu() const { return gpu_count > 0; }
   bool wants_mig() const { return !mig_profile.empty(); }
@@ -197,5 +210,11 @@ struct Job {
 };
 
 Status ValidateJob(const Job& job);
+
+// Sets every group's request.guaranteed and request.enforced_by from the job's QoS and the group's
+// isolation: a timeslice share of a process task is held by the CUDA limiter, of a container by the
+// limiter in containers, an MPS share by the limits its agent sets through the MPS control daemon;
+// whole GPUs, MIG instances and CPU-only tasks share no GPU, so nothing needs holding.
+void DeriveSharing(Job& job);
 
 }  // namespace gpupool

@@ -18,6 +18,8 @@ void PrepareTask(const Ledger& ledger, const TaskRequest& task, PreparedTask& ou
   out.gpu_memory = task.gpu_memory.units();
   out.share_task = task.is_share();
   out.nvlink = task.nvlink;
+  out.guaranteed = task.guaranteed;
+  out.enforced_by = task.enforced_by;
   out.allowed_models.clear();
   if (!task.gpu_models.empty()) {
     out.allowed_models.assign(ledger.model_count(), 0);
@@ -37,7 +39,7 @@ void FittingGpus(const NodeState& node, const PreparedTask& task, std::vector<in
   for (size_t i = 0; i < node.gpus.size(); ++i) {
     const GpuState& g = node.gpus[i];
     if (!g.healthy || g.mig_enabled) continue;
-    if (task.FitsOn(g)) out.push_back(static_cast<int>(i));
+    if (task.FitsOn(node, g)) out.push_back(static_cast<int>(i));
   }
 }
 
@@ -47,7 +49,7 @@ int BestFitGpu(const NodeState& node, const PreparedTask& task) {
   for (size_t i = 0; i < node.gpus.size(); ++i) {
     const GpuState& g = node.gpus[i];
     if (!g.healthy || g.mig_enabled) continue;
-    if (!task.FitsOn(g)) continue;
+    if (!task.FitsOn(node, g)) continue;
     if (best < 0 || g.free_share < best_free) {
       best = static_cast<int>(i);
       best_free = g.free_share;

@@ -6,7 +6,7 @@
 namespace gpupool {
 
 std::vector<std::string> DefaultFilterNames() {
-  return {"node-unschedulable", "node-resources", "gpu-model", "gpu-fit", "mig-fit"};
+  return {"node-unschedulable", "node-resources", "gpu-model", "gpu-fit", "mig-fit", "qos-isolation"};
 }
 
 std::vector<std::string> PolicyNames() {

@@ -31,6 +31,7 @@ size_t Scheduler::ShapeKeyHash::operator()(const ShapeKey& k) const {
   mix(static_cast<uint64_t>(k.gpu_count));
   mix(static_cast<uint64_t>(k.models_id));
   mix(static_cast<uint64_t>(k.mig_id));
+  mix(static_cast<uint64_t>(k.qos));
   return static_cast<size_t>(h);
 }
 
@@ -198,6 +199,7 @@ void Scheduler::ScoreWith(size_t plugin, const PreparedTask& task, std::vector<i
     key.models_id = string_id(joined);
   }
   if ((f & kFieldMig) && task.mig) key.mig_id = string_id(task.request->mig_profile);
+  if (f & kFieldQos) key.qos = (task.guaranteed ? 256 : 0) | task.enforced_by;
 
   auto it = slot.shapes.find(key);
   if (it == slot.shapes.end()) {
@@ -288,6 +290,8 @@ Decision Scheduler::Decide(const TaskRequest& task) {
   p.cpu = task.cpu;
   p.memory = task.memory;
   p.share_task = prepared_.share_task;
+  p.guaranteed = prepared_.guaranteed;
+  p.enforced = prepared_.EnforcedOn(ledger_.state(chosen));
   if (prepared_.wants_gpu()) {
     auto grants = SelectGpus(prepared_, chosen);
     if (!grants.ok()) {

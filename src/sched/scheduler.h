@@ -129,6 +129,7 @@ class Scheduler {
   struct ShapeKey {
     int64_t cpu, memory, share, gpu_memory;
     int32_t gpu_count, models_id, mig_id;
+    int32_t qos;  // guaranteed and enforced_by, for plugins that read kFieldQos
     bool operator==(const ShapeKey&) const = default;
   };
   struct ShapeKeyHash {

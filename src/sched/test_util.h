@@ -60,6 +60,15 @@ class Task {
     r_.mig_profile = std::move(profile);
     return *this;
   }
+  // A task of a guaranteed job; what would hold it to its share (kEnforce* bit).
+  Task& Guaranteed() {
+    r_.guaranteed = true;
+    return *this;
+  }
+  Task& EnforcedBy(uint8_t bit) {
+    r_.enforced_by = bit;
+    return *this;
+  }
   TaskRequest Build() const { return r_; }
   operator TaskRequest() const { return r_; }  // NOLINT
 

@@ -58,8 +58,12 @@ class ServiceTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     service_ = std::move(s).value();
   }
+  // As an agent that holds shares to their size registers: the CUDA limiter and MPS limits (a
+  // guaranteed share then shares a GPU; qos_sharing_test.cc has nodes without).
   void AddNode(const std::string& name, int gpus, const std::string& model = "A100-80GB",
                json labels = json::object()) {
+    labels["gpupool.io/enforce-limiter"] = "true";
+    labels["gpupool.io/enforce-mps"] = "true";
     json body = {{"name", name}, {"cpu", "64"}, {"memory", "512Gi"}, {"labels", labels}};
     json g = json::array();
     for (int i = 0; i < gpus; ++i) g.push_back({{"index", i}, {"model", model}});
@@ -1143,7 +1147,11 @@ TEST(ServiceLoopTest, AssignmentsWaitUntilTheCycleThatMadeThemIsDurable) {
   auto opened = PoolService::Open(config, std::move(gated_owner));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   std::unique_ptr<PoolService> service = std::move(opened).value();
-  json node = {{"name", "n1"}, {"cpu", "64"}, {"memory", "512Gi"}, {"gpus", {{{"index", 0}, {"model", "A100-80GB"}}}}};
+  json node = {{"name", "n1"},
+               {"cpu", "64"},
+               {"memory", "512Gi"},
+               {"labels", {{"gpupool.io/enforce-mps", "true"}}},  // the quarters share the GPU
+               {"gpus", {{{"index", 0}, {"model", "A100-80GB"}}}}};
   ASSERT_TRUE(service->RegisterNode(node).ok());
   auto job = service->SubmitJob(kAdmin, kQuarter, SpecFormat::kYaml);
   ASSERT_TRUE(job.ok()) << job.status().ToString();

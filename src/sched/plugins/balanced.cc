@@ -201,7 +201,7 @@ class BalancedPlugin final : public ScorePlugin, public GpuSelector {
 
   std::string_view name() const override { return "balanced"; }
   uint32_t fields_read() const override {
-    return kFieldCpu | kFieldMemory | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
+    return kFieldCpu | kFieldMemory | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig | kFieldQos;
   }
   uint64_t epoch() const override { return epoch_; }
   // Scores are points x 10,000 plus the balance terms: keep them as they are.

@@ -27,7 +27,7 @@ class FgdPlugin final : public ScorePlugin, public GpuSelector {
 
   std::string_view name() const override { return "fgd"; }
   uint32_t fields_read() const override {
-    return kFieldCpu | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
+    return kFieldCpu | kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig | kFieldQos;
   }
 
   int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {

@@ -164,9 +164,8 @@ int FgdCore::BestShareGpu(const Ledger& ledger, const NodeState& s, const Prepar
   for (size_t j = 0; j < free_.size(); ++j) {
     const int32_t g = free_[j];
     if (g < t.share) continue;
-    if (s.memory_short_gpus > 0 || t.gpu_memory > 0) {
-      const GpuState& gs = s.gpus[static_cast<size_t>(index_[j])];
-      if (gs.free_memory < t.MemoryOn(gs)) continue;
+    if (s.memory_short_gpus > 0 || t.gpu_memory > 0 || !t.QosFree(s)) {
+      if (!t.FitsOn(s, s.gpus[static_cast<size_t>(index_[j])])) continue;
     }
     int64_t points = -1;
     for (const auto& [value, p] : tried_) {

@@ -123,6 +123,35 @@ class GpuFitFilter final : public FilterPlugin {
   }
 };
 
+// Sharing a GPU under QoS (docs/jobspec.md#qos): a guaranteed share goes only on GPUs whose shares
+// are all held to their size (the CUDA limiter, MPS limits), and a share nothing holds on this node
+// never joins a GPU that holds a guaranteed one. A node passes when enough of its GPUs fit the task
+// and QoS lets it join them (gpu-fit has already seen to the fit alone).
+class QosIsolationFilter final : public FilterPlugin {
+ public:
+  std::string_view name() const override { return "qos-isolation"; }
+  std::vector<std::string> reasons() const override {
+    return {"GPUs with room hold shares not held to their size (a guaranteed share shares only with enforced ones)",
+            "GPUs with room hold a guaranteed share, and nothing on this node would hold the task to its share"};
+  }
+  void Filter(const ClusterView& view, const PreparedTask& task, std::vector<NodeIndex>& nodes, int base,
+              ReasonCounter& counter) const override {
+    if (!task.wants_gpu() || task.mig || task.share >= kWholeGpu.units()) return;
+    const auto& states = view.ledger->states();
+    KeepIf(nodes, base, counter, [&](NodeIndex n) {
+      const NodeState& s = states[n];
+      if (task.QosFree(s)) return -1;
+      int fits = 0;
+      for (const GpuState& g : s.gpus) {
+        if (!g.healthy || g.mig_enabled) continue;
+        if (task.FitsOn(s, g)) ++fits;
+      }
+      if (fits >= task.gpu_count) return -1;
+      return task.guaranteed ? 0 : 1;
+    });
+  }
+};
+
 // MIG tasks: a MIG-enabled GPU whose model offers the profile and has room for it now.
 class MigFitFilter final : public FilterPlugin {
  public:
@@ -166,6 +195,7 @@ void RegisterFilterPlugins(PluginRegistry& r) {
   (void)r.RegisterFilter("gpu-model", Factory<GpuModelFilter>());
   (void)r.RegisterFilter("gpu-fit", Factory<GpuFitFilter>());
   (void)r.RegisterFilter("mig-fit", Factory<MigFitFilter>());
+  (void)r.RegisterFilter("qos-isolation", Factory<QosIsolationFilter>());
 }
 
 }  // namespace gpupool

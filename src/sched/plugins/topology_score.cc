@@ -45,7 +45,7 @@ class TopologyScore final : public ScorePlugin {
  public:
   std::string_view name() const override { return "topology"; }
   uint32_t fields_read() const override {
-    return kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig;
+    return kFieldGpuCount | kFieldGpuShare | kFieldGpuMemory | kFieldMig | kFieldQos;
   }
 
   int64_t Score(const ClusterView& view, const PreparedTask& t, NodeIndex node) override {
