@@ -1,14 +1,15 @@
 // The cost libgpupool-cuda.so adds to the driver calls it wraps, on the fake driver
 // (tests/fake_cuda): a cuMemAlloc_v2 + cuMemFree_v2 pair of 1 MiB, and a cuLaunchKernel of a
 // zero-length kernel (synchronised every 1,000). Each configuration runs in a child process of its
-// own (the limiter is only ever preloaded), the three in turn, --reps times; the table shows the
+// own (the limiter is only ever preloaded), the four in turn, --reps times; the table shows the
 // median per call.
 //
 //   cuda_limiter_bench [--reps N] [--iterations N]
 //
 // Configurations: the driver alone; the limiter preloaded with no limits (its pass-through);
 // the limiter with a memory cap and a 50 % share on both fake devices (accounting, and two timing
-// events per launch, never a wait: the kernels take no time).
+// events per launch, never a wait: the kernels take no time); the same with the task's shared
+// memory ledger file (GPUPOOL_CUDA_LEDGER).
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -78,7 +79,7 @@ std::map<std::string, double> RunChild(const Config& config, long iterations) {
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string variable(*entry);
-    if (variable.rfind("LD_PRELOAD=", 0) != 0 && variable.rfind("GPUPOOL_GPU_", 0) != 0) {
+    if (variable.rfind("LD_PRELOAD=", 0) != 0 && variable.rfind("GPUPOOL_", 0) != 0) {
       environment.push_back(variable);
     }
   }
@@ -139,12 +140,23 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
   }
   const std::string cap = std::to_string(uint64_t{64} << 30);
+  // The task's shared ledger (GPUPOOL_CUDA_LEDGER), in a directory of the bench's own.
+  char ledger_dir[] = "/tmp/cuda_limiter_bench_XXXXXX";
+  if (mkdtemp(ledger_dir) == nullptr) {
+    std::fprintf(stderr, "cuda_limiter_bench: mkdtemp failed\n");
+    return 1;
+  }
+  const std::string ledger = std::string(ledger_dir) + "/ledger";
   const std::vector<Config> configs = {
       {"driver alone", false, {}},
       {"preloaded, no limits", true, {}},
       {"preloaded, cap + 50% share",
        true,
        {"GPUPOOL_GPU_MEMORY_BYTES=" + cap + "," + cap, "GPUPOOL_GPU_SHARES_MILLI=500,500"}},
+      {"... + shared ledger",
+       true,
+       {"GPUPOOL_GPU_MEMORY_BYTES=" + cap + "," + cap, "GPUPOOL_GPU_SHARES_MILLI=500,500",
+        "GPUPOOL_CUDA_LEDGER=" + ledger}},
   };
   std::map<std::string, std::vector<double>> samples;
   for (int rep = 0; rep < reps; ++rep) {
@@ -152,6 +164,8 @@ int main(int argc, char** argv) {
       const std::map<std::string, double> values = RunChild(config, iterations);
       if (values.count("alloc_free_ns") == 0 || values.count("launch_ns") == 0) {
         std::fprintf(stderr, "cuda_limiter_bench: the child for \"%s\" failed\n", config.name);
+        unlink(ledger.c_str());
+        rmdir(ledger_dir);
         return 1;
       }
       samples[std::string(config.name) + "/alloc"].push_back(values.at("alloc_free_ns"));
@@ -169,5 +183,7 @@ int main(int argc, char** argv) {
     std::printf("%-28s %12.0f (%+7.0f) %12.0f (%+7.0f)\n", config.name, alloc, alloc - base_alloc, launch,
                 launch - base_launch);
   }
+  unlink(ledger.c_str());
+  rmdir(ledger_dir);
   return 0;
 }

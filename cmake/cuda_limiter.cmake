@@ -27,6 +27,7 @@ add_library(gpupool-cuda SHARED
   src/cuda_limiter/preload_memory.cc
   src/cuda_limiter/preload_launch.cc
   src/cuda_limiter/limiter.cc
+  src/cuda_limiter/shared_ledger.cc
 )
 target_include_directories(gpupool-cuda PRIVATE src)
 set_target_properties(gpupool-cuda PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
@@ -73,7 +74,8 @@ if(GPUPOOL_BUILD_TESTS)
 
   # Not gpupool_test(): the limiter needs none of the libraries that links.
   add_executable(cuda_limiter_test src/cuda_limiter/limiter_test.cc src/cuda_limiter/preload_test.cc
-                                   src/cuda_limiter/limiter.cc)
+                                   src/cuda_limiter/shared_ledger_test.cc src/cuda_limiter/limiter.cc
+                                   src/cuda_limiter/shared_ledger.cc)
   target_include_directories(cuda_limiter_test PRIVATE src)
   target_link_libraries(cuda_limiter_test PRIVATE GTest::gtest GTest::gtest_main Threads::Threads)
   target_compile_definitions(cuda_limiter_test PRIVATE

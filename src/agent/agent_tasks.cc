@@ -338,6 +338,9 @@ void Agent::StartTask(LocalTask& t) {
   spec.id = id;
   spec.argv = a.command;
   spec.env = std::move(env).value();
+  // The limiter preloaded (task_env.cc decides): the task's processes share one memory ledger.
+  if (const auto preload = spec.env.find("LD_PRELOAD"); !cuda_limiter_.empty() && preload != spec.env.end())
+    spec.cuda_ledger = preload->second.rfind(cuda_limiter_, 0) == 0;
   if (image) {
     // What the image says, under what the job and the pool say (image_cache.h).
     ApplyImageConfig(image->config, a.env, &spec);

@@ -1,7 +1,9 @@
 // The process runtime: each task is a plain process tree in its own process group, started by a
 // supervisor (see runtime_internal.h), optionally inside cgroups that carry its CPU and memory
 // limits.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +18,23 @@
 
 namespace gpupool {
 namespace {
+
+// The task's CUDA memory ledger (LaunchSpec::cuda_ledger): emptied, or made, its uid's, mode 0600.
+// Never through a link: the task's directory is the task's to change between runs.
+Status MakeCudaLedger(const std::string& path, int64_t uid, int64_t gid) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
+  if (fd < 0) return Status::Internal(fmt::format("creating the CUDA ledger {}: {}", path, agent_internal::ErrnoText(errno)));
+  struct stat st {};
+  Status status = Status::Ok();
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    status = Status::Internal(fmt::format("the CUDA ledger {} is not a regular file", path));
+  } else if ((uid >= 0 && ::fchown(fd, static_cast<uid_t>(uid), static_cast<gid_t>(gid)) != 0) ||
+             ::fchmod(fd, 0600) != 0) {
+    status = Status::Internal(fmt::format("making the CUDA ledger {} the task's: {}", path, agent_internal::ErrnoText(errno)));
+  }
+  ::close(fd);
+  return status;
+}
 
 using namespace agent_internal;
 
@@ -65,6 +84,11 @@ class ProcessRuntime final : public SupervisedRuntime {
       req.keep_paths.push_back(work);
       req.hide_paths.push_back(state_dir_);
       if (!log_dir_.empty()) req.hide_paths.push_back(log_dir_);
+    }
+    if (spec.cuda_ledger) {
+      const std::string ledger = (spec.uid >= 0 ? TaskDir(spec.id) + "/work" : TaskDir(spec.id)) + "/.gpupool-cuda-ledger";
+      RETURN_IF_ERROR(MakeCudaLedger(ledger, spec.uid, spec.gid));
+      req.envp.push_back("GPUPOOL_CUDA_LEDGER=" + ledger);
     }
     req.uid = spec.uid;
     req.gid = spec.gid;

@@ -57,6 +57,11 @@ struct LaunchSpec {
   int64_t uid = -1;
   int64_t gid = -1;
   bool no_new_privs = false;
+  // process runtime: the task has libgpupool-cuda.so preloaded. Its processes share one memory
+  // ledger (docs/cuda_limiter.md): an empty file, the task's uid's and mode 0600, made afresh at each
+  // start in the task's own directory (`work/.gpupool-cuda-ledger` with a uid) and named in
+  // GPUPOOL_CUDA_LEDGER.
+  bool cuda_ledger = false;
   std::vector<std::string> hide_paths;
   std::vector<std::string> keep_paths;
   bool private_dev = false;

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "cuda_limiter/shared_ledger.h"
+
 namespace gpupool::cuda_limiter {
 namespace {
 
@@ -115,7 +117,7 @@ LimitsOrError ParseLimits(const char* memory_bytes, const char* shares_milli) {
 
 // ---- MemoryLedger ------------------------------------------------------------------------------
 
-MemoryLedger::MemoryLedger(const Limits& limits) {
+MemoryLedger::MemoryLedger(const Limits& limits, SharedLedger* shared) : shared_(shared) {
   for (size_t device = 0; device < kMaxDevices; ++device)
     cap_[device] = limits.MemoryCap(static_cast<int>(device));
 }
@@ -125,6 +127,14 @@ bool MemoryLedger::Reserve(int device, uint64_t bytes) {
   const size_t d = static_cast<size_t>(device);
   std::lock_guard<std::mutex> lock(mutex_);
   if (bytes > cap_[d] || used_[d] > cap_[d] - bytes) return false;
+  if (shared_ != nullptr && cap_[d] != kNoMemoryCap) {
+    switch (shared_->Reserve(device, bytes, cap_[d])) {
+      case SharedLedger::Outcome::kReserved: break;
+      case SharedLedger::Outcome::kOverCap: return false;
+      case SharedLedger::Outcome::kNoSlot: problem_.store(LedgerProblem::kNoSlot); return false;
+      case SharedLedger::Outcome::kCorrupt: problem_.store(LedgerProblem::kCorrupt); return false;
+    }
+  }
   used_[d] += bytes;
   return true;
 }
@@ -137,7 +147,9 @@ void MemoryLedger::Unreserve(int device, uint64_t bytes) {
 
 void MemoryLedger::SubtractLocked(int device, uint64_t bytes) {
   uint64_t& used = used_[static_cast<size_t>(device)];
-  used -= std::min(used, bytes);
+  const uint64_t taken = std::min(used, bytes);
+  used -= taken;
+  if (shared_ != nullptr && cap_[static_cast<size_t>(device)] != kNoMemoryCap) shared_->Refund(device, taken);
 }
 
 void MemoryLedger::Record(AllocationKey key, int device, uint64_t bytes, uint64_t owner) {
@@ -178,7 +190,23 @@ uint64_t MemoryLedger::ReleaseOwner(uint64_t owner) {
 uint64_t MemoryLedger::Used(int device) const {
   if (!Valid(device)) return 0;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (shared_ != nullptr && cap_[static_cast<size_t>(device)] != kNoMemoryCap) return shared_->Used(device);
   return used_[static_cast<size_t>(device)];
+}
+
+void MemoryLedger::BeforeFork() {
+  mutex_.lock();
+}
+
+void MemoryLedger::AfterForkInParent() {
+  mutex_.unlock();
+}
+
+void MemoryLedger::AfterForkInChild() {
+  entries_.clear();
+  used_.fill(0);
+  if (shared_ != nullptr) shared_->ForgetSlotAfterFork();
+  mutex_.unlock();
 }
 
 uint64_t MemoryLedger::Cap(int device) const {

@@ -6,6 +6,7 @@
 #define GPUPOOL_CUDA_LIMITER_LIMITER_H_
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -67,13 +68,21 @@ struct MemoryReport {
   uint64_t used = 0;
 };
 
+class SharedLedger;  // shared_ledger.h
+
+// Why the last refused reservation on a capped device was refused, beyond the cap itself.
+enum class LedgerProblem : int { kNone, kNoSlot, kCorrupt };
+
 // Bytes in use per device against its cap. An allocation is reserved before the driver is called
 // (so two threads cannot both pass the check for the last bytes) and then recorded under its key,
 // or unreserved when the driver refused. Devices outside 0..kMaxDevices-1 are refused.
-// Thread-safe: every method takes the ledger's own mutex.
+// With a SharedLedger (the task's file, GPUPOOL_CUDA_LEDGER), a capped device's bytes are also
+// charged there, and the cap holds for the task's processes together; the allocations themselves
+// stay this process's. Thread-safe: every method takes the ledger's own mutex.
 class MemoryLedger {
  public:
-  explicit MemoryLedger(const Limits& limits);
+  // shared: borrowed, outlives the ledger; null: the caps are this process's alone.
+  explicit MemoryLedger(const Limits& limits, SharedLedger* shared = nullptr);
 
   // Adds bytes to the device's use when that stays within its cap; false (nothing added) otherwise.
   bool Reserve(int device, uint64_t bytes);
@@ -87,8 +96,17 @@ class MemoryLedger {
   // Releases every allocation made in context owner (the context was destroyed); returns bytes.
   uint64_t ReleaseOwner(uint64_t owner);
 
+  // The task's use with a shared ledger and a cap on device; this process's otherwise.
   uint64_t Used(int device) const;
   uint64_t Cap(int device) const;
+  // Why the shared ledger refused the last reservation that failed (kNone: the cap), then kNone.
+  LedgerProblem TakeProblem() { return problem_.exchange(LedgerProblem::kNone); }
+
+  // Around fork (pthread_atfork): the ledger's mutex is held across it, and the child starts with
+  // nothing of the parent's (its allocations are the parent's; it takes its own shared slot).
+  void BeforeFork();
+  void AfterForkInParent();
+  void AfterForkInChild();
   // What the device reports to the task: with a cap, total = cap, used = the task's use and free =
   // what is left of the cap, never more than the device really has free; without one, the real
   // figures.
@@ -111,6 +129,8 @@ class MemoryLedger {
   std::array<uint64_t, kMaxDevices> cap_{};
   std::array<uint64_t, kMaxDevices> used_{};                   // GUARDED_BY(mutex_)
   std::unordered_map<AllocationKey, Entry, KeyHash> entries_;  // GUARDED_BY(mutex_)
+  SharedLedger* shared_;                                        // GUARDED_BY(mutex_) (its calls)
+  std::atomic<LedgerProblem> problem_{LedgerProblem::kNone};
   mutable std::mutex mutex_;
 };
 

@@ -7,6 +7,7 @@
 // throw, abort or print more than one line, and each falls back to the driver's own answer where
 // the limits have nothing to say.
 #include <dlfcn.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -185,14 +186,42 @@ const Driver& RealDriver() {
   return driver;
 }
 
+namespace {
+
+// The task's ledger file when GPUPOOL_CUDA_LEDGER names one and there are caps to share; null
+// otherwise, with *error set when it names one that cannot be used.
+std::unique_ptr<SharedLedger> OpenSharedLedger(const Limits& limits, std::string* error) {
+  const char* path = std::getenv(kLedgerEnv);
+  if (path == nullptr || *path == '\0' || !limits.HasMemoryCaps()) return nullptr;
+  return SharedLedger::Open(path, error);
+}
+
+void LedgerBeforeFork() {
+  State().ledger.BeforeFork();
+}
+void LedgerAfterForkInParent() {
+  State().ledger.AfterForkInParent();
+}
+void LedgerAfterForkInChild() {
+  State().ledger.AfterForkInChild();
+}
+
+}  // namespace
+
 Process::Process()
     : parsed(ParseLimits(std::getenv(kMemoryEnv), std::getenv(kSharesEnv))),
       limits(parsed.limits.value_or(Limits{})),
-      ledger(limits) {
+      shared(OpenSharedLedger(limits, &ledger_error)),
+      ledger(limits, shared.get()) {
   if (!parsed.limits) {
     refused.store(true);
     refusal = parsed.error;
+  } else if (!ledger_error.empty()) {
+    // Without the task's ledger the cap would be this process's alone: CUDA is refused instead.
+    refused.store(true);
+    refusal = ledger_error;
   }
+  if (shared != nullptr) pthread_atfork(&LedgerBeforeFork, &LedgerAfterForkInParent, &LedgerAfterForkInChild);
   const size_t listed = std::min(limits.ListedDevices(), kMaxDevices);
   for (size_t device = 0; device < listed; ++device) {
     const uint32_t share = limits.ShareMilli(static_cast<int>(device));
@@ -203,6 +232,22 @@ Process::Process()
 Process& State() {
   static Forever<Process> process;
   return process.get();
+}
+
+bool Reserve(Process& process, int device, uint64_t bytes) noexcept {
+  if (process.ledger.Reserve(device, bytes)) return true;
+  const LedgerProblem problem = process.ledger.TakeProblem();
+  if (problem != LedgerProblem::kNone && !process.ledger_problem_printed.exchange(true)) {
+    try {
+      PrintError(std::string(kLedgerEnv) + " (" + process.shared->path() + "): " +
+                 (problem == LedgerProblem::kNoSlot
+                      ? "all " + std::to_string(kLedgerSlots) + " process slots are held by live processes"
+                      : std::string("the file is damaged (a negative total)")) +
+                 "; CUDA allocations are refused in this process (CUDA_ERROR_OUT_OF_MEMORY)");
+    } catch (...) {
+    }
+  }
+  return false;
 }
 
 void PrintError(const std::string& line) noexcept {

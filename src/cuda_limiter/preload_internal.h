@@ -7,12 +7,14 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 
 #include "cuda_limiter/cuda_abi.h"
 #include "cuda_limiter/limiter.h"
+#include "cuda_limiter/shared_ledger.h"
 
 #define GPUPOOL_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -82,12 +84,15 @@ struct Process {
 
   LimitsOrError parsed;
   Limits limits;
+  std::string ledger_error;              // why GPUPOOL_CUDA_LEDGER could not be used ("": it could)
+  std::unique_ptr<SharedLedger> shared;  // the task's ledger file, when GPUPOOL_CUDA_LEDGER names one
   MemoryLedger ledger;
   SteadyClock clock;
   std::array<DevicePacing, kMaxDevices> pacing;
 
   std::atomic<bool> refused{false};
   std::atomic<bool> refusal_printed{false};
+  std::atomic<bool> ledger_problem_printed{false};
   std::mutex refusal_mutex;
   std::string refusal;  // GUARDED_BY(refusal_mutex)
 };
@@ -100,6 +105,9 @@ void* LookUp(void* handle, const char* name);
 bool Refused() noexcept;
 // Refuses CUDA from now on, printing why (once).
 void Refuse(const std::string& reason) noexcept;
+// ledger.Reserve, and when the task's shared ledger refused for a reason other than the cap (no
+// free slot, a damaged file), one line on stderr the first time.
+bool Reserve(Process& process, int device, uint64_t bytes) noexcept;
 // Writes "gpupool-cuda: <line>\n" to stderr, in one write.
 void PrintError(const std::string& line) noexcept;
 

@@ -37,7 +37,7 @@ CUresult CurrentPlace(Place* place) {
 template <typename Allocate, typename Undo>
 CUresult Accounted(AllocationKey::Kind kind, Place place, uint64_t* bytes, Allocate&& allocate, Undo&& undo) {
   Process& process = State();
-  if (!process.ledger.Reserve(place.device, *bytes)) return kErrorOutOfMemory;
+  if (!Reserve(process, place.device, *bytes)) return kErrorOutOfMemory;
   uint64_t key = 0;
   const CUresult result = allocate(&key);
   if (result != kSuccess) {
@@ -175,7 +175,7 @@ GPUPOOL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
           if (result != kSuccess) return result;
           *key = *dptr;
           const uint64_t taken = *pitch > SIZE_MAX / height ? UINT64_MAX : uint64_t{*pitch} * height;
-          if (taken > least && !process.ledger.Reserve(place.device, taken - least)) {
+          if (taken > least && !preload::Reserve(process, place.device, taken - least)) {
             if (release != nullptr) release(*dptr);
             return kErrorOutOfMemory;
           }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,11 +14,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "cuda_limiter/shared_ledger.h"
 
 extern char** environ;
 
@@ -47,10 +51,16 @@ std::string ReadAll(const std::string& path) {
   return text.str();
 }
 
-// Runs cuda_probe with the fake driver, the limiter preloaded (unless preload is false) and env
+// A probe started and not yet waited for.
+struct StartedProbe {
+  pid_t pid = -1;
+  std::string out_path, err_path;
+};
+
+// Starts cuda_probe with the fake driver, the limiter preloaded (unless preload is false) and env
 // added to this process's environment (less anything the limiter or the fake reads).
-ProbeRun Probe(const std::vector<std::string>& args, const std::vector<std::string>& env,
-               bool preload = true) {
+StartedProbe StartProbe(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                        bool preload = true) {
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string variable(*entry);
@@ -73,8 +83,10 @@ ProbeRun Probe(const std::vector<std::string>& args, const std::vector<std::stri
   char out_path[] = "/tmp/cuda_probe_out_XXXXXX";
   char err_path[] = "/tmp/cuda_probe_err_XXXXXX";
   const int out = mkstemp(out_path), err = mkstemp(err_path);
-  ProbeRun run;
-  if (out < 0 || err < 0) return run;
+  StartedProbe started;
+  if (out < 0 || err < 0) return started;
+  started.out_path = out_path;
+  started.err_path = err_path;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out, STDOUT_FILENO);
@@ -84,28 +96,41 @@ ProbeRun Probe(const std::vector<std::string>& args, const std::vector<std::stri
   posix_spawn_file_actions_destroy(&actions);
   close(out);
   close(err);
-  if (spawned == 0) {
+  if (spawned == 0) started.pid = pid;
+  return started;
+}
+
+// Waits (at most 30 s, then kills it) for a started probe and reads what it printed.
+ProbeRun FinishProbe(const StartedProbe& started) {
+  ProbeRun run;
+  if (started.pid > 0) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     int wstatus = 0;
-    while (waitpid(pid, &wstatus, WNOHANG) == 0) {
+    while (waitpid(started.pid, &wstatus, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &wstatus, 0);
+        kill(started.pid, SIGKILL);
+        waitpid(started.pid, &wstatus, 0);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     if (WIFEXITED(wstatus)) run.status = WEXITSTATUS(wstatus);
   }
-  std::istringstream lines(ReadAll(out_path));
+  if (started.out_path.empty()) return run;
+  std::istringstream lines(ReadAll(started.out_path));
   for (std::string line; std::getline(lines, line);) {
     const size_t eq = line.find('=');
     if (eq != std::string::npos) run.values[line.substr(0, eq)] = line.substr(eq + 1);
   }
-  run.err = ReadAll(err_path);
-  unlink(out_path);
-  unlink(err_path);
+  run.err = ReadAll(started.err_path);
+  unlink(started.out_path.c_str());
+  unlink(started.err_path.c_str());
   return run;
+}
+
+ProbeRun Probe(const std::vector<std::string>& args, const std::vector<std::string>& env,
+               bool preload = true) {
+  return FinishProbe(StartProbe(args, env, preload));
 }
 
 // 10 GiB on device 0 of the fake's two, no cap on device 1.
@@ -258,6 +283,130 @@ TEST(PreloadTest, FullShareLaunchesUnpaced) {
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_EQ(run.U("launch_result"), 0U);
   EXPECT_GT(run.U("launches"), 0U);
+}
+
+
+// ---- One ledger for the task's processes (GPUPOOL_CUDA_LEDGER) -----------------------------------
+
+// A private directory for a ledger file, removed with what is in it.
+class LedgerDir {
+ public:
+  LedgerDir() {
+    char path[] = "/tmp/cuda_ledger_XXXXXX";
+    if (mkdtemp(path) != nullptr) dir_ = path;
+  }
+  ~LedgerDir() {
+    for (const char* name : {"ledger", "link", "sub"}) {
+      const std::string path = dir_ + "/" + name;
+      if (unlink(path.c_str()) != 0) rmdir(path.c_str());
+    }
+    rmdir(dir_.c_str());
+  }
+  std::string Path(const char* name = "ledger") const { return dir_ + "/" + name; }
+  std::string Env(const char* name = "ledger") const { return "GPUPOOL_CUDA_LEDGER=" + Path(name); }
+
+ private:
+  std::string dir_;
+};
+
+// Waits (at most 20 s) until a started probe has printed ready=1.
+bool WaitReady(const StartedProbe& probe) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ReadAll(probe.out_path).find("ready=1") != std::string::npos) return true;
+    int wstatus = 0;
+    if (waitpid(probe.pid, &wstatus, WNOHANG) != 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+const std::string kEightGiB = std::to_string(8 * kGiB);
+
+TEST(PreloadLedgerTest, TheTasksProcessesShareOneCapAndADeadOnesBytesComeBack) {
+  const LedgerDir dir;
+  const std::vector<std::string> env = {kTenGiB, dir.Env()};
+  // The first process holds 8 GiB of the 10 and stays.
+  const StartedProbe first = StartProbe({"hold", kEightGiB, "wait"}, env);
+  ASSERT_TRUE(WaitReady(first)) << ReadAll(first.err_path);
+  // The second gets what is left: 2 GiB, then OUT_OF_MEMORY; it sees the task's use.
+  const ProbeRun second = Probe({"hold", kEightGiB}, env);
+  SCOPED_TRACE(second.err);
+  ASSERT_EQ(second.status, 0);
+  EXPECT_EQ(second.U("held"), 2 * kGiB);
+  EXPECT_EQ(second.U("held_error"), 2U);  // CUDA_ERROR_OUT_OF_MEMORY
+  EXPECT_EQ(second.U("info_total"), kCap);
+  EXPECT_EQ(second.U("info_free"), 0U);
+  // The first is killed holding its 8 GiB (the second exited holding 2): neither leaks.
+  kill(first.pid, SIGKILL);
+  const ProbeRun killed = FinishProbe(first);
+  EXPECT_EQ(killed.U("held"), 8 * kGiB);
+  const ProbeRun third = Probe({"hold", kEightGiB}, env);
+  SCOPED_TRACE(third.err);
+  ASSERT_EQ(third.status, 0);
+  EXPECT_EQ(third.U("held"), 8 * kGiB);
+  EXPECT_EQ(third.U("info_free"), kCap - 8 * kGiB);
+  struct stat st {};
+  ASSERT_EQ(stat(dir.Path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600U);
+}
+
+TEST(PreloadLedgerTest, WithoutTheLedgerEachProcessHasTheWholeCap) {
+  const StartedProbe first = StartProbe({"hold", kEightGiB, "wait"}, {kTenGiB});
+  ASSERT_TRUE(WaitReady(first)) << ReadAll(first.err_path);
+  const ProbeRun second = Probe({"hold", kEightGiB}, {kTenGiB});
+  kill(first.pid, SIGKILL);
+  FinishProbe(first);
+  ASSERT_EQ(second.status, 0) << second.err;
+  EXPECT_EQ(second.U("held"), 8 * kGiB);
+  EXPECT_EQ(second.U("info_free"), kCap - 8 * kGiB);
+}
+
+void WriteFile(const std::string& path, const std::string& content, mode_t mode) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+  chmod(path.c_str(), mode);
+}
+
+TEST(PreloadLedgerTest, AnUnusableLedgerFileRefusesCudaWithOneLine) {
+  struct Case {
+    std::string name;
+    std::function<void(const LedgerDir&)> make;
+    const char* env_name = "ledger";
+  };
+  const std::vector<Case> cases = {
+      {"garbage", [](const LedgerDir& d) { WriteFile(d.Path(), std::string(100, '\x5a'), 0600); }},
+      {"garbage of a ledger's size",
+       [](const LedgerDir& d) { WriteFile(d.Path(), std::string(kLedgerBytes, '\xff'), 0600); }},
+      {"open to others", [](const LedgerDir& d) { WriteFile(d.Path(), "", 0644); }},
+      {"a symlink",
+       [](const LedgerDir& d) {
+         WriteFile(d.Path(), "", 0600);
+         ASSERT_EQ(symlink(d.Path().c_str(), d.Path("link").c_str()), 0);
+       },
+       "link"},
+      {"a directory", [](const LedgerDir& d) { ASSERT_EQ(mkdir(d.Path("sub").c_str(), 0700), 0); }, "sub"},
+      {"in a missing directory", [](const LedgerDir&) {}, "sub/ledger"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const LedgerDir dir;
+    c.make(dir);
+    const ProbeRun run = Probe({"hold", kEightGiB}, {kTenGiB, dir.Env(c.env_name)});
+    EXPECT_EQ(run.U("init"), 3U);  // CUDA_ERROR_NOT_INITIALIZED
+    EXPECT_EQ(run.U("held"), UINT64_MAX);
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+    EXPECT_NE(run.err.find("gpupool-cuda: GPUPOOL_CUDA_LEDGER ("), std::string::npos) << run.err;
+  }
+}
+
+TEST(PreloadLedgerTest, AnotherUidsLedgerFileIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make a file of another uid";
+  const LedgerDir dir;
+  WriteFile(dir.Path(), "", 0600);
+  ASSERT_EQ(chown(dir.Path().c_str(), 65534, 65534), 0);
+  const ProbeRun run = Probe({"hold", kEightGiB}, {kTenGiB, dir.Env()});
+  EXPECT_EQ(run.U("init"), 3U);
+  EXPECT_NE(run.err.find("owned by uid 65534"), std::string::npos) << run.err;
 }
 
 }  // namespace

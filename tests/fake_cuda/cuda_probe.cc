@@ -206,6 +206,27 @@ int Alloc(const Api& api, const std::string& kind, int device) {
   return 0;
 }
 
+// Allocates 1 GiB chunks on device 0 until BYTES are held or the driver refuses; prints held= and
+// the refusal. With `wait`, then prints ready=1 and holds them until killed (no free, no exit).
+int Hold(const Api& api, uint64_t bytes, bool wait) {
+  CUcontext context = nullptr;
+  if (const int status = Init(api, 0, &context); status != 0) return status;
+  uint64_t held = 0;
+  CUresult result = kSuccess;
+  while (held + kChunk <= bytes) {
+    CUdeviceptr pointer = 0;
+    result = api.cuMemAlloc_v2(&pointer, kChunk);
+    if (result != kSuccess) break;
+    held += kChunk;
+  }
+  std::printf("held=%llu\nheld_error=%d\n", static_cast<unsigned long long>(held), result);
+  PrintInfo(api, "info");
+  if (!wait) return 0;
+  std::printf("ready=1\n");
+  std::fflush(stdout);
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 // THREADS threads share one context and allocate 256 MiB chunks until refused.
 int AllocThreads(const Api& api, int threads) {
   CUcontext context = nullptr;
@@ -326,6 +347,8 @@ int main(int argc, char** argv) {
     if (argc > 4 && std::strcmp(argv[4], "runtime") == 0 && !Loaded(true, &api)) return 2;
     return Launch(api, std::atof(argv[2]), static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)));
   }
+  if (mode == "hold" && argc >= 3)
+    return Hold(Direct(), std::strtoull(argv[2], nullptr, 10), argc > 3 && std::strcmp(argv[3], "wait") == 0);
   if (mode == "alloc-threads")
     return AllocThreads(Direct(), std::max(1, std::min(64, std::atoi(kind.c_str()))));
   if (mode == "nvml") return Nvml();
