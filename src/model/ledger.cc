@@ -58,6 +58,12 @@ void Ledger::RecountNode(NodeState& s) const {
   }
 }
 
+void Ledger::Recount(NodeState& s) {
+  const int32_t before = s.guaranteed_gpus;
+  RecountNode(s);
+  guaranteed_gpus_ += s.guaranteed_gpus - before;
+}
+
 Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
   RETURN_IF_ERROR(ValidateNodeSpec(spec, catalog_));
   if (by_name_.count(spec.name) != 0) {
@@ -195,8 +201,8 @@ void Ledger::Apply(const Placement& p, int sign) {
     gs.free_share -= static_cast<int32_t>(sign * g.share.units());
     gs.free_memory -= sign * g.memory.units();
     if (g.share < kWholeGpu) {
-      if (p.guaranteed) gs.guaranteed_shares += sign;
-      if (!p.enforced) gs.unlimited_shares += sign;
+      if (p.guaranteed) gs.guaranteed_shares = static_cast<int16_t>(gs.guaranteed_shares + sign);
+      if (!p.enforced) gs.unlimited_shares = static_cast<int16_t>(gs.unlimited_shares + sign);
     }
     used_gpu_share_ += sign * g.share.units();
   }
@@ -209,7 +215,7 @@ void Ledger::Apply(const Placement& p, int sign) {
       s.tasks_by_gpu_count[k] += sign;
     }
   }
-  RecountNode(s);
+  Recount(s);
   Changed(p.node);
 }
 
@@ -267,7 +273,7 @@ Status Ledger::SetGpuHealthy(NodeIndex node, int gpu, bool healthy) {
     return Status::NotFound(fmt::format("node '{}' has no GPU {}", specs_[node].name, gpu));
   }
   s.gpus[static_cast<size_t>(gpu)].healthy = healthy;
-  RecountNode(s);
+  Recount(s);
   Changed(node);
   return Status::Ok();
 }
@@ -291,7 +297,7 @@ Status Ledger::SetMigEnabled(NodeIndex node, int gpu, bool enabled) {
   specs_[node].gpus[static_cast<size_t>(gpu)].mig_enabled = enabled;
   total_gpus_ += enabled ? -1 : 1;
   total_gpu_share_ += (enabled ? -1 : 1) * kWholeGpu.units();
-  RecountNode(s);
+  Recount(s);
   Changed(node);
   return Status::Ok();
 }
@@ -344,8 +350,8 @@ Status Ledger::CheckInvariants() const {
       used_share += g.share.units();
       if (g.mig) mig[p.node][static_cast<size_t>(g.gpu)].push_back(*g.mig);
       if (!g.mig && g.share < kWholeGpu) {
-        eg.guaranteed_shares += p.guaranteed ? 1 : 0;
-        eg.unlimited_shares += p.enforced ? 0 : 1;
+        eg.guaranteed_shares = static_cast<int16_t>(eg.guaranteed_shares + (p.guaranteed ? 1 : 0));
+        eg.unlimited_shares = static_cast<int16_t>(eg.unlimited_shares + (p.enforced ? 0 : 1));
         if (p.guaranteed && !p.enforced) ++unlimited_guaranteed[p.node][static_cast<size_t>(g.gpu)];
       }
     }
@@ -428,6 +434,9 @@ Status Ledger::CheckInvariants() const {
       return Status::Internal(fmt::format("{}: multi-GPU task counts drifted", where));
     }
   }
+  int64_t guaranteed_gpus = 0;
+  for (const NodeState& e : expect) guaranteed_gpus += e.guaranteed_gpus;
+  if (guaranteed_gpus != guaranteed_gpus_) return Status::Internal("count of GPUs with guaranteed shares drifted");
   if (used_share != used_gpu_share_ || total_share != total_gpu_share_ || total_gpus != total_gpus_) {
     return Status::Internal("cluster GPU totals drifted");
   }

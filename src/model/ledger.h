@@ -40,14 +40,15 @@ constexpr int64_t GrantMemory(int64_t share_milli, int64_t asked_mib, int64_t gp
 
 struct GpuState {
   int32_t free_share = 1000;  // milli-GPU
-  int64_t free_memory = 0;    // MiB
-  int64_t memory = 0;         // MiB, all of it (the spec's)
   int32_t tasks = 0;
+  int64_t free_memory = 0;  // MiB
+  int64_t memory = 0;       // MiB, all of it (the spec's)
   // Shares (grants of less than the whole GPU) held for guaranteed tasks, and shares nothing holds
   // to their size (Placement::enforced false): a GPU never has one of each from different tasks
-  // (QosAllows).
-  int32_t guaranteed_shares = 0;
-  int32_t unlimited_shares = 0;
+  // (QosAllows). At most 1,000 each (a share is at least 1 milli-GPU); 16 bits keep the struct at
+  // the size it had before, which the node walks feel.
+  int16_t guaranteed_shares = 0;
+  int16_t unlimited_shares = 0;
   bool healthy = true;
   bool mig_enabled = false;
   MigLayout mig;
@@ -172,6 +173,9 @@ class Ledger {
   int64_t total_gpu_share() const { return total_gpu_share_; }
   int64_t used_gpu_share() const { return used_gpu_share_; }
   int total_gpus() const { return total_gpus_; }
+  // Usable GPUs holding a guaranteed share, over all nodes: while 0, QoS refuses no task that is not
+  // guaranteed itself anywhere (the qos-isolation filter then skips the walk over the nodes).
+  int64_t guaranteed_gpus() const { return guaranteed_gpus_; }
 
   // Recomputes every free amount and counter from the node specs and the live allocations and
   // compares with the incremental state; also checks no amount is negative or above capacity.
@@ -192,6 +196,7 @@ class Ledger {
   void Apply(const Placement& p, int sign);
   ModelId InternModel(const std::string& name);
   void RecountNode(NodeState& s) const;
+  void Recount(NodeState& s);  // RecountNode, keeping guaranteed_gpus_ in step
 
   GpuCatalog catalog_;
   std::vector<NodeSpec> specs_;
@@ -204,6 +209,7 @@ class Ledger {
   int64_t total_gpu_share_ = 0;
   int64_t used_gpu_share_ = 0;
   int total_gpus_ = 0;
+  int64_t guaranteed_gpus_ = 0;
   std::vector<NodeIndex> log_;
   uint64_t log_base_ = 0;
 };

@@ -45,8 +45,9 @@ uint64_t Scheduler::IndexSignature() const {
 
 std::string Scheduler::IndexKey(const TaskRequest& t) const {
   std::string key;
-  const int64_t fixed[] = {t.cpu.units(),       t.memory.units(), t.gpu_count, t.gpu_share.units(),
-                           t.gpu_memory.units(), t.nvlink ? 1 : 0, t.guaranteed ? 1 : 0, t.enforced_by};
+  const int64_t flags = (t.nvlink ? 1 : 0) | (t.guaranteed ? 2 : 0) | (int64_t{t.enforced_by} << 2);
+  const int64_t fixed[] = {t.cpu.units(), t.memory.units(), t.gpu_count, t.gpu_share.units(), t.gpu_memory.units(),
+                           flags};
   key.resize(sizeof(fixed));
   std::memcpy(key.data(), fixed, sizeof(fixed));
   key += t.mig_profile;

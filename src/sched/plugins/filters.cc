@@ -137,6 +137,7 @@ class QosIsolationFilter final : public FilterPlugin {
   void Filter(const ClusterView& view, const PreparedTask& task, std::vector<NodeIndex>& nodes, int base,
               ReasonCounter& counter) const override {
     if (!task.wants_gpu() || task.mig || task.share >= kWholeGpu.units()) return;
+    if (!task.guaranteed && view.ledger->guaranteed_gpus() == 0) return;  // nothing to keep apart
     const auto& states = view.ledger->states();
     KeepIf(nodes, base, counter, [&](NodeIndex n) {
       const NodeState& s = states[n];
