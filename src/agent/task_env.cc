@@ -87,6 +87,12 @@ Result<Assignment> ParseOne(const json& a, const std::string& where) {
   ASSIGN_OR_RETURN(out.qos, Str(a, "qos", where, false));
   ASSIGN_OR_RETURN(out.isolation, Str(a, "isolation", where, false));
   if (out.isolation.empty()) out.isolation = "exclusive";
+  ASSIGN_OR_RETURN(const std::string framework, Str(a, "framework", where, false));
+  if (!framework.empty()) {
+    Result<Framework> parsed = ParseFramework(framework);
+    if (!parsed.ok()) return Bad(where + ".framework", parsed.status().message());
+    out.framework = *parsed;
+  }
   ASSIGN_OR_RETURN(out.bundle, Str(a, "bundle", where, false));
   ASSIGN_OR_RETURN(out.rootfs, Str(a, "rootfs", where, false));
   ASSIGN_OR_RETURN(out.image, Str(a, "image", where, false));
@@ -263,6 +269,27 @@ std::string Decimal(double v) {
   while (!s.empty() && s.back() == '0') s.pop_back();
   if (!s.empty() && s.back() == '.') s.pop_back();
   return s;
+}
+
+// A fractional task's allocator advice for its framework: grow on demand instead of taking the
+// whole device, and the fraction it was granted (JAX reads its own; PyTorch code can pass
+// GPUPOOL_GPU_MEMORY_FRACTION to torch.cuda.set_per_process_memory_fraction). Advice only: the
+// CUDA limiter and MPS hold the memory. kAuto, a task that names no framework: all of it.
+void FrameworkAdvice(Framework framework, const std::string& fraction,
+                     std::map<std::string, std::string>* env) {
+  if (framework == Framework::kNone) return;
+  const bool all = framework == Framework::kAuto;
+  (*env)["GPUPOOL_GPU_MEMORY_FRACTION"] = fraction;
+  if (all || framework == Framework::kPyTorch)
+    (*env)["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,garbage_collection_threshold:0.8";
+  if (all || framework == Framework::kTensorFlow) (*env)["TF_FORCE_GPU_ALLOW_GROWTH"] = "true";
+  // Stream-ordered cudaMallocAsync instead of TensorFlow's own BFC pool: frees go back to CUDA.
+  // Only for a task that says it runs TensorFlow, so auto stays what it was.
+  if (framework == Framework::kTensorFlow) (*env)["TF_GPU_ALLOCATOR"] = "cuda_malloc_async";
+  if (all || framework == Framework::kJax) {
+    (*env)["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false";
+    (*env)["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction;
+  }
 }
 
 }  // namespace
@@ -491,16 +518,7 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
         env["CUDA_MPS_LOG_DIRECTORY"] = dir + "/log";
       }
     }
-    if (fractional) {
-      // Keep the frameworks inside the memory cap: grow on demand instead of taking the whole
-      // device, and tell them the fraction (JAX reads it; PyTorch code can pass
-      // GPUPOOL_GPU_MEMORY_FRACTION to torch.cuda.set_per_process_memory_fraction).
-      env["GPUPOOL_GPU_MEMORY_FRACTION"] = Decimal(min_fraction);
-      env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true";
-      env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false";
-      env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = Decimal(min_fraction);
-      env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,garbage_collection_threshold:0.8";
-    }
+    if (fractional) FrameworkAdvice(a.framework, Decimal(min_fraction), &env);
     if (a.gpus.size() > 1) {
       env["NCCL_P2P_LEVEL"] = NcclP2pLevel(inv, gpu_indices);
       env["GPUPOOL_NVLINK"] = env["NCCL_P2P_LEVEL"] == "NVL" ? "1" : "0";

@@ -41,6 +41,7 @@ struct Assignment {
   std::string tenant;
   std::string qos;
   std::string isolation;  // exclusive, mps, mig, timeslice
+  Framework framework = Framework::kAuto;  // which allocator advice the environment carries
   std::vector<std::string> command;
   std::map<std::string, std::string> env;
   std::string bundle;

@@ -414,6 +414,68 @@ TEST(TaskEnvTest, BadAssignmentsNameTheField) {
   EXPECT_EQ(stop->front().grace_period_seconds, 7);
 }
 
+// The framework comes from the server like any other field: one of four names, or none at all.
+TEST(TaskEnvTest, AnUnknownFrameworkFromTheServerIsRefused) {
+  const json bads[] = {"caffe", "auto", "PyTorch", 7, std::string(5000, 'x')};
+  for (const json& bad : bads) {
+    json a = RunAssignment("timeslice", json::array({{{"index", 0}, {"share", 500}}}));
+    a["framework"] = bad;
+    auto r = ParseAssignments(json{{"assignments", {a}}});
+    ASSERT_FALSE(r.ok()) << bad.dump().substr(0, 40);
+    EXPECT_EQ(r.status().message().rfind("assignments[0].framework: ", 0), 0u) << r.status().ToString();
+  }
+  json a = RunAssignment("timeslice", json::array({{{"index", 0}, {"share", 500}}}));
+  EXPECT_EQ(ParseSingle(a).framework, Framework::kAuto);
+  a["framework"] = "jax";
+  EXPECT_EQ(ParseSingle(a).framework, Framework::kJax);
+}
+
+// A fractional task gets the allocator advice of its framework and no other's; one that names none
+// gets all of it, as before frameworks could be named. GPUPOOL_GPU_MEMORY_BYTES is not advice: always.
+TEST(TaskEnvTest, EachFrameworkGetsExactlyItsAdvice) {
+  const std::string fraction = "0.25";
+  const std::string alloc_conf = "expandable_segments:True,garbage_collection_threshold:0.8";
+  using Vars = std::map<std::string, std::string>;
+  const Vars all = {{"GPUPOOL_GPU_MEMORY_FRACTION", fraction}, {"PYTORCH_CUDA_ALLOC_CONF", alloc_conf},
+                    {"TF_FORCE_GPU_ALLOW_GROWTH", "true"},     {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
+                    {"XLA_PYTHON_CLIENT_MEM_FRACTION", fraction}};
+  const struct {
+    std::string framework;  // "": not sent
+    Vars want;
+  } cases[] = {
+      {"", all},
+      {"pytorch", {{"GPUPOOL_GPU_MEMORY_FRACTION", fraction}, {"PYTORCH_CUDA_ALLOC_CONF", alloc_conf}}},
+      {"tensorflow",
+       {{"GPUPOOL_GPU_MEMORY_FRACTION", fraction}, {"TF_FORCE_GPU_ALLOW_GROWTH", "true"},
+        {"TF_GPU_ALLOCATOR", "cuda_malloc_async"}}},
+      {"jax",
+       {{"GPUPOOL_GPU_MEMORY_FRACTION", fraction}, {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
+        {"XLA_PYTHON_CLIENT_MEM_FRACTION", fraction}}},
+      {"none", {}},
+  };
+  const std::vector<std::string> advice = {"GPUPOOL_GPU_MEMORY_FRACTION",   "PYTORCH_CUDA_ALLOC_CONF",
+                                           "TF_FORCE_GPU_ALLOW_GROWTH",     "TF_GPU_ALLOCATOR",
+                                           "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION"};
+  for (const auto& c : cases) {
+    for (const std::string isolation : {"timeslice", "mps"}) {
+      json a = RunAssignment(isolation, json::array({{{"index", 0}, {"share", 500}, {"memory", "20Gi"}}}));
+      if (!c.framework.empty()) a["framework"] = c.framework;
+      auto env = Env(ParseSingle(a), FourGpus());
+      Vars got;
+      for (const std::string& k : advice) {
+        if (auto it = env.find(k); it != env.end()) got[k] = it->second;
+      }
+      EXPECT_EQ(got, c.want) << "framework '" << c.framework << "', " << isolation;
+      EXPECT_EQ(env["GPUPOOL_GPU_MEMORY_BYTES"], std::to_string(20LL << 30)) << c.framework;
+    }
+    // Whole GPUs get no advice, whatever the framework: nothing to keep inside.
+    json whole = RunAssignment("exclusive", json::array({{{"index", 0}, {"share", 1000}}}));
+    if (!c.framework.empty()) whole["framework"] = c.framework;
+    auto env = Env(ParseSingle(whole), FourGpus());
+    for (const std::string& k : advice) EXPECT_EQ(env.count(k), 0u) << k << " for '" << c.framework << "'";
+  }
+}
+
 TEST(TaskEnvTest, AnImagesConfigYieldsToTheTasksAndThePoolsButReplacesTheDefaults) {
   ImageConfig image;
   image.entrypoint = {"/usr/bin/python3", "-u"};

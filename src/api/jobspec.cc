@@ -316,8 +316,8 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
                 TaskGroup* g) {
   ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(v, path,
                                                       {"name", "replicas", "resources", "isolation",
-                                                       "command", "env", "workingDir", "container", "checkpoint",
-                                                       "volumes"}));
+                                                       "framework", "command", "env", "workingDir",
+                                                       "container", "checkpoint", "volumes"}));
   const Json* name = f.Get("name");
   if (name == nullptr) return FieldError(f.Path("name"), "is required");
   ASSIGN_OR_RETURN(g->name, ReadName(*name, f.Path("name"), limits.max_name_bytes));
@@ -340,6 +340,13 @@ Status ReadTask(const Json& v, const std::string& path, QosClass qos, const JobS
     g->exec.isolation = DefaultIsolation(g->request, qos);
   }
   RETURN_IF_ERROR(CheckIsolation(*g, f.Path("isolation")));
+  if (const Json* framework = f.Get("framework")) {
+    ASSIGN_OR_RETURN(std::string fw, ReadString(*framework, f.Path("framework"), limits.max_name_bytes));
+    Result<Framework> parsed = ParseFramework(fw);
+    if (!parsed.ok())
+      return FieldError(f.Path("framework"), fmt::format("{}, got {}", parsed.status().message(), Quote(fw)));
+    g->exec.framework = *parsed;
+  }
 
   if (const Json* command = f.Get("command")) {
     const std::string cpath = f.Path("command");
@@ -699,6 +706,7 @@ Json TaskJson(const TaskGroup& g) {
                {"isolation", IsolationModeName(g.exec.isolation)},
                {"command", Json::array()},
                {"env", LabelsJson(g.exec.env)}};
+  if (g.exec.framework != Framework::kAuto) task["framework"] = FrameworkName(g.exec.framework);
   for (const auto& arg : g.exec.command) task["command"].push_back(arg);
   if (!g.exec.working_dir.empty()) task["workingDir"] = g.exec.working_dir;
   if (!g.exec.image.empty() || !g.exec.bundle.empty() || !g.exec.rootfs.empty()) {

@@ -305,6 +305,32 @@ TEST(JobSpec, IsolationDefaults) {
   }
 }
 
+// The framework a task names picks its allocator advice; none named is auto, written as nothing.
+TEST(JobSpec, FrameworkIsReadWrittenAndCompared) {
+  const std::pair<std::string, Framework> cases[] = {{"pytorch", Framework::kPyTorch},
+                                                     {"tensorflow", Framework::kTensorFlow},
+                                                     {"jax", Framework::kJax},
+                                                     {"none", Framework::kNone}};
+  for (const auto& [name, want] : cases) {
+    SCOPED_TRACE(name);
+    const Job job = MustParse("name: j\ntasks: [{name: t, resources: {gpu: 0.5}, framework: " + name + "}]",
+                              SpecFormat::kYaml);
+    if (job.groups.empty()) continue;
+    EXPECT_EQ(job.groups[0].exec.framework, want);
+    EXPECT_EQ(JobSpecToJson(job)["tasks"][0]["framework"], name);
+    Result<Job> again = ParseJobSpec(JobSpecToJson(job).dump(), SpecFormat::kJson);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_TRUE(SameJobSpec(job, *again));
+    Job other = job;
+    other.groups[0].exec.framework = Framework::kAuto;
+    EXPECT_FALSE(SameJobSpec(job, other));
+  }
+  const Job plain = MustParse("name: j\ntasks: [{name: t}]", SpecFormat::kYaml);
+  ASSERT_FALSE(plain.groups.empty());
+  EXPECT_EQ(plain.groups[0].exec.framework, Framework::kAuto);
+  EXPECT_FALSE(JobSpecToJson(plain)["tasks"][0].contains("framework"));
+}
+
 // ---- refusals ---------------------------------------------------------------------------------
 
 // A valid spec as a JSON tree, to be broken one way per case.
@@ -370,8 +396,8 @@ TEST(JobSpec, BadInputsNameTheirField) {
       // Unknown fields at each level.
       {"unknown top", [](Json& j) { j["nmae"] = "x"; }, "nmae", "unknown field (known: name, tenant"},
       {"unknown task", [](Json& j) { j["tasks"][0]["resoures"] = Json::object(); }, "tasks[0].resoures",
-       "unknown field (known: name, replicas, resources, isolation, command, env, workingDir, container, checkpoint, "
-       "volumes)"},
+       "unknown field (known: name, replicas, resources, isolation, framework, command, env, workingDir, container, "
+       "checkpoint, volumes)"},
       {"unknown resource", [](Json& j) { j["tasks"][0]["resources"]["gpus"] = 1; }, "tasks[0].resources.gpus",
        "unknown field"},
       {"unknown gang", [](Json& j) { j["gang"]["min"] = 1; }, "gang.min",
@@ -532,6 +558,13 @@ TEST(JobSpec, BadInputsNameTheirField) {
        "must be guaranteed, burstable or best-effort"},
       {"isolation unknown", [](Json& j) { j["tasks"][0]["isolation"] = "vm"; }, "tasks[0].isolation",
        "must be exclusive, mps, mig or timeslice, got 'vm'"},
+      {"framework unknown", [](Json& j) { j["tasks"][0]["framework"] = "x"; }, "tasks[0].framework",
+       "must be pytorch, tensorflow, jax or none, got 'x'"},
+      {"framework auto", [](Json& j) { j["tasks"][0]["framework"] = "auto"; }, "tasks[0].framework",
+       "must be pytorch, tensorflow, jax or none, got 'auto'"},
+      {"framework not a string", [](Json& j) { j["tasks"][0]["framework"] = 1; }, "tasks[0].framework", ""},
+      {"framework long", [](Json& j) { j["tasks"][0]["framework"] = std::string(100, 'x'); }, "tasks[0].framework",
+       "over the limit"},
       {"replicas zero", [](Json& j) { j["tasks"][0]["replicas"] = 0; }, "tasks[0].replicas", "between 1 and"},
       {"replicas over limit", [](Json& j) { j["tasks"][0]["replicas"] = 10001; }, "tasks[0].replicas",
        "between 1 and 10000"},
@@ -941,6 +974,8 @@ TEST(JobSpec, RoundTripOverSpecs) {
       {"name: d\ndependsOn: [{job: j-000000000007}, {job: j-8, condition: ended}]\ntasks: [{name: t}]",
        SpecFormat::kYaml},
       {"name: n\ntasks: [{name: t, resources: {gpu: 4, gpuInterconnect: nvlink}}]", SpecFormat::kYaml},
+      {"name: f\ntasks: [{name: t, resources: {gpu: 0.5}, framework: jax}, {name: u, framework: none}]",
+       SpecFormat::kYaml},
       {"name: p\npriority: -1000000\ntenant: t1\nqueue: q.1\ntasks: [{name: t}]", SpecFormat::kYaml},
   };
   for (const auto& [text, format] : specs) {
@@ -1099,6 +1134,7 @@ class JobGenerator {
         g.exec.volumes.push_back(std::move(v));
       }
     }
+    g.exec.framework = static_cast<Framework>(Int(0, 4));  // kAuto .. kNone
     return g;
   }
 

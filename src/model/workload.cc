@@ -142,6 +142,24 @@ Result<IsolationMode> ParseIsolationMode(std::string_view name) {
       fmt::format("unknown isolation mode '{}' (use exclusive, mps, mig or timeslice)", name));
 }
 
+std::string_view FrameworkName(Framework framework) {
+  switch (framework) {
+    case Framework::kAuto: return "auto";
+    case Framework::kPyTorch: return "pytorch";
+    case Framework::kTensorFlow: return "tensorflow";
+    case Framework::kJax: return "jax";
+    case Framework::kNone: return "none";
+  }
+  return "?";
+}
+
+Result<Framework> ParseFramework(std::string_view name) {
+  for (Framework f : {Framework::kPyTorch, Framework::kTensorFlow, Framework::kJax, Framework::kNone}) {
+    if (name == FrameworkName(f)) return f;
+  }
+  return Status::InvalidArgument("must be pytorch, tensorflow, jax or none");
+}
+
 bool LabelRequirement::Matches(const std::map<std::string, std::string>& labels) const {
   auto it = labels.find(key);
   const bool has = it != labels.end();

@@ -84,6 +84,14 @@ IsolationMode DefaultIsolation(const TaskRequest& request, QosClass qos);
 // GPUs, 'mps'/'timeslice' only with a GPU); InvalidArgument saying why not.
 Status CheckIsolation(const TaskRequest& request, IsolationMode mode);
 
+// The ML framework a task says it runs: which allocator advice the agent puts in a fractional
+// task's environment (docs/jobspec.md#isolation). kAuto, a spec that names none: the advice for
+// all of them. Advice only: the CUDA limiter and MPS hold the memory whatever the framework.
+enum class Framework : uint8_t { kAuto, kPyTorch, kTensorFlow, kJax, kNone };
+std::string_view FrameworkName(Framework framework);
+// pytorch, tensorflow, jax or none; "auto" is the absence of a name, never written.
+Result<Framework> ParseFramework(std::string_view name);
+
 // A requirement on a node's labels, after Kubernetes' node affinity operators.
 struct LabelRequirement {
   enum class Op : uint8_t { kIn, kNotIn, kExists, kDoesNotExist };
@@ -130,6 +138,7 @@ struct Volume {
 // How a task runs. The scheduler ignores all of it; the agent needs it.
 struct TaskExec {
   IsolationMode isolation = IsolationMode::kExclusive;
+  Framework framework = Framework::kAuto;
   std::vector<std::string> command;
   std::map<std::string, std::string> env;
   std::string bundle;  // an OCI bundle directory: run with runc

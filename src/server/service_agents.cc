@@ -273,6 +273,7 @@ json PoolService::AssignmentsJsonLocked(NodeIndex n) const {
     a["tenant"] = j->rec.tenant;
     a["qos"] = QosClassName(j->job.qos);
     a["isolation"] = IsolationModeName(g.exec.isolation);
+    if (g.exec.framework != Framework::kAuto) a["framework"] = FrameworkName(g.exec.framework);
     a["command"] = g.exec.command;
     a["env"] = g.exec.env;
     a["bundle"] = g.exec.bundle;

@@ -110,6 +110,7 @@ tasks:
   - name: server
     replicas: 4
     resources: {cpu: 2, memory: 8Gi, gpu: 0.25, gpuMemory: 10Gi}
+    framework: pytorch
     command: [python3, serve.py]
 )";
 
@@ -135,6 +136,7 @@ TEST_F(ServiceTest, LifecycleFromSubmitToSuccess) {
   ASSERT_EQ((*assignments)["assignments"].size(), 4u);
   EXPECT_EQ((*assignments)["assignments"][0]["desired"], "run");
   EXPECT_EQ((*assignments)["assignments"][0]["isolation"], "mps");
+  EXPECT_EQ((*assignments)["assignments"][0]["framework"], "pytorch");
   ExpectConsistent();
   for (int i = 0; i < 4; ++i) Report(id, i, "running");
   EXPECT_EQ(Get(id)["tasks"][0]["state"], "running");
