@@ -98,6 +98,7 @@ Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
   RecountNode(s);
   const auto index = static_cast<NodeIndex>(specs_.size());
   node_model_spec_.push_back(model_spec);
+  mig_present_.emplace_back(spec.gpus.size());
   by_name_.emplace(spec.name, index);
   specs_.push_back(std::move(spec));
   states_.push_back(std::move(s));
@@ -294,6 +295,7 @@ Status Ledger::SetMigEnabled(NodeIndex node, int gpu, bool enabled) {
   }
   if (g.tasks != 0) return Status::FailedPrecondition(fmt::format("{}: GPU {} is in use", where, gpu));
   g.mig_enabled = enabled;
+  mig_present_[node][static_cast<size_t>(gpu)].reset();
   specs_[node].gpus[static_cast<size_t>(gpu)].mig_enabled = enabled;
   total_gpus_ += enabled ? -1 : 1;
   total_gpu_share_ += (enabled ? -1 : 1) * kWholeGpu.units();
@@ -441,6 +443,56 @@ Status Ledger::CheckInvariants() const {
     return Status::Internal("cluster GPU totals drifted");
   }
   return Status::Ok();
+}
+
+const MigGeometry* Ledger::GeometryOf(NodeIndex node) const {
+  const GpuModelSpec* model = node < node_model_spec_.size() ? node_model_spec_[node] : nullptr;
+  return model != nullptr && model->mig ? &*model->mig : nullptr;
+}
+
+Status Ledger::CheckMigPresent(NodeIndex node, int gpu, const std::vector<MigInstance>& instances) const {
+  if (node >= states_.size()) return Status::NotFound(fmt::format("no node #{}", node));
+  const std::string where = fmt::format("node '{}'", specs_[node].name);
+  const NodeState& s = states_[node];
+  if (gpu < 0 || static_cast<size_t>(gpu) >= s.gpus.size())
+    return Status::NotFound(fmt::format("{} has no GPU {}", where, gpu));
+  const bool mig = s.gpus[static_cast<size_t>(gpu)].mig_enabled;
+  if (!mig && instances.empty()) return Status::Ok();
+  if (!mig) return Status::InvalidArgument(fmt::format("{}: GPU {} is not in MIG mode", where, gpu));
+  const MigGeometry* geometry = GeometryOf(node);
+  if (geometry == nullptr)
+    return Status::InvalidArgument(fmt::format("{}: GPU {} has no MIG geometry in the catalog", where, gpu));
+  auto layout = MigLayoutOf(*geometry, instances);
+  if (!layout.ok()) return layout.status().WithContext(fmt::format("{}: GPU {}", where, gpu));
+  return Status::Ok();
+}
+
+Status Ledger::SetMigPresent(NodeIndex node, int gpu, std::optional<std::vector<MigInstance>> instances) {
+  if (instances) RETURN_IF_ERROR(CheckMigPresent(node, gpu, *instances));
+  if (node >= states_.size() || gpu < 0 || static_cast<size_t>(gpu) >= states_[node].gpus.size())
+    return Status::NotFound(fmt::format("no GPU {} on node #{}", gpu, node));
+  std::optional<MigLayout>& slot = mig_present_[node][static_cast<size_t>(gpu)];
+  std::optional<MigLayout> next;
+  if (instances && states_[node].gpus[static_cast<size_t>(gpu)].mig_enabled)
+    next = *MigLayoutOf(*GeometryOf(node), *instances);
+  const auto sorted = [](const std::optional<MigLayout>& l) {
+    std::vector<std::pair<int, int>> v;
+    if (l)
+      for (const MigInstance& m : l->instances()) v.emplace_back(m.start, m.profile_id);
+    std::sort(v.begin(), v.end());
+    return std::make_pair(l.has_value(), v);
+  };
+  if (sorted(slot) == sorted(next)) return Status::Ok();
+  slot = std::move(next);
+  // Placement prefers what exists: a decision cached for this node may change.
+  Changed(node);
+  return Status::Ok();
+}
+
+const MigLayout* Ledger::mig_present(NodeIndex node, int gpu) const {
+  if (node >= mig_present_.size() || gpu < 0 || static_cast<size_t>(gpu) >= mig_present_[node].size()) return nullptr;
+  const std::optional<MigLayout>& l = mig_present_[node][static_cast<size_t>(gpu)];
+  return l ? &*l : nullptr;
 }
 
 }  // namespace gpupool

@@ -169,6 +169,17 @@ class Ledger {
   // Turns MIG mode on or off. Fails when the model is not MIG-capable or the GPU is in use.
   Status SetMigEnabled(NodeIndex node, int gpu, bool enabled);
 
+  // The MIG instances that exist on a MIG-enabled GPU, as its agent last reported them (at
+  // registration and in heartbeats), whether or not a task uses them: what placement prefers, so
+  // that a layout changes only when no instance there fits (sched/mig_planner.h). Not capacity: what
+  // tasks hold is GpuState::mig. Fails, changing nothing, for a GPU not in MIG mode or an invalid
+  // layout (MigLayoutOf); nullopt forgets the report.
+  Status SetMigPresent(NodeIndex node, int gpu, std::optional<std::vector<MigInstance>> instances);
+  // What SetMigPresent would say of `instances`, without changing anything.
+  Status CheckMigPresent(NodeIndex node, int gpu, const std::vector<MigInstance>& instances) const;
+  // The reported layout; nullptr when none was reported (the scheduler then knows of no instance).
+  const MigLayout* mig_present(NodeIndex node, int gpu) const;
+
   // Totals over the non-MIG GPUs of all nodes (what the traces' metrics count).
   int64_t total_gpu_share() const { return total_gpu_share_; }
   int64_t used_gpu_share() const { return used_gpu_share_; }
@@ -192,6 +203,7 @@ class Ledger {
 
  private:
   void Changed(NodeIndex node);  // ++generation and a log entry
+  const MigGeometry* GeometryOf(NodeIndex node) const;
   Status CheckFits(const Placement& p) const;
   void Apply(const Placement& p, int sign);
   ModelId InternModel(const std::string& name);
@@ -202,6 +214,9 @@ class Ledger {
   std::vector<NodeSpec> specs_;
   std::vector<NodeState> states_;
   std::vector<const GpuModelSpec*> node_model_spec_;  // per node; nullptr when not in the catalog
+  // Per node, per GPU: the reported MIG layout (SetMigPresent). Beside the states, not in GpuState,
+  // which the node walks keep small.
+  std::vector<std::vector<std::optional<MigLayout>>> mig_present_;
   std::unordered_map<std::string, NodeIndex> by_name_;
   std::vector<std::string> model_names_;
   std::unordered_map<AllocationId, Placement> allocations_;

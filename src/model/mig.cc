@@ -7,13 +7,17 @@
 
 namespace gpupool {
 
-namespace {
-
-const MigProfile* ProfileById(const MigGeometry& geometry, int driver_id) {
+const MigProfile* MigProfileById(const MigGeometry& geometry, int driver_id) {
   for (const MigProfile& profile : geometry.profiles) {
     if (profile.driver_id == driver_id) return &profile;
   }
   return nullptr;
+}
+
+namespace {
+
+const MigProfile* ProfileById(const MigGeometry& geometry, int driver_id) {
+  return MigProfileById(geometry, driver_id);
 }
 
 // Bits [start, start + slices) of a memory-slice mask; slices outside 0..7 are dropped. Masks are
@@ -93,6 +97,21 @@ std::optional<int> MigLayout::FindPlacement(const MigGeometry& geometry, const M
   return std::nullopt;
 }
 
+uint8_t MigLayout::FreeStarts(const MigGeometry& geometry, const MigProfile& profile) const {
+  const Usage usage = UsageFor(instances_, geometry, profile);
+  if (!CapacityProblem(geometry, profile, usage).empty()) return 0;
+  unsigned starts = 0;
+  for (int start = 0; start < geometry.total_memory_slices && start < 8; ++start) {
+    if (!StartIsValid(geometry, profile, start)) continue;
+    if ((usage.memory_mask & SliceMask(start, profile.memory_slices)) == 0) starts |= 1u << start;
+  }
+  return static_cast<uint8_t>(starts);
+}
+
+bool MigLayout::Contains(const MigInstance& instance) const {
+  return std::find(instances_.begin(), instances_.end(), instance) != instances_.end();
+}
+
 Status MigLayout::Add(const MigGeometry& geometry, const MigInstance& instance) {
   const MigProfile* profile = ProfileById(geometry, instance.profile_id);
   if (profile == nullptr) {
@@ -145,6 +164,26 @@ uint8_t MigLayout::used_memory_slices_mask(const MigGeometry& geometry) const {
     }
   }
   return mask;
+}
+
+bool MigOverlap(const MigGeometry& geometry, const MigInstance& a, const MigInstance& b) {
+  const MigProfile* pa = ProfileById(geometry, a.profile_id);
+  const MigProfile* pb = ProfileById(geometry, b.profile_id);
+  if (pa == nullptr || pb == nullptr) return false;
+  return (SliceMask(a.start, pa->memory_slices) & SliceMask(b.start, pb->memory_slices)) != 0;
+}
+
+Result<MigLayout> MigLayoutOf(const MigGeometry& geometry, const std::vector<MigInstance>& instances) {
+  // No GPU has more instances than memory slices; a longer list is wrong whatever it holds.
+  if (instances.size() > static_cast<size_t>(geometry.total_memory_slices)) {
+    return Status::InvalidArgument(fmt::format("{} MIG instances on one GPU; it has {} memory slices",
+                                               instances.size(), geometry.total_memory_slices));
+  }
+  MigLayout layout;
+  for (size_t i = 0; i < instances.size(); ++i) {
+    RETURN_IF_ERROR(layout.Add(geometry, instances[i]).WithContext(fmt::format("MIG instance {}", i)));
+  }
+  return layout;
 }
 
 }  // namespace gpupool

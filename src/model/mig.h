@@ -30,11 +30,27 @@ class MigLayout {
   // Removes exactly this instance. NotFound when absent.
   Status Remove(const MigInstance& instance);
 
+  // Every start at which `profile` could be created now (bit s: start s), 0 when none: what
+  // FindPlacement picks the lowest of.
+  uint8_t FreeStarts(const MigGeometry& geometry, const MigProfile& profile) const;
+  bool Contains(const MigInstance& instance) const;
+
   int used_compute_slices(const MigGeometry& geometry) const;
   uint8_t used_memory_slices_mask(const MigGeometry& geometry) const;
 
  private:
   std::vector<MigInstance> instances_;
 };
+
+// The profile of `geometry` whose NVML id is `driver_id`, or nullptr.
+const MigProfile* MigProfileById(const MigGeometry& geometry, int driver_id);
+
+// Whether two instances of `geometry` share a memory slice (false when either profile is unknown).
+bool MigOverlap(const MigGeometry& geometry, const MigInstance& a, const MigInstance& b);
+
+// The layout of `instances` as one GPU reports it (an agent, at registration and in heartbeats):
+// every instance a profile of the geometry at a start it allows, none overlapping, within the GPU's
+// compute slices and each profile's maximum. The error names the first instance that breaks it.
+Result<MigLayout> MigLayoutOf(const MigGeometry& geometry, const std::vector<MigInstance>& instances);
 
 }  // namespace gpupool

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sched/mig_planner.h"
+
 namespace gpupool {
 
 void ScorePlugin::Normalize(std::span<int64_t> scores) const {
@@ -165,19 +167,26 @@ std::optional<GpuGrant> SelectMigGrant(const Ledger& ledger, NodeIndex node, con
   const MigProfile* profile = model->mig->Find(task.request->mig_profile);
   if (profile == nullptr) return std::nullopt;
   const NodeState& s = ledger.state(node);
+  // The GPU where the instance changes the fewest existing instances (none, when an idle one of
+  // the profile exists), then the fullest one (packing), then the plan that leaves most room.
   std::optional<GpuGrant> best;
+  std::optional<MigPlan> best_plan;
   int best_used = -1;
   for (size_t i = 0; i < s.gpus.size(); ++i) {
     const GpuState& g = s.gpus[i];
     if (!g.healthy || !g.mig_enabled) continue;
-    const auto start = g.mig.FindPlacement(*model->mig, *profile);
-    if (!start) continue;
+    const auto plan = PlanMigInstance(*model->mig, g.mig, ledger.mig_present(node, static_cast<int>(i)), *profile);
+    if (!plan) continue;
     const int used = g.mig.used_compute_slices(*model->mig);
-    if (used > best_used) {
+    const bool better = !best_plan || plan->changes() < best_plan->changes() ||
+                        (plan->changes() == best_plan->changes() &&
+                         (used > best_used || (used == best_used && BetterMigPlan(*plan, *best_plan))));
+    if (better) {
       best_used = used;
+      best_plan = plan;
       GpuGrant grant;
       grant.gpu = static_cast<int>(i);
-      grant.mig = MigInstance{profile->driver_id, *start};
+      grant.mig = plan->instance;
       best = grant;
     }
   }

@@ -276,8 +276,8 @@ TEST(Filters, MigReasons) {
             "0/3 nodes fit: 1 no MIG-enabled GPUs, 1 MIG profile not offered by this GPU model, "
             "1 no room for the MIG profile");
 
-  // A fourth node, A100-80GB with MIG on its GPU 1 only: the instance goes there at start 0
-  // (profile id 9 is 3g).
+  // A fourth node, A100-80GB with MIG on its GPU 1 only: the instance goes there at start 4, which
+  // keeps the 4g (start 0 only) placeable (sched/mig_planner.h; profile id 9 is 3g).
   const NodeIndex fresh = c.AddNode("a100-80b", 8000, 8000, 2, "A100-80GB");
   ASSERT_TRUE(c.ledger().SetMigEnabled(fresh, 1, true).ok());
   const Decision d = s.Decide(mig);
@@ -285,7 +285,7 @@ TEST(Filters, MigReasons) {
   EXPECT_EQ(d.placement.node, fresh);
   ASSERT_EQ(d.placement.gpus.size(), 1u);
   EXPECT_EQ(d.placement.gpus[0].gpu, 1);
-  EXPECT_EQ(d.placement.gpus[0].mig, (MigInstance{9, 0}));
+  EXPECT_EQ(d.placement.gpus[0].mig, (MigInstance{9, 4}));
   EXPECT_EQ(d.placement.gpus[0].share, MilliGpu(0));
 }
 
