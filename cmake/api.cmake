@@ -8,11 +8,12 @@ add_library(gpupool_api
   src/api/spec_text.cc
   src/api/jobspec.cc
   src/api/node_codec.cc
+  src/api/mig_report.cc
 )
 target_link_libraries(gpupool_api PUBLIC gpupool_sched nlohmann_json::nlohmann_json PRIVATE yaml-cpp)
 
 if(GPUPOOL_BUILD_TESTS)
-  gpupool_test(api_test src/api/jobspec_test.cc src/api/node_codec_test.cc)
+  gpupool_test(api_test src/api/jobspec_test.cc src/api/node_codec_test.cc src/api/mig_report_test.cc)
   target_link_libraries(api_test PRIVATE gpupool_api)
 endif()
 

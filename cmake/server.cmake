@@ -58,6 +58,7 @@ if(GPUPOOL_BUILD_TESTS)
     src/server/gpu_fault_test.cc
     src/server/stop_overdue_test.cc
     src/server/qos_sharing_test.cc
+    src/server/mig_layout_test.cc
     src/server/agent_endpoint_test.cc
     src/server/reservations_test.cc
   )

@@ -74,6 +74,11 @@ void ClusterState::ApplyHealth(NodeIndex idx, const KubeNode& kn) {
   (void)ledger_->SetNodeHealthy(idx, kn.ready && kn.spec.healthy);
   (void)ledger_->SetCordoned(idx, kn.cordoned);
   for (size_t g = 0; g < kn.spec.gpus.size(); ++g) (void)ledger_->SetGpuHealthy(idx, static_cast<int>(g), kn.spec.gpus[g].healthy);
+  // The MIG instances that exist: a preference for placement; a layout the GPU cannot have is
+  // ignored (the GPU is then treated as reporting none).
+  for (const auto& [gpu, instances] : kn.mig_present) {
+    if (!ledger_->SetMigPresent(idx, gpu, instances).ok()) (void)ledger_->SetMigPresent(idx, gpu, std::nullopt);
+  }
 }
 
 void ClusterState::ApplyNode(const std::string& type, const Json& node) {
@@ -99,7 +104,8 @@ void ClusterState::ApplyNode(const std::string& type, const Json& node) {
     const KubeNode& was = it->second;
     const bool same = SameNodeSpec(Healthy(was.spec), Healthy(kn.spec));
     const bool same_labels = was.labels == kn.labels && was.taints == kn.taints;
-    const bool same_health = was.ready == kn.ready && was.cordoned == kn.cordoned && SameHealth(was.spec, kn.spec);
+    const bool same_health = was.ready == kn.ready && was.cordoned == kn.cordoned && SameHealth(was.spec, kn.spec) &&
+                             was.mig_present == kn.mig_present;
     it->second = std::move(kn);
     if (!same) {
       ++mask_epoch_;

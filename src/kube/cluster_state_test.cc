@@ -130,6 +130,37 @@ TEST_F(ClusterStateTest, PlacesWholeFractionalAndMigPodsAndCountsTheirBindingsOn
   EXPECT_TRUE(state->Cycle().binds.empty());
 }
 
+// kube-node's inventory annotation carries the MIG layout that exists (api/mig_report.h): a MIG
+// pod takes the idle instance reported there; a later annotation with another layout is taken in;
+// a layout that cannot be keeps the node out, naming the field.
+TEST_F(ClusterStateTest, MigPodsTakeTheInstanceTheInventoryReports) {
+  auto with_layout = [](const Json& instances) {
+    Json n = NodeObj("n1", 1, "A100-80GB", true, 0);
+    Json inv = Json::parse(n["metadata"]["annotations"][kInventoryKey].get<std::string>());
+    inv["gpus"][0]["migInstances"] = instances;
+    n["metadata"]["annotations"][kInventoryKey] = inv.dump();
+    return n;
+  };
+  // A 3g at slice 0 exists; a fresh plan would make one at 4.
+  state->ApplyNode("ADDED", with_layout(Json::parse(R"([{"profileId": 9, "start": 0}])")));
+  state->ApplyPod("ADDED", PodObj("mig", Json::object(), {{"gpupool.io/mig", "3g.40gb"}}));
+  CycleResult r = state->Cycle();
+  ASSERT_EQ(r.binds.size(), 1u) << (r.pending.empty() ? "" : r.pending[0].message);
+  EXPECT_EQ(Json::parse(r.binds[0].assignment)["gpus"][0]["mig"]["start"], 0) << r.binds[0].assignment;
+  // The layout changes: the node takes it in (a 1g at 6 is idle now).
+  state->ApplyNode("MODIFIED",
+                   with_layout(Json::parse(R"([{"profileId": 9, "start": 0}, {"profileId": 19, "start": 5}])")));
+  (void)state->Cycle();
+  ASSERT_EQ(state->ledger().node_count(), 1u);
+  const MigLayout* present = state->ledger().mig_present(0, 0);
+  ASSERT_NE(present, nullptr);
+  EXPECT_EQ(present->instances().size(), 2u);
+  // One that cannot be: the node is refused, the field named.
+  state->ApplyNode("MODIFIED", with_layout(Json::parse(R"([{"profileId": 9, "start": 0, "x": 1}])")));
+  (void)state->Cycle();
+  EXPECT_EQ(state->ledger().node_count(), 0u);
+}
+
 TEST_F(ClusterStateTest, AStandbyRebuildsTheSameHoldingsFromBoundPodsAlone) {
   state->ApplyNode("ADDED", NodeObj("n1", 8));
   Json p1 = PodObj("p1", {{"gpupool.io/gpu-milli", 500}});

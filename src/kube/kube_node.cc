@@ -8,6 +8,7 @@
 #include <charconv>
 
 #include "api/jobspec.h"
+#include "api/mig_report.h"
 #include "api/node_codec.h"
 #include "common/quantity.h"
 
@@ -122,6 +123,9 @@ Result<KubeNode> ParseKubeNode(const Json& node, const GpuCatalog& catalog) {
     j["memory"] = FormatMemory(base.memory);
     j["maxTasks"] = base.max_tasks;
     j.erase("labels");
+    auto mig = TakeMigInstances(j);
+    if (!mig.ok()) return bad(fmt::format("annotation {}", kInventoryKey), mig.status().message());
+    out.mig_present = std::move(mig).value();
     auto s = ParseNodeSpec(j, catalog);
     if (!s.ok()) return bad(fmt::format("annotation {}", kInventoryKey), s.status().message());
     out.spec = std::move(s).value();

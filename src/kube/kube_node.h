@@ -38,6 +38,8 @@ struct KubeNode {
   std::map<std::string, std::string> labels;
   std::vector<Taint> taints;
   std::string gpu_source;  // "inventory", "labels" or "" (no GPUs)
+  // The MIG layouts the inventory annotation reports (api/mig_report.h): (GPU index, instances).
+  std::vector<std::pair<int, std::vector<MigInstance>>> mig_present;
 };
 
 // Errors are InvalidArgument "node <name>: <field>: <reason>". A node whose inventory annotation is

@@ -140,6 +140,8 @@ struct RegisterNodeOp : OpTime {
   nlohmann::json spec_json;  // canonical
   std::optional<AgentInfo> agent;
   int max_nodes = 0;
+  // The MIG layouts the agent reported (api/mig_report.h): (GPU index, instances that exist).
+  std::vector<std::pair<int, std::vector<MigInstance>>> mig_present;
 };
 
 // An agent's GPU report in a heartbeat (checked for shape).
@@ -148,6 +150,7 @@ struct GpuReport {
   bool healthy = true;
   std::string reason;
   double temperature_c = -1, utilization = -1, memory_used_fraction = -1;  // -1: not reported
+  std::optional<std::vector<MigInstance>> mig_instances;  // the MIG layout, when reported
 };
 struct HeartbeatOp : OpTime {
   std::string node;

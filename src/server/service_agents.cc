@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "api/jobspec.h"
+#include "api/mig_report.h"
 #include "api/node_codec.h"
 #include "common/image_source.h"
 #include "config/profile_yaml.h"
@@ -55,6 +56,10 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
           "anew); the agent does not join another pool: see docs/agent.md#cluster-identity",
           theirs, cluster_id_));
   }
+  // The MIG layouts are not inventory (they change while the node serves): taken out before the
+  // spec is read, so a node re-registers as itself whatever instances exist.
+  auto mig_present = TakeMigInstances(body);
+  if (!mig_present.ok()) return mig_present.status();
   auto spec = ParseNodeSpec(body, state_.ledger.catalog());
   if (!spec.ok()) return spec.status();
   const json canonical = NodeSpecToJson(*spec);
@@ -80,6 +85,7 @@ Result<json> PoolService::RegisterNode(const Principal& who, const json& body_in
   op.spec_json = canonical;
   op.agent = agent;
   op.max_nodes = config_.max_nodes;
+  op.mig_present = std::move(mig_present).value();
   RETURN_IF_ERROR(ApplyLocked(std::move(op), batch));
   const NodeIndex n = *state_.ledger.FindNode(spec->name);
   std::string secret;
@@ -152,6 +158,10 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
           } else if (k == "reason") {
             if (!v.is_string()) return Status::InvalidArgument(where + ".reason: must be a string");
             r.reason = v.get<std::string>().substr(0, 256);
+          } else if (k == "migInstances") {
+            auto instances = ParseMigInstances(v, where + ".migInstances");
+            if (!instances.ok()) return instances.status();
+            r.mig_instances = std::move(instances).value();
           } else if (k == "temperatureC" || k == "utilization" || k == "memoryUsedFraction") {
             const double hi = k == "temperatureC" ? 1000 : 1;
             if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= hi))
@@ -162,7 +172,7 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
           } else {
             return Status::InvalidArgument(
                 fmt::format("{}.{}: unknown field (known: index, healthy, reason, temperatureC, utilization, "
-                            "memoryUsedFraction)",
+                            "memoryUsedFraction, migInstances)",
                             where, k));
           }
         }

@@ -13,8 +13,33 @@ namespace gpupool {
 
 using namespace service_internal;
 
+namespace {
+
+// Checks reported MIG layouts against the spec's GPUs before anything of a registration applies:
+// a GPU the node has, in MIG mode, with a layout its geometry allows (MigLayoutOf).
+Status CheckMigReports(const NodeSpec& spec, const GpuCatalog& catalog,
+                       const std::vector<std::pair<int, std::vector<MigInstance>>>& reports) {
+  for (const auto& [gpu, instances] : reports) {
+    const std::string where = fmt::format("gpus[{}].migInstances", gpu);
+    if (gpu < 0 || static_cast<size_t>(gpu) >= spec.gpus.size())
+      return Status::InvalidArgument(fmt::format("{}: node '{}' has {} GPU(s)", where, spec.name, spec.gpus.size()));
+    const GpuDevice& d = spec.gpus[static_cast<size_t>(gpu)];
+    if (instances.empty()) continue;
+    if (!d.mig_enabled) return Status::InvalidArgument(where + ": the GPU is not in MIG mode");
+    const GpuModelSpec* model = catalog.Find(d.model);
+    if (model == nullptr || !model->mig)
+      return Status::InvalidArgument(fmt::format("{}: GPU model '{}' has no MIG geometry", where, d.model));
+    if (auto layout = MigLayoutOf(*model->mig, instances); !layout.ok())
+      return Status::InvalidArgument(fmt::format("{}: {}", where, layout.status().message()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status StateMachine::On(const RegisterNodeOp& op) {
   const std::string& name = op.spec.name;
+  RETURN_IF_ERROR(CheckMigReports(op.spec, st_.ledger.catalog(), op.mig_present));
   auto existing = st_.ledger.FindNode(name);
   NodeIndex n;
   if (existing) {
@@ -34,6 +59,10 @@ Status StateMachine::On(const RegisterNodeOp& op) {
     info.spec_json = op.spec_json;
     st_.nodes.push_back(std::move(info));
     if (!st_.reserved_nodes.empty()) st_.reserved_nodes.resize(st_.nodes.size(), 0);
+  }
+  for (const auto& [gpu, instances] : op.mig_present) {
+    // Checked above; a GPU not in MIG mode reported an empty list, which says nothing.
+    if (st_.ledger.state(n).gpus[static_cast<size_t>(gpu)].mig_enabled) (void)st_.ledger.SetMigPresent(n, gpu, instances);
   }
   PoolNode& info = st_.nodes[n];
   const bool was_lost = info.state != "ready";
@@ -56,6 +85,10 @@ Status StateMachine::On(const HeartbeatOp& op) {
     if (op.gpus[i].index < 0 || static_cast<size_t>(op.gpus[i].index) >= count)
       return Status::InvalidArgument(fmt::format("gpus[{}].index: node '{}' has {} GPU(s), there is no GPU {}", i,
                                                  op.node, count, op.gpus[i].index));
+    if (op.gpus[i].mig_instances) {
+      if (Status st = st_.ledger.CheckMigPresent(*n, op.gpus[i].index, *op.gpus[i].mig_instances); !st.ok())
+        return Status::InvalidArgument(fmt::format("gpus[{}].migInstances: {}", i, st.message()));
+    }
   }
   PoolNode& info = st_.nodes[*n];
   info.last_heartbeat_ms = now_;
@@ -207,6 +240,8 @@ void StateMachine::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& re
     if (r.index < 0 || static_cast<size_t>(r.index) >= info.gpus.size()) continue;
     PoolNode::GpuCondition& c = info.gpus[static_cast<size_t>(r.index)];
     const std::string where = fmt::format("GPU {} on {}", r.index, spec.name);
+    // The MIG instances that exist now (checked in On(HeartbeatOp)): what placement prefers.
+    if (r.mig_instances) (void)st_.ledger.SetMigPresent(n, r.index, *r.mig_instances);
     // Faults: an unhealthy GPU takes no placements; its jobs stop and restart elsewhere.
     if (!r.healthy && c.fault.empty()) {
       c.fault = r.reason.empty() ? "unhealthy" : r.reason;

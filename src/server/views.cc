@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "api/jobspec.h"
 #include "api/node_codec.h"
 #include "server/job_list.h"
@@ -135,6 +137,29 @@ NodeSnapshot SnapshotNode(const PoolState& pool, NodeIndex n) {
   out.ledger_state = pool.ledger.state(n);
   out.info = pool.nodes[n];
   out.gpu_tasks.resize(out.spec.gpus.size());
+  out.mig_instances.resize(out.spec.gpus.size());
+  for (size_t i = 0; i < out.spec.gpus.size(); ++i) {
+    const GpuState& g = out.ledger_state.gpus[i];
+    const MigGeometry* geometry = GeometryOf(pool.ledger, n, static_cast<int>(i));
+    if (!g.mig_enabled || geometry == nullptr) continue;
+    const MigLayout* present = pool.ledger.mig_present(n, static_cast<int>(i));
+    std::vector<MigInstance> all = g.mig.instances();
+    if (present != nullptr) {
+      for (const MigInstance& m : present->instances())
+        if (!g.mig.Contains(m)) all.push_back(m);
+    }
+    std::sort(all.begin(), all.end(), [](const MigInstance& a, const MigInstance& b) { return a.start < b.start; });
+    json list = json::array();
+    for (const MigInstance& m : all) {
+      const MigProfile* profile = ProfileById(*geometry, m.profile_id);
+      list.push_back({{"profile", profile != nullptr ? profile->name : ""},
+                      {"profileId", m.profile_id},
+                      {"start", m.start},
+                      {"exists", present != nullptr && present->Contains(m)},
+                      {"held", g.mig.Contains(m)}});
+    }
+    out.mig_instances[i] = std::move(list);
+  }
   for (const auto& [job_id, index] : out.info.tasks) {
     auto it = pool.jobs.find(job_id);
     if (it == pool.jobs.end()) continue;
@@ -172,6 +197,7 @@ json NodeView(const NodeSnapshot& node) {
       if (c.memory_used_fraction >= 0) g["memoryUsedFraction"] = c.memory_used_fraction;
     }
     g["tasks"] = i < node.gpu_tasks.size() ? json(node.gpu_tasks[i]) : json::array();
+    if (gs.mig_enabled && i < node.mig_instances.size()) g["migInstances"] = node.mig_instances[i];
     gpus.push_back(std::move(g));
   }
   return {{"name", spec.name},

@@ -58,6 +58,9 @@ struct NodeSnapshot {
   NodeState ledger_state;
   PoolNode info;
   std::vector<std::vector<nlohmann::json>> gpu_tasks;  // per GPU: {job, index, share}
+  // Per MIG-enabled GPU, its instances: {profile, profileId, start, exists, held} (the reported
+  // layout and the held one, merged); empty for the others.
+  std::vector<nlohmann::json> mig_instances;
 };
 
 PlacementSnapshot SnapshotPlacement(const PoolState& st, const Placement& p);
