@@ -92,7 +92,7 @@ std::string EnforceLabel(uint8_t bit) {
 
 uint8_t ShareEnforcementOf(const std::map<std::string, std::string>& labels) {
   uint8_t bits = 0;
-  for (uint8_t bit : {kEnforceLimiter, kEnforceLimiterContainer, kEnforceMps}) {
+  for (uint8_t bit : kEnforceBits) {
     auto it = labels.find(EnforceLabel(bit));
     if (it != labels.end() && it->second == "true") bits |= bit;
   }

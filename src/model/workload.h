@@ -13,11 +13,13 @@
 namespace gpupool {
 
 // What can hold a GPU share to its size (its memory and its compute) on a node, one bit each; a
-// node's agent says which it offers (model/node.h kEnforceLabels), a task which one it would need
+// node's agent says which it offers (model/node.h kEnforceLabelPrefix), a task which one it would need
 // (TaskRequest::enforced_by).
 inline constexpr uint8_t kEnforceLimiter = 1 << 0;           // the CUDA limiter, process tasks
 inline constexpr uint8_t kEnforceLimiterContainer = 1 << 1;  // the CUDA limiter, container tasks
 inline constexpr uint8_t kEnforceMps = 1 << 2;               // limits set through the MPS control daemon
+// Every bit above, for walking them.
+inline constexpr uint8_t kEnforceBits[] = {kEnforceLimiter, kEnforceLimiterContainer, kEnforceMps};
 
 // One task's request.
 //   gpu_count == 0                 CPU-only; every GPU field must be empty

@@ -52,7 +52,7 @@ struct PreparedTask {
   bool QosFree(const NodeState& s) const { return !guaranteed && s.guaranteed_gpus == 0; }
   // Whether the task may share GPU `g` of node `s` with what it holds (QosAllows).
   bool QosAllowsOn(const NodeState& s, const GpuState& g) const {
-    return share >= 1000 || QosAllows(g, guaranteed, EnforcedOn(s));
+    return share >= kWholeGpu.units() || QosAllows(g, guaranteed, EnforcedOn(s));
   }
   // Whether GPU `g` of node `s` has the task's share and memory free and QoS lets it join (its
   // health and MIG mode aside).

@@ -22,7 +22,7 @@ constexpr const char* kPolicies[] = {"bestfit", "fgd", "balanced", "spread", "ra
 // A node of `gpus` T4s whose agent offers `enforces` (kEnforce* bits) through its labels.
 NodeIndex AddNode(TestCluster& c, const std::string& name, int gpus, uint8_t enforces) {
   NodeSpec spec = MakeNode(name, MilliCpu(64000), MiB(256000), gpus, "T4", c.ledger().catalog());
-  for (uint8_t bit : {kEnforceLimiter, kEnforceLimiterContainer, kEnforceMps})
+  for (uint8_t bit : kEnforceBits)
     if (enforces & bit) spec.labels[EnforceLabel(bit)] = "true";
   return c.AddSpec(std::move(spec));
 }
