@@ -5,6 +5,7 @@ add_library(gpupool_agent
   src/agent/agent_mounts.cc
   src/agent/agent_health.cc
   src/agent/agent_watch.cc
+  src/agent/agent_mig.cc
   src/agent/child_exits.cc
   src/agent/task_env.cc
   src/agent/mps.cc
@@ -21,7 +22,7 @@ if(GPUPOOL_BUILD_TESTS)
   # mps_test and agent_mps_test start the fake nvidia-cuda-mps-control of tests/fake_mps (a POSIX sh
   # script); agent_mps_test's tasks run its fake MPS client, mps-client-limits.
   gpupool_test(agent_test src/agent/task_env_test.cc src/agent/mps_test.cc src/agent/agent_mps_test.cc
-               src/agent/agent_lease_test.cc src/agent/cuda_ledger_test.cc)
+               src/agent/agent_lease_test.cc src/agent/cuda_ledger_test.cc src/agent/agent_mig_test.cc)
   # It also runs whole agents against a fake server, with the fake NVML of cmake/agent_gpu.cmake.
   target_link_libraries(agent_test PRIVATE gpupool_agent PkgConfig::HTTPLIB fmt::fmt)
   target_compile_definitions(agent_test PRIVATE

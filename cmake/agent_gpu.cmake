@@ -4,6 +4,7 @@
 add_library(gpupool_agent_gpu
   src/agent/inventory.cc
   src/agent/nvml.cc
+  src/agent/nvml_mig.cc
   src/agent/gpu_metrics.cc
   src/agent/cdi.cc
   src/agent/cdi_load.cc
@@ -38,6 +39,7 @@ if(GPUPOOL_BUILD_TESTS)
   gpupool_test(agent_gpu_test
     src/agent/inventory_test.cc
     src/agent/nvml_test.cc
+    src/agent/nvml_mig_test.cc
     src/agent/gpu_metrics_test.cc
     src/agent/cdi_test.cc
   )

@@ -215,6 +215,10 @@ class Agent {
   // over that uid's tasks on the GPU; mps.h). An error means the task must not start. REQUIRES: mu_
   // held.
   Status EnsureMps(LocalTask& t);
+  // Real GPUs, isolation mig: makes each of the task's MIG instances exist, destroying the idle GPU
+  // instances in its way (agent_mig.cc, docs/agent.md#dynamic-mig). An error means the task must not
+  // start. REQUIRES: mu_ held (inventory_ changes under it).
+  Status EnsureMigInstances(const LocalTask& t);
   // The uid a's processes run as: its runAs (0 for a root queue's root) in the sandbox, the agent's
   // own without it.
   int64_t TaskUid(const Assignment& a) const;

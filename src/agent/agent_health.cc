@@ -259,6 +259,14 @@ json Agent::GpuStatusJson() {
       auto h = nvml_->Health();
       if (h.ok()) health = std::move(h).value();
     }
+    // The MIG layout as the agent last saw it (a mig task's start may change it, under mu_).
+    std::map<size_t, json> mig;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < n; ++i) {
+        if (inventory_.gpus[i].mig_enabled) mig[i] = MigLayoutJson(inventory_.gpus[i]);
+      }
+    }
     for (size_t i = 0; i < n; ++i) {
       const GpuInfo& g = inventory_.gpus[i];
       json e = {{"index", g.index}, {"healthy", g.healthy}, {"reason", g.healthy ? "" : g.health_reason}};
@@ -270,6 +278,7 @@ json Agent::GpuStatusJson() {
         if (h.utilization) e["utilization"] = *h.utilization;
         if (h.memory_used_fraction) e["memoryUsedFraction"] = *h.memory_used_fraction;
       }
+      if (auto m = mig.find(i); m != mig.end()) e["migInstances"] = m->second;
       out.push_back(std::move(e));
     }
     return out;

@@ -326,6 +326,23 @@ Result<Inventory> SimulatedInventory(std::string_view spec, const std::string& n
   return FromMachine(*preset, node, source);
 }
 
+nlohmann::json MigLayoutJson(const GpuInfo& gpu) {
+  // One entry per GPU instance (a GPU instance with several compute instances is listed once).
+  std::map<int, std::pair<int, int>> by_start;  // start -> (profile id, GPU instance id)
+  std::set<int> seen;
+  for (const MigInstanceInfo& m : gpu.mig_instances) {
+    if (m.profile_id < 0 || m.start < 0 || m.start >= 8) continue;
+    if (m.gpu_instance_id >= 0 && !seen.insert(m.gpu_instance_id).second) continue;
+    by_start.emplace(m.start, std::make_pair(m.profile_id, m.gpu_instance_id));
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [start, v] : by_start) {
+    if (out.size() >= 8) break;
+    out.push_back({{"profileId", v.first}, {"start", start}});
+  }
+  return out;
+}
+
 nlohmann::json NodeRegistration(const Inventory& inv, const std::string& node, const std::string& cpu,
                                 const std::string& memory, const std::map<std::string, std::string>& labels) {
   nlohmann::json j;
@@ -350,6 +367,7 @@ nlohmann::json NodeRegistration(const Inventory& inv, const std::string& node, c
     gj["numaNode"] = g.numa_node;
     gj["healthy"] = g.healthy;
     if (g.mig_enabled) gj["migEnabled"] = true;
+    if (g.mig_enabled && !inv.simulated) gj["migInstances"] = MigLayoutJson(g);
     gpus.push_back(std::move(gj));
   }
   j["gpus"] = std::move(gpus);

@@ -25,7 +25,8 @@ struct MigProfileInfo {
 };
 
 // A MIG device that exists on a MIG-enabled GPU: one compute instance inside one GPU instance, as
-// NVML enumerates it (gpupool does not create instances). CUDA addresses it by `uuid`.
+// NVML enumerates it (the agent creates missing ones for mig tasks: agent_mig.cc). CUDA addresses it
+// by `uuid`.
 struct MigInstanceInfo {
   std::string uuid;     // "MIG-4f5e..." (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES take it)
   int profile_id = -1;  // the GPU instance's profile id (19, 14, 9, ...); -1 when unreadable
@@ -39,6 +40,7 @@ struct MigInstanceInfo {
 struct GpuProcessInfo {
   uint32_t pid = 0;
   int64_t used_memory_bytes = 0;
+  int gpu_instance_id = -1;  // MIG: the GPU instance it runs in; -1 when not in MIG mode or unknown
 };
 
 struct GpuInfo {
@@ -81,6 +83,11 @@ struct Inventory {
 //     MIG-capable model) in MIG mode, with the model's catalog profiles.
 // UUIDs are "GPU-sim-<node>-<index>". Errors name what is wrong with the spec.
 Result<Inventory> SimulatedInventory(std::string_view spec, const std::string& node);
+
+// A MIG-enabled GPU's layout as the server reads it from registration and heartbeats:
+// [{"profileId": 9, "start": 4}, ...], one entry per GPU instance whose profile id and placement
+// are known, sorted by start, at most 8. Callers add it for MIG-enabled GPUs of real inventories.
+nlohmann::json MigLayoutJson(const GpuInfo& gpu);
 
 // The body of POST /api/v1/agent/register for this inventory. A simulated node carries the label
 // gpupool.io/simulated=true; every node carries gpupool.io/gpu-source=nvml|simulated.

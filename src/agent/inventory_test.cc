@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "api/mig_report.h"
 #include "api/node_codec.h"
 #include "model/gpu_catalog.h"
 
@@ -9,7 +10,9 @@ namespace gpupool {
 namespace {
 
 NodeSpec Register(const Inventory& inv, const std::string& node) {
-  const nlohmann::json body = NodeRegistration(inv, node, "64", "512Gi", {{"zone", "a"}});
+  nlohmann::json body = NodeRegistration(inv, node, "64", "512Gi", {{"zone", "a"}});
+  // The MIG layout rides beside the inventory, as the server reads it (api/mig_report.h).
+  EXPECT_TRUE(TakeMigInstances(body).ok());
   Result<NodeSpec> spec = ParseNodeSpec(body, GpuCatalog::Builtin());
   EXPECT_TRUE(spec.ok()) << spec.status().ToString() << "\n" << body.dump();
   return spec.ok() ? *spec : NodeSpec{};

@@ -1,5 +1,7 @@
 #include "agent/nvml.h"
 
+#include "agent/nvml_internal.h"
+
 #include <dlfcn.h>
 #include <fmt/format.h>
 
@@ -25,22 +27,16 @@ namespace {
 // Handles are opaque pointers; only the struct layouts gpupool reads are declared, field for field
 // in the order and widths the ABI uses.
 
-using NvmlReturn = int;
-using NvmlDevice = struct NvmlDeviceOpaque*;
-using NvmlEventSet = struct NvmlEventSetOpaque*;
-using NvmlGpuInstance = struct NvmlGpuInstanceOpaque*;
+// The handles, error codes and MIG structs shared with nvml_mig.cc live in nvml_internal.h.
+using namespace nvml_internal;  // NOLINT(google-build-using-namespace): this file's own ABI names
 
-constexpr NvmlReturn kSuccess = 0;
-constexpr NvmlReturn kErrInvalidArgument = 2;
+using NvmlEventSet = struct NvmlEventSetOpaque*;
+
 constexpr NvmlReturn kErrNotSupported = 3;
-constexpr NvmlReturn kErrNotFound = 6;
-constexpr NvmlReturn kErrInsufficientSize = 7;
 constexpr NvmlReturn kErrTimeout = 10;
 
 constexpr unsigned kNvLinkMaxLinks = 36;
-constexpr unsigned kGpuInstanceProfileCount = 0x12;
-constexpr unsigned kProfileOneSliceMediaExt = 7;  // 1_SLICE_REV1: "1g...+me"
-constexpr unsigned kProfileTwoSliceMediaExt = 8;  // 2_SLICE_REV1: "2g...+me"
+constexpr unsigned kMaxGpuInstanceId = 1024;  // GPU instance ids are small; larger ones are garbage
 constexpr unsigned long long kEventXidCritical = 0x8;
 constexpr unsigned long long kValueNotAvailable = ~0ULL;
 
@@ -121,34 +117,6 @@ struct ProcessInfo {
   unsigned gpu_instance_id;
   unsigned compute_instance_id;
 };
-
-struct GpuInstanceProfileInfo {
-  unsigned id;
-  unsigned is_p2p_supported;
-  unsigned slice_count;
-  unsigned instance_count;
-  unsigned multiprocessor_count;
-  unsigned copy_engine_count;
-  unsigned decoder_count;
-  unsigned encoder_count;
-  unsigned jpeg_count;
-  unsigned ofa_count;
-  unsigned long long memory_size_mb;
-};
-
-// A GPU instance's placement, in memory slices.
-struct GpuInstancePlacement {
-  unsigned start;
-  unsigned size;
-};
-
-struct GpuInstanceInfo {
-  NvmlDevice device;    // the parent GPU
-  unsigned id;          // GPU instance id, unique within the GPU
-  unsigned profile_id;  // as GpuInstanceProfileInfo::id (19, 14, 9, ...)
-  GpuInstancePlacement placement;
-};
-static_assert(sizeof(GpuInstanceInfo) == 24, "nvmlGpuInstanceInfo_t is 24 bytes");
 
 struct EventData {
   NvmlDevice device;
@@ -245,22 +213,12 @@ constexpr unsigned StructVersion(size_t size, unsigned v) {
 // Function-pointer types, one per entry point used.
 using InitFn = NvmlReturn (*)();
 using ShutdownFn = NvmlReturn (*)();
-using ErrorStringFn = const char* (*)(NvmlReturn);
 using DriverVersionFn = NvmlReturn (*)(char*, unsigned);
-using CountFn = NvmlReturn (*)(unsigned*);
-using HandleByIndexFn = NvmlReturn (*)(unsigned, NvmlDevice*);
-using StringFn = NvmlReturn (*)(NvmlDevice, char*, unsigned);
-using UintFn = NvmlReturn (*)(NvmlDevice, unsigned*);
 using UllFn = NvmlReturn (*)(NvmlDevice, unsigned long long*);
 using PciInfoFn = NvmlReturn (*)(NvmlDevice, PciInfo*);
 using CudaCcFn = NvmlReturn (*)(NvmlDevice, int*, int*);
 using MemoryInfoFn = NvmlReturn (*)(NvmlDevice, MemoryInfo*);
 using MemoryInfoV2Fn = NvmlReturn (*)(NvmlDevice, MemoryInfoV2*);
-using MigModeFn = NvmlReturn (*)(NvmlDevice, unsigned*, unsigned*);
-using GiProfileInfoFn = NvmlReturn (*)(NvmlDevice, unsigned, GpuInstanceProfileInfo*);
-using MigHandleByIndexFn = NvmlReturn (*)(NvmlDevice, unsigned, NvmlDevice*);
-using GpuInstanceByIdFn = NvmlReturn (*)(NvmlDevice, unsigned, NvmlGpuInstance*);
-using GpuInstanceInfoFn = NvmlReturn (*)(NvmlGpuInstance, GpuInstanceInfo*);
 using CommonAncestorFn = NvmlReturn (*)(NvmlDevice, NvmlDevice, int*);
 using NvLinkStateFn = NvmlReturn (*)(NvmlDevice, unsigned, int*);
 using NvLinkRemotePciFn = NvmlReturn (*)(NvmlDevice, unsigned, PciInfo*);
@@ -642,9 +600,13 @@ struct Nvml::Impl {
     if (r != kSuccess) return;
     for (unsigned i = 0; i < count && i < infos.size(); ++i) {
       const unsigned long long used = infos[i].used_gpu_memory;
+      // The GPU instance a process runs in (MIG mode; 0xFFFFFFFF otherwise): -1 when not given or
+      // out of range, so a hostile id never names an instance.
+      const unsigned gi = infos[i].gpu_instance_id;
       gpu.processes.push_back(
           {.pid = infos[i].pid,
-           .used_memory_bytes = used == kValueNotAvailable ? 0 : static_cast<int64_t>(used)});
+           .used_memory_bytes = used == kValueNotAvailable ? 0 : static_cast<int64_t>(used),
+           .gpu_instance_id = gi <= kMaxGpuInstanceId ? static_cast<int>(gi) : -1});
     }
   }
 
@@ -710,6 +672,34 @@ struct Nvml::Impl {
     return scores;
   }
 };
+
+namespace nvml_internal {
+
+Core CoreOf(Nvml::Impl& m) {
+  Core c;
+  c.lib = m.lib;
+  c.mu = &m.mu;
+  c.error_string = m.error_string;
+  c.device_count = m.device_count;
+  c.handle_by_index = m.handle_by_index;
+  c.uuid = m.uuid;
+  c.mig_mode = m.mig_mode;
+  c.gi_profile_info = m.gi_profile_info;
+  c.max_mig_devices = m.max_mig_devices;
+  c.mig_handle_by_index = m.mig_handle_by_index;
+  c.gpu_instance_id = m.gpu_instance_id;
+  c.compute_instance_id = m.compute_instance_id;
+  c.gpu_instance_by_id = m.gpu_instance_by_id;
+  c.gpu_instance_info = m.gpu_instance_info;
+  return c;
+}
+
+std::string ErrorText(const Core& core, NvmlReturn r) {
+  const char* text = core.error_string != nullptr ? core.error_string(r) : nullptr;
+  return fmt::format("{} (NVML error {})", text != nullptr ? text : "unknown error", r);
+}
+
+}  // namespace nvml_internal
 
 Nvml::Nvml(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

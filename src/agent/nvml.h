@@ -80,6 +80,19 @@ class Nvml {
   // disturb the GPM averages of /metrics).
   Result<std::vector<GpuHealthSample>> Health();
 
+  // MIG management (nvml_mig.cc; a privileged user, a GPU already in MIG mode: MIG mode itself is
+  // never changed). Every NVML error comes back naming the call, the GPU, the profile and placement
+  // and NVML's own text.
+  //
+  // Creates a GPU instance of GPU-instance profile `profile_id` (19, 14, 9, ...) placed at memory
+  // slice `start` (the size is the profile's, as nvmlDeviceGetGpuInstancePossiblePlacements_v2
+  // gives it), then one compute instance spanning all of it, and returns the new MIG device (UUID,
+  // ids, placement). A failed compute instance destroys the GPU instance again.
+  Result<MigInstanceInfo> CreateMigInstance(int gpu_index, int profile_id, int start);
+  // Destroys every compute instance of GPU instance `gpu_instance_id` on GPU `gpu_index`, then the
+  // GPU instance. NVML refuses (IN_USE) while a process runs on it.
+  Status DestroyMigGpuInstance(int gpu_index, int gpu_instance_id);
+
   struct Impl;
 
  private:

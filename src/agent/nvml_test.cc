@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "api/mig_report.h"
 #include "api/node_codec.h"
 #include "model/gpu_catalog.h"
 
@@ -120,7 +121,12 @@ TEST(Nvml, DiscoveredInventoryRegisters) {
   ASSERT_NE(nvml, nullptr);
   Result<Inventory> inv = nvml->Discover();
   ASSERT_TRUE(inv.ok()) << inv.status().ToString();
-  const nlohmann::json body = NodeRegistration(*inv, "gpu-node", "64", "512Gi", {});
+  nlohmann::json body = NodeRegistration(*inv, "gpu-node", "64", "512Gi", {});
+  // The MIG layout rides beside the inventory, as the server reads it (api/mig_report.h).
+  auto layouts = TakeMigInstances(body);
+  ASSERT_TRUE(layouts.ok()) << layouts.status().ToString();
+  ASSERT_EQ(layouts->size(), 1u);
+  EXPECT_EQ((*layouts)[0].first, 2);
   Result<NodeSpec> spec = ParseNodeSpec(body, GpuCatalog::Builtin());
   ASSERT_TRUE(spec.ok()) << spec.status().ToString() << "\n" << body.dump();
   ASSERT_EQ(spec->gpus.size(), 8u);

@@ -19,6 +19,12 @@
 //                         ... in this order holding one compute instance (id 0). The MIG device of
 //                         GPU g, GPU instance i, compute instance c has the UUID
 //                         "MIG-fa6e00gg-00ii-4000-8000-0000000000cc" (two decimal digits each)
+//   mig_busy.1=4          a process runs in the GPU instance placed at slice 4 of GPU 1 (listed by
+//                         the running-processes call with its GPU/compute instance ids, pid 5000 +
+//                         GPU instance id); destroying it or its compute instances is IN_USE
+//   mig_create_fail=1     the next so many GPU-instance creations fail with mig_create_error
+//                         (default 23, INSUFFICIENT_RESOURCES); mig_ci_create_fail=1 the same for
+//                         compute instances, with mig_ci_create_error (default 999, UNKNOWN)
 //   no_mig=1              MIG not supported at all (GetMigMode -> NOT_SUPPORTED)
 //   xid.1=79              an XID event pending on GPU 1
 //   ecc.2=3               uncorrectable volatile ECC errors on GPU 2
@@ -46,11 +52,22 @@
 //   virtualization=vgpu   none (bare metal, default), passthrough, vgpu (a vGPU guest), host_vgpu
 //   vgpu_licensed=0       on a vGPU guest: the vGPU software feature is not licensed (default 1)
 //
+// MIG instances can be created and destroyed at run time (nvmlDeviceCreateGpuInstanceWithPlacement,
+// nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy, nvmlGpuInstanceDestroy), checked
+// like the driver checks them on the catalog's MIG models (A100-40GB/80GB, H100, H200: the same
+// 7 compute / 8 memory slice geometry): a known profile, one of its valid starts and its size, no
+// memory slice overlapping another GPU instance, at most 7 compute slices and the profile's
+// instance count; a GPU instance with compute instances or a process is IN_USE. A new GPU instance
+// takes the lowest free id from 1, a compute instance the lowest from 0; a compute instance made at
+// run time has a UUID of its own ("...-8nnn-..." with n its creation serial). The state lives in
+// the process that loaded the library, and nvmlInit_v2 starts it afresh from the configuration.
+//
 // Built with FAKE_NVML_MINIMAL, the optional entry points (NUMA, memory info v2, power, energy,
 // remapped rows, events, temperature, field values, GPM, virtualization, vGPU licensing, the MIG
 // device and GPU instance queries) are not exported at all.
 //
-// fake_nvml_gpm_samples_live() (a test hook, not NVML) counts GPM samples allocated and not freed.
+// fake_nvml_gpm_samples_live() (a test hook, not NVML) counts GPM samples allocated and not freed;
+// fake_nvml_mig_changes() the GPU and compute instances created or destroyed since nvmlInit_v2.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -74,6 +91,8 @@ constexpr int kNoPermission = 4;
 constexpr int kNotFound = 6;
 constexpr int kInsufficientSize = 7;
 constexpr int kTimeout = 10;
+constexpr int kInUse = 19;
+constexpr int kInsufficientResources = 23;
 
 struct PciInfo {
   char bus_id_legacy[16];
@@ -102,6 +121,9 @@ struct ProcessInfo {
 struct GiProfileInfo {
   unsigned id, p2p, slice_count, instance_count, sm_count, ce, dec, enc, jpeg, ofa;
   unsigned long long memory_size_mb;
+};
+struct CiProfileInfo {
+  unsigned id, slice_count, instance_count, sm_count, ce, dec, enc, jpeg, ofa;
 };
 struct FakeGpu;
 struct GpuInstancePlacement {
@@ -177,21 +199,28 @@ struct GridLicensableFeatures {
 };
 
 struct FakeGpu;
-// An existing GPU instance, and a MIG device (one compute instance in a GPU instance).
-struct FakeGpuInstance {
-  FakeGpu* gpu = nullptr;
-  unsigned id = 0, profile_id = 0, start = 0, size = 0;
+struct FakeGpuInstance;
+// A compute instance, which is also the MIG device NVML enumerates (its handle is both).
+struct FakeComputeInstance {
+  bool used = false;
+  FakeGpuInstance* gi = nullptr;
+  unsigned id = 0, profile_id = 0, slices = 0;
+  unsigned serial = 0;  // 0: configured; n: the n-th one created at run time (in its UUID)
 };
-struct FakeMigDevice {
+constexpr unsigned kSlots = 8;  // GPU instances per GPU, compute instances per GPU instance
+// A GPU instance. Slots, never moved: handles point into them for as long as the instance lives.
+struct FakeGpuInstance {
+  bool used = false;
   FakeGpu* gpu = nullptr;
-  unsigned gpu_instance_id = 0, compute_instance_id = 0;
+  unsigned id = 0, profile_id = 0, start = 0, size = 0, compute_slices = 0;
+  bool busy = false;  // a process runs on it (mig_busy)
+  FakeComputeInstance cis[kSlots];
 };
 
 struct FakeGpu {
   int index = 0;
   bool mig = false;
-  std::vector<FakeGpuInstance> gpu_instances;  // fixed after Configure: handles point into them
-  std::vector<FakeMigDevice> mig_devices;
+  FakeGpuInstance gpu_instances[kSlots];
   unsigned long long xid = 0;  // pending
   unsigned long long ecc = 0;
   unsigned gpm_samples_taken = 0;
@@ -228,6 +257,12 @@ struct State {
   std::vector<double> gpm_dram = {40, 45};
   int virtualization = 0;
   bool vgpu_licensed = true;
+  int mig_create_fail = 0;      // the next so many GPU-instance creations fail ...
+  int mig_create_error = 23;    // ... with this (INSUFFICIENT_RESOURCES)
+  int mig_ci_create_fail = 0;   // the next so many compute-instance creations fail ...
+  int mig_ci_create_error = 999;  // ... with this (UNKNOWN)
+  unsigned serial = 0;          // compute instances created at run time so far
+  long mig_changes = 0;         // GPU/compute instances created or destroyed (a test hook)
 };
 
 // GPM samples allocated and not yet freed, across nvmlInit/nvmlShutdown (a test hook).
@@ -258,14 +293,38 @@ FakeGpu* Gpu(void* handle) {
 
 // GPU instance profiles of an 80 GB H100: index -> id, slices, instances, MiB, placement size in
 // memory slices.
+// The geometry is the same on every MIG-capable model gpupool knows (A100-40GB/80GB, H100, H200:
+// src/model/gpu_catalog.cc): 7 compute and 8 memory slices, these placements; only the memory
+// differs, scaled here from the 80 GB figures by the configured memory_mib.
 struct ProfileRow {
   unsigned index, id, slices, instances;
   unsigned long long mib;
   unsigned memory_slices;
+  unsigned valid_starts;  // bit s: a placement may start at memory slice s
 };
 constexpr ProfileRow kProfileRows[] = {
-    {0, 19, 1, 7, 9856, 1}, {1, 14, 2, 3, 20096, 2}, {2, 9, 3, 2, 40192, 4}, {3, 5, 4, 1, 40192, 4},
-    {4, 0, 7, 1, 80384, 8}, {7, 20, 1, 1, 9856, 1},  {9, 15, 1, 4, 20096, 2}};
+    {0, 19, 1, 7, 9856, 1, 0x7f}, {1, 14, 2, 3, 20096, 2, 0x15}, {2, 9, 3, 2, 40192, 4, 0x11},
+    {3, 5, 4, 1, 40192, 4, 0x01}, {4, 0, 7, 1, 80384, 8, 0x01},  {7, 20, 1, 1, 9856, 1, 0x7f},
+    {9, 15, 1, 4, 20096, 2, 0x55}};
+constexpr unsigned kComputeSlices = 7;
+constexpr unsigned long long kBaseMemoryMib = 81559;
+
+const ProfileRow* RowById(unsigned id) {
+  for (const ProfileRow& row : kProfileRows) {
+    if (row.id == id) return &row;
+  }
+  return nullptr;
+}
+
+// Lowest free id from `first` among the used slots' ids.
+template <typename Slot, size_t N>
+unsigned FreeId(const Slot (&slots)[N], unsigned first) {
+  for (unsigned id = first;; ++id) {
+    bool taken = false;
+    for (const Slot& slot : slots) taken = taken || (slot.used && slot.id == id);
+    if (!taken) return id;
+  }
+}
 
 void Configure() {
   State& s = S();
@@ -326,21 +385,35 @@ void Configure() {
     const int i = std::atoi(m.c_str());
     if (i >= 0 && i < count) s.gpus[static_cast<size_t>(i)].mig = true;
   }
+  if (kv.count("mig_create_fail") != 0) s.mig_create_fail = std::atoi(kv["mig_create_fail"].c_str());
+  if (kv.count("mig_create_error") != 0) s.mig_create_error = std::atoi(kv["mig_create_error"].c_str());
+  if (kv.count("mig_ci_create_fail") != 0) s.mig_ci_create_fail = std::atoi(kv["mig_ci_create_fail"].c_str());
+  if (kv.count("mig_ci_create_error") != 0)
+    s.mig_ci_create_error = std::atoi(kv["mig_ci_create_error"].c_str());
   for (int i = 0; i < count; ++i) {
     FakeGpu& gpu = s.gpus[static_cast<size_t>(i)];
     const std::string key = "mig_instances." + std::to_string(i);
+    std::set<unsigned> busy;
+    for (const std::string& b : split(kv["mig_busy." + std::to_string(i)]))
+      busy.insert(static_cast<unsigned>(std::atoi(b.c_str())));
+    unsigned slot = 0;
     for (const std::string& entry : split(kv[key])) {
       unsigned profile_id = 0;
       unsigned start = 0;
-      if (std::sscanf(entry.c_str(), "%u@%u", &profile_id, &start) != 2) continue;
-      unsigned size = 1;
-      for (const ProfileRow& row : kProfileRows) {
-        if (row.id == profile_id) size = row.memory_slices;
-      }
-      const auto gi = static_cast<unsigned>(gpu.gpu_instances.size() + 1);
-      gpu.gpu_instances.push_back(
-          FakeGpuInstance{.gpu = &gpu, .id = gi, .profile_id = profile_id, .start = start, .size = size});
-      gpu.mig_devices.push_back(FakeMigDevice{.gpu = &gpu, .gpu_instance_id = gi, .compute_instance_id = 0});
+      if (std::sscanf(entry.c_str(), "%u@%u", &profile_id, &start) != 2 || slot >= kSlots) continue;
+      const ProfileRow* row = RowById(profile_id);
+      FakeGpuInstance& gi = gpu.gpu_instances[slot++];
+      gi.used = true;
+      gi.gpu = &gpu;
+      gi.id = slot;  // 1, 2, ... in configuration order
+      gi.profile_id = profile_id;
+      gi.start = start;
+      gi.size = row != nullptr ? row->memory_slices : 1;
+      gi.compute_slices = row != nullptr ? row->slices : 1;
+      gi.busy = busy.count(start) != 0;
+      FakeComputeInstance& ci = gi.cis[0];
+      ci = FakeComputeInstance{.used = true, .gi = &gi, .id = 0, .profile_id = 0, .slices = gi.compute_slices,
+                               .serial = 0};
     }
   }
   for (int i = 0; i < count; ++i) {
@@ -378,12 +451,16 @@ int Numa(int index) {
   return index < static_cast<int>(S().gpus.size()) / 2 ? 0 : 1;
 }
 
-// The MIG device a handle points at; nullptr for anything else (a GPU handle, garbage).
-FakeMigDevice* MigDevice(void* handle) {
+// The MIG device (compute instance) a handle points at; nullptr for anything else (a GPU handle, a
+// destroyed instance, garbage).
+FakeComputeInstance* MigDevice(void* handle) {
   if (!S().initialized || handle == nullptr) return nullptr;
   for (FakeGpu& g : S().gpus) {
-    for (FakeMigDevice& d : g.mig_devices) {
-      if (&d == handle) return &d;
+    for (FakeGpuInstance& gi : g.gpu_instances) {
+      if (!gi.used) continue;
+      for (FakeComputeInstance& ci : gi.cis) {
+        if (ci.used && &ci == handle) return &ci;
+      }
     }
   }
   return nullptr;
@@ -394,7 +471,7 @@ FakeGpuInstance* GpuInstance(void* handle) {
   if (!S().initialized || handle == nullptr) return nullptr;
   for (FakeGpu& g : S().gpus) {
     for (FakeGpuInstance& gi : g.gpu_instances) {
-      if (&gi == handle) return &gi;
+      if (gi.used && &gi == handle) return &gi;
     }
   }
   return nullptr;
@@ -456,6 +533,8 @@ __attribute__((visibility("default"))) const char* nvmlErrorString(int code) {
     case 6: return "Not Found";
     case 9: return "Driver Not Loaded";
     case 10: return "Timeout";
+    case 19: return "In use by another client";
+    case 23: return "Insufficient resources";
     default: return "Unknown Error";
   }
 }
@@ -478,10 +557,10 @@ __attribute__((visibility("default"))) int nvmlDeviceGetHandleByIndex_v2(unsigne
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetUUID(void* dev, char* buf, unsigned len) {
-  if (const FakeMigDevice* m = MigDevice(dev); m != nullptr) {
+  if (const FakeComputeInstance* m = MigDevice(dev); m != nullptr) {
     char uuid[64];
-    std::snprintf(uuid, sizeof(uuid), "MIG-fa6e00%02d-00%02u-4000-8000-0000000000%02u", m->gpu->index,
-                  m->gpu_instance_id, m->compute_instance_id);
+    std::snprintf(uuid, sizeof(uuid), "MIG-fa6e00%02d-00%02u-4000-8%03u-0000000000%02u", m->gi->gpu->index % 100,
+                  m->gi->id % 100, m->serial % 1000, m->id % 100);
     return CopyString(uuid, buf, len);
   }
   FAKE_GPU_OR_RETURN(g, dev);
@@ -546,7 +625,7 @@ __attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceProfileInfo(v
     info->id = row.id;
     info->slice_count = row.slices;
     info->instance_count = row.instances;
-    info->memory_size_mb = row.mib;
+    info->memory_size_mb = row.mib * S().memory_mib / kBaseMemoryMib;
     return kSuccess;
   }
   return kNotSupported;
@@ -600,18 +679,30 @@ __attribute__((visibility("default"))) int nvmlDeviceGetComputeRunningProcesses_
                                                                                    ProcessInfo* infos) {
   FAKE_GPU_OR_RETURN(g, dev);
   if (Unsupported("processes")) return kNotSupported;
-  const unsigned have = g->index == 0 ? 2 : 0;
+  // Not in MIG mode: two processes on GPU 0. In MIG mode: one process in each busy GPU instance.
+  std::vector<ProcessInfo> procs;
+  if (!g->mig && g->index == 0) {
+    for (unsigned i = 0; i < 2; ++i) {
+      procs.push_back(ProcessInfo{.pid = 1234 + i * 1111,
+                                  .used_gpu_memory = (1ULL + i) << 30U,
+                                  .gpu_instance_id = 0xFFFFFFFFU,
+                                  .compute_instance_id = 0xFFFFFFFFU});
+    }
+  }
+  if (g->mig) {
+    for (const FakeGpuInstance& gi : g->gpu_instances) {
+      if (!gi.used || !gi.busy) continue;
+      procs.push_back(ProcessInfo{
+          .pid = 5000 + gi.id, .used_gpu_memory = 1ULL << 30U, .gpu_instance_id = gi.id, .compute_instance_id = 0});
+    }
+  }
+  const auto have = static_cast<unsigned>(procs.size());
   if (*count < have) {
     *count = have;
     return kInsufficientSize;
   }
   *count = have;
-  for (unsigned i = 0; i < have; ++i) {
-    infos[i] = ProcessInfo{.pid = 1234 + i * 1111,
-                           .used_gpu_memory = (1ULL + i) << 30U,
-                           .gpu_instance_id = 0xFFFFFFFFU,
-                           .compute_instance_id = 0xFFFFFFFFU};
-  }
+  for (unsigned i = 0; i < have; ++i) infos[i] = procs[i];
   return kSuccess;
 }
 
@@ -921,22 +1012,31 @@ __attribute__((visibility("default"))) int nvmlDeviceGetMigDeviceHandleByIndex(v
   FAKE_GPU_OR_RETURN(g, dev);
   if (S().no_mig) return kNotSupported;
   if (mig == nullptr || !g->mig || index >= 7) return kInvalidArgument;
-  if (index >= g->mig_devices.size()) return kNotFound;
-  *mig = &g->mig_devices[index];
-  return kSuccess;
+  unsigned k = 0;
+  for (FakeGpuInstance& gi : g->gpu_instances) {
+    if (!gi.used) continue;
+    for (FakeComputeInstance& ci : gi.cis) {
+      if (!ci.used) continue;
+      if (k++ == index) {
+        *mig = &ci;
+        return kSuccess;
+      }
+    }
+  }
+  return kNotFound;
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceId(void* dev, unsigned* id) {
-  const FakeMigDevice* m = MigDevice(dev);
+  const FakeComputeInstance* m = MigDevice(dev);
   if (m == nullptr || id == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
-  *id = m->gpu_instance_id;
+  *id = m->gi->id;
   return kSuccess;
 }
 
 __attribute__((visibility("default"))) int nvmlDeviceGetComputeInstanceId(void* dev, unsigned* id) {
-  const FakeMigDevice* m = MigDevice(dev);
+  const FakeComputeInstance* m = MigDevice(dev);
   if (m == nullptr || id == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
-  *id = m->compute_instance_id;
+  *id = m->id;
   return kSuccess;
 }
 
@@ -946,7 +1046,7 @@ __attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceById(void* de
   if (gi == nullptr || !g->mig) return kInvalidArgument;
   if (Unsupported("gpu_instance_by_id")) return kNoPermission;
   for (FakeGpuInstance& instance : g->gpu_instances) {
-    if (instance.id != id) continue;
+    if (!instance.used || instance.id != id) continue;
     *gi = &instance;
     return kSuccess;
   }
@@ -978,9 +1078,172 @@ __attribute__((visibility("default"))) int nvmlDeviceGetNvLinkRemoteDeviceType(v
   return kSuccess;
 }
 
+// ---- MIG management: create and destroy GPU and compute instances, validated like the driver ----
+
+__attribute__((visibility("default"))) int nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    void* dev, unsigned profile_id, GpuInstancePlacement* placements, unsigned* count) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (S().no_mig) return kNotSupported;
+  if (count == nullptr || !g->mig) return kInvalidArgument;
+  const ProfileRow* row = RowById(profile_id);
+  if (row == nullptr) return kInvalidArgument;
+  unsigned n = 0;
+  for (unsigned start = 0; start < 8; ++start) {
+    if ((row->valid_starts & (1U << start)) == 0) continue;
+    if (placements != nullptr) placements[n] = GpuInstancePlacement{.start = start, .size = row->memory_slices};
+    ++n;
+  }
+  *count = n;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceCreateGpuInstanceWithPlacement(
+    void* dev, unsigned profile_id, const GpuInstancePlacement* placement, void** gi_out) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  State& s = S();
+  if (s.no_mig) return kNotSupported;
+  if (!g->mig) return kNotSupported;
+  if (placement == nullptr || gi_out == nullptr) return kInvalidArgument;
+  const ProfileRow* row = RowById(profile_id);
+  if (row == nullptr) return kInvalidArgument;
+  if (placement->start >= 8 || (row->valid_starts & (1U << placement->start)) == 0 ||
+      placement->size != row->memory_slices) {
+    return kInvalidArgument;
+  }
+  if (s.mig_create_fail > 0) {
+    --s.mig_create_fail;
+    return s.mig_create_error;
+  }
+  unsigned compute = 0;
+  unsigned same_profile = 0;
+  FakeGpuInstance* slot = nullptr;
+  for (FakeGpuInstance& gi : g->gpu_instances) {
+    if (!gi.used) {
+      if (slot == nullptr) slot = &gi;
+      continue;
+    }
+    // Memory slices may not overlap an existing GPU instance's.
+    if (placement->start < gi.start + gi.size && gi.start < placement->start + placement->size)
+      return kInsufficientResources;
+    compute += gi.compute_slices;
+    if (gi.profile_id == profile_id) ++same_profile;
+  }
+  if (slot == nullptr || compute + row->slices > kComputeSlices || same_profile >= row->instances)
+    return kInsufficientResources;
+  const unsigned id = FreeId(g->gpu_instances, 1);
+  *slot = FakeGpuInstance();
+  slot->used = true;
+  slot->gpu = g;
+  slot->id = id;
+  slot->profile_id = profile_id;
+  slot->start = placement->start;
+  slot->size = placement->size;
+  slot->compute_slices = row->slices;
+  ++s.mig_changes;
+  *gi_out = slot;
+  return kSuccess;
+}
+
+// Compute-instance profiles 0..4: 1, 2, 3, 4 and 7 slices (5: 8 slices, 6: 6 slices and 7: 1 slice
+// rev1 exist in NVML but not on these GPUs).
+__attribute__((visibility("default"))) int nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    void* gi_handle, unsigned profile, unsigned eng_profile, CiProfileInfo* info) {
+  FakeGpuInstance* gi = GpuInstance(gi_handle);
+  if (gi == nullptr || info == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
+  if (profile >= 8 || eng_profile != 0) return kInvalidArgument;
+  constexpr unsigned kSlices[] = {1, 2, 3, 4, 7};
+  if (profile >= 5 || kSlices[profile] > gi->compute_slices) return kNotSupported;
+  std::memset(info, 0, sizeof(*info));
+  info->id = profile;
+  info->slice_count = kSlices[profile];
+  info->instance_count = gi->compute_slices / kSlices[profile];
+  info->sm_count = 16 * kSlices[profile];
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpuInstanceCreateComputeInstance(void* gi_handle, unsigned profile_id,
+                                                                               void** ci_out) {
+  FakeGpuInstance* gi = GpuInstance(gi_handle);
+  State& s = S();
+  if (gi == nullptr || ci_out == nullptr) return s.initialized ? kInvalidArgument : kUninitialized;
+  constexpr unsigned kSlices[] = {1, 2, 3, 4, 7};
+  if (profile_id >= 5 || kSlices[profile_id] > gi->compute_slices) return kInvalidArgument;
+  if (s.mig_ci_create_fail > 0) {
+    --s.mig_ci_create_fail;
+    return s.mig_ci_create_error;
+  }
+  unsigned used = 0;
+  FakeComputeInstance* slot = nullptr;
+  for (FakeComputeInstance& ci : gi->cis) {
+    if (ci.used) used += ci.slices;
+    else if (slot == nullptr) slot = &ci;
+  }
+  if (slot == nullptr || used + kSlices[profile_id] > gi->compute_slices) return kInsufficientResources;
+  const unsigned id = FreeId(gi->cis, 0);
+  *slot = FakeComputeInstance{
+      .used = true, .gi = gi, .id = id, .profile_id = profile_id, .slices = kSlices[profile_id], .serial = ++s.serial};
+  ++s.mig_changes;
+  *ci_out = slot;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpuInstanceGetComputeInstances(void* gi_handle, unsigned profile_id,
+                                                                              void** cis, unsigned* count) {
+  FakeGpuInstance* gi = GpuInstance(gi_handle);
+  if (gi == nullptr || count == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
+  if (profile_id >= 8) return kInvalidArgument;
+  unsigned n = 0;
+  for (FakeComputeInstance& ci : gi->cis) {
+    if (!ci.used || ci.profile_id != profile_id) continue;
+    if (cis != nullptr) cis[n] = &ci;
+    ++n;
+  }
+  *count = n;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlComputeInstanceDestroy(void* ci_handle) {
+  FakeComputeInstance* ci = MigDevice(ci_handle);
+  if (ci == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
+  if (ci->gi->busy) return kInUse;  // a process runs on it
+  *ci = FakeComputeInstance();
+  ++S().mig_changes;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlGpuInstanceDestroy(void* gi_handle) {
+  FakeGpuInstance* gi = GpuInstance(gi_handle);
+  if (gi == nullptr) return S().initialized ? kInvalidArgument : kUninitialized;
+  if (gi->busy) return kInUse;
+  for (const FakeComputeInstance& ci : gi->cis) {
+    if (ci.used) return kInUse;  // its compute instances go first
+  }
+  *gi = FakeGpuInstance();
+  ++S().mig_changes;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetGpuInstances(void* dev, unsigned profile_id, void** gis,
+                                                                     unsigned* count) {
+  FAKE_GPU_OR_RETURN(g, dev);
+  if (S().no_mig) return kNotSupported;
+  if (count == nullptr || !g->mig) return kInvalidArgument;
+  unsigned n = 0;
+  for (FakeGpuInstance& gi : g->gpu_instances) {
+    if (!gi.used || gi.profile_id != profile_id) continue;
+    if (gis != nullptr) gis[n] = &gi;
+    ++n;
+  }
+  *count = n;
+  return kSuccess;
+}
+
 #endif  // FAKE_NVML_MINIMAL
 
-// Test hook, exported by both builds.
+// Test hooks, exported by both builds.
+__attribute__((visibility("default"))) long fake_nvml_mig_changes() {
+  return S().mig_changes;
+}
 __attribute__((visibility("default"))) long fake_nvml_gpm_samples_live() {
   return GpmSamplesLive();
 }
