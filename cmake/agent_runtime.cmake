@@ -11,6 +11,7 @@ add_library(gpupool_agent_runtime
   src/agent/log_pump.cc
   src/agent/process_runtime.cc
   src/agent/runc_runtime.cc
+  src/agent/container_preload.cc
   src/agent/image_cache.cc
   src/agent/image_layout.cc
   src/agent/pod_network.cc
@@ -44,6 +45,11 @@ if(GPUPOOL_BUILD_TESTS)
   gpupool_test(runtime_test src/agent/runtime_test.cc src/agent/log_pump_test.cc src/agent/supervisor_test.cc
     src/agent/sandbox_test.cc src/agent/container_sandbox_test.cc src/agent/pod_network_test.cc)
   target_link_libraries(runtime_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
+  # The CUDA limiter preloaded into containers (container_preload_test.cc reads its ELF versions and
+  # runs it in a glibc root filesystem built from the host's libraries).
+  target_sources(runtime_test PRIVATE src/agent/container_preload_test.cc)
+  target_compile_definitions(runtime_test PRIVATE GPUPOOL_CUDA_PRELOAD_PATH="$<TARGET_FILE:gpupool-cuda>")
+  add_dependencies(runtime_test gpupool-cuda)
   # Builds small busybox images with umoci and pulls them through skopeo (no network); skips
   # when either or /bin/busybox is absent.
   gpupool_test(image_test src/agent/image_cache_test.cc)

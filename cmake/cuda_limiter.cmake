@@ -72,6 +72,24 @@ if(GPUPOOL_BUILD_TESTS)
     set(cuda_limiter_fake_nvml fake_nvml_plain)
   endif()
 
+  # The same library with its limits file at a relative path (resolved against the process's
+  # working directory), so the tests can give each probe a file of its own. Only tests load it; the
+  # library tasks get reads /run/gpupool/cuda-limits, fixed at build time.
+  add_library(gpupool-cuda-limits-test SHARED
+    src/cuda_limiter/preload.cc
+    src/cuda_limiter/preload_memory.cc
+    src/cuda_limiter/preload_launch.cc
+    src/cuda_limiter/limiter.cc
+    src/cuda_limiter/shared_ledger.cc
+  )
+  target_include_directories(gpupool-cuda-limits-test PRIVATE src)
+  target_compile_definitions(gpupool-cuda-limits-test PRIVATE GPUPOOL_CUDA_LIMITS_FILE_FOR_TESTS="cuda-limits-for-tests")
+  set_target_properties(gpupool-cuda-limits-test PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  target_link_libraries(gpupool-cuda-limits-test PRIVATE ${CMAKE_DL_LIBS} Threads::Threads)
+  target_link_options(gpupool-cuda-limits-test PRIVATE -Wl,-Bsymbolic -Wl,--no-undefined -Wl,--gc-sections
+                      -static-libstdc++ -Wl,--exclude-libs,ALL "-Wl,--version-script=${GPUPOOL_CUDA_EXPORTS}")
+  gpupool_without_sanitizers(gpupool-cuda-limits-test)
+
   # Not gpupool_test(): the limiter needs none of the libraries that links.
   add_executable(cuda_limiter_test src/cuda_limiter/limiter_test.cc src/cuda_limiter/preload_test.cc
                                    src/cuda_limiter/shared_ledger_test.cc src/cuda_limiter/limiter.cc
@@ -81,13 +99,15 @@ if(GPUPOOL_BUILD_TESTS)
   target_compile_definitions(cuda_limiter_test PRIVATE
     CUDA_PROBE_PATH="$<TARGET_FILE:cuda_probe>"
     GPUPOOL_CUDA_PRELOAD_PATH="$<TARGET_FILE:gpupool-cuda>"
+    GPUPOOL_CUDA_LIMITS_TEST_PRELOAD_PATH="$<TARGET_FILE:gpupool-cuda-limits-test>"
+    GPUPOOL_CUDA_LIMITS_TEST_FILE="cuda-limits-for-tests"
     FAKE_CUDA_DIR="$<TARGET_FILE_DIR:fake_cuda>"
     FAKE_NVML_DIR="$<TARGET_FILE_DIR:${cuda_limiter_fake_nvml}>"
   )
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
     target_compile_options(cuda_limiter_test PRIVATE -Wno-restrict)  # GCC bug 105651, as gpupool_test()
   endif()
-  add_dependencies(cuda_limiter_test cuda_probe gpupool-cuda fake_cuda ${cuda_limiter_fake_nvml})
+  add_dependencies(cuda_limiter_test cuda_probe gpupool-cuda gpupool-cuda-limits-test fake_cuda ${cuda_limiter_fake_nvml})
   gtest_discover_tests(cuda_limiter_test DISCOVERY_TIMEOUT 60)
 endif()
 

@@ -3,6 +3,7 @@
 // agent_health.cc, the assignment watch in agent_watch.cc.
 #include "agent/agent.h"
 #include "agent/child_exits.h"
+#include "agent/container_preload.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -241,11 +242,16 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
     o.labels.erase(kPodNetworkLabel);
   }
   // What holds GPU shares to their size here, for the scheduler's QoS (a guaranteed share shares a
-  // GPU only with shares held): the CUDA limiter in fractional timeslice process tasks (containers
-  // do not get it yet), and MPS limits set and read back through the control daemon before an mps
-  // task starts (a task whose limits cannot be set does not start). An admin's label is overridden.
-  for (uint8_t bit : {kEnforceLimiter, kEnforceLimiterContainer, kEnforceMps}) o.labels.erase(EnforceLabel(bit));
+  // GPU only with shares held): the CUDA limiter in fractional timeslice process tasks, and in
+  // container tasks where runc runs (the runtime preloads it through /etc/ld.so.preload and refuses
+  // an image that could not load it), and MPS limits set and read back through the control daemon
+  // before an mps task starts (a task whose limits cannot be set does not start). An admin's label
+  // is overridden.
+  for (uint8_t bit : kEnforceBits) o.labels.erase(EnforceLabel(bit));
   if (!agent->cuda_limiter_.empty()) o.labels[EnforceLabel(kEnforceLimiter)] = "true";
+  if (!agent->cuda_limiter_.empty() && agent->containers_.count("runc") != 0 &&
+      agent_internal::ReadElfVersionsAt(agent->cuda_limiter_).ok())  // every start checks it again
+    o.labels[EnforceLabel(kEnforceLimiterContainer)] = "true";
   if (agent->mps_) o.labels[EnforceLabel(kEnforceMps)] = "true";
   ImageCacheOptions io;
   io.dir = o.image_cache_dir.empty() ? "/var/lib/gpupool/image-cache/" + o.node : o.image_cache_dir;
@@ -357,7 +363,11 @@ std::string Agent::cluster_refusal() {
 }
 
 Status Agent::Register() {
-  json body = NodeRegistration(inventory_, options_.node, options_.cpu, options_.memory, options_.labels);
+  json body;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a mig task's start may change the MIG layout (agent_mig.cc)
+    body = NodeRegistration(inventory_, options_.node, options_.cpu, options_.memory, options_.labels);
+  }
   if (!endpoint_.empty()) body["agent"] = AgentInfoJson();
   if (!cluster_id_.empty()) body["clusterId"] = cluster_id_;
   const int64_t start_ms = agent_internal::BootTimeMs();

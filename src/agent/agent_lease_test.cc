@@ -477,7 +477,8 @@ TEST_F(AgentLeaseTest, ARootContainersCheckpointDirectoryIsMadeOnlyUnderTheAllow
   ASSERT_TRUE(sandbox_test::MakeBusyboxRootfs(images + "/bb"));
   const std::string allowed = root_ + "/ckpt";
   auto boxed = [&](const std::string& job, const std::string& dir) {
-    json t = Task(job, "echo saved > \"$GPUPOOL_CHECKPOINT_DIR/ck\"");
+    // A whole GPU: a share would need the CUDA limiter, which this static busybox image cannot load.
+    json t = Task(job, "echo saved > \"$GPUPOOL_CHECKPOINT_DIR/ck\"", 1000);
     t["rootfs"] = images + "/bb";
     t["runAs"] = {{"root", true}};
     t["checkpoint"] = {{"dir", dir}, {"intervalSeconds", 60}};
@@ -528,12 +529,13 @@ TEST_F(AgentLeaseTest, DiskScratchStopsAtItsSizeLimitAndGoesWithItsRun) {
   const std::string ckpt = root_ + "/ckpt";
   json t = Task("j-000000000031",
                 "dd if=/dev/zero of=/scratch/big bs=1M count=40 2>$GPUPOOL_CHECKPOINT_DIR/dd.txt; "
-                "echo rc=$? >> $GPUPOOL_CHECKPOINT_DIR/dd.txt; touch $GPUPOOL_CHECKPOINT_DIR/ready; sleep 1");
+                "echo rc=$? >> $GPUPOOL_CHECKPOINT_DIR/dd.txt; touch $GPUPOOL_CHECKPOINT_DIR/ready; sleep 1",
+                1000);  // a whole GPU: this static busybox image cannot load the CUDA limiter
   t["rootfs"] = images + "/bb";
   t["checkpoint"] = {{"dir", ckpt + "/c-31"}, {"intervalSeconds", 60}};
   t["volumes"] = json::array({{{"scratch", {{"sizeLimit", "8Mi"}}}, {"mountPath", "/scratch"}}});
   // A limit no disk here has free: refused at start, saying so (it could never hold).
-  json huge = Task("j-000000000032", "true");
+  json huge = Task("j-000000000032", "true", 1000);
   huge["rootfs"] = images + "/bb";
   huge["volumes"] = json::array({{{"scratch", {{"sizeLimit", "64Ti"}}}, {"mountPath", "/scratch"}}});
   LeaseServer server(json::array({t, huge}), 30);

@@ -332,15 +332,19 @@ void Agent::StartTask(LocalTask& t) {
     if (Status st = EnsureMps(t); !st.ok()) return fail(st);
     eo.mps_daemons = true;
   }
+  if (Status st = EnsureMigInstances(t); !st.ok()) return fail(st);
   auto env = TaskEnvironment(a, inventory_, eo);
   if (!env.ok()) return fail(env.status());
   LaunchSpec spec;
   spec.id = id;
   spec.argv = a.command;
   spec.env = std::move(env).value();
-  // The limiter preloaded (task_env.cc decides): the task's processes share one memory ledger.
-  if (const auto preload = spec.env.find("LD_PRELOAD"); !cuda_limiter_.empty() && preload != spec.env.end())
-    spec.cuda_ledger = preload->second.rfind(cuda_limiter_, 0) == 0;
+  // The limiter preloaded (task_env.cc decides): the task's processes share one memory ledger; a
+  // container's runtime binds the library in and names it in /etc/ld.so.preload (runtime.h).
+  if (TaskGetsCudaLimiter(a, eo)) {
+    spec.cuda_ledger = true;
+    spec.cuda_limiter = cuda_limiter_;
+  }
   if (image) {
     // What the image says, under what the job and the pool say (image_cache.h).
     ApplyImageConfig(image->config, a.env, &spec);
@@ -371,7 +375,8 @@ void Agent::StartTask(LocalTask& t) {
     }
     if (a.isolation == "mig") {
       // A MIG instance also needs the nvidia-caps nodes of its GPU and compute instance.
-      std::ifstream minors("/proc/driver/nvidia-caps/mig-minors");
+      const std::string root = options_.driver_root.empty() || options_.driver_root == "/" ? "" : options_.driver_root;
+      std::ifstream minors(root + "/proc/driver/nvidia-caps/mig-minors");
       std::stringstream text;
       text << minors.rdbuf();
       auto caps = TaskMigCapDevices(a, inventory_, text.str());

@@ -19,23 +19,6 @@
 namespace gpupool {
 namespace {
 
-// The task's CUDA memory ledger (LaunchSpec::cuda_ledger): emptied, or made, its uid's, mode 0600.
-// Never through a link: the task's directory is the task's to change between runs.
-Status MakeCudaLedger(const std::string& path, int64_t uid, int64_t gid) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
-  if (fd < 0) return Status::Internal(fmt::format("creating the CUDA ledger {}: {}", path, agent_internal::ErrnoText(errno)));
-  struct stat st {};
-  Status status = Status::Ok();
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    status = Status::Internal(fmt::format("the CUDA ledger {} is not a regular file", path));
-  } else if ((uid >= 0 && ::fchown(fd, static_cast<uid_t>(uid), static_cast<gid_t>(gid)) != 0) ||
-             ::fchmod(fd, 0600) != 0) {
-    status = Status::Internal(fmt::format("making the CUDA ledger {} the task's: {}", path, agent_internal::ErrnoText(errno)));
-  }
-  ::close(fd);
-  return status;
-}
-
 using namespace agent_internal;
 
 class ProcessRuntime final : public SupervisedRuntime {

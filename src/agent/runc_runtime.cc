@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "agent/container_preload.h"
 #include "agent/runtime.h"
 #include "agent/runtime_internal.h"
 
@@ -49,7 +50,8 @@ nlohmann::json SeccompProfile() {
 }  // namespace
 
 Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs,
-                                   const std::string& cgroup_parent) {
+                                   const std::string& cgroup_parent,
+                                   const std::vector<LaunchSpec::Bind>& last_binds) {
   using nlohmann::json;
   if (spec.argv.empty()) return Status::InvalidArgument(fmt::format("task {}: argv is empty", spec.id));
   json env = json::array();
@@ -234,6 +236,15 @@ Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& ro
                      };
                      return depth(x) < depth(y);
                    });
+  for (const auto& b : last_binds) {
+    if (b.source.empty() || b.source[0] != '/' || b.destination.empty() || b.destination[0] != '/')
+      return Status::InvalidArgument(fmt::format("task {}: a bind needs absolute paths ('{}' -> '{}')", spec.id,
+                                                 b.source, b.destination));
+    mounts.push_back({{"destination", b.destination},
+                      {"type", "bind"},
+                      {"source", b.source},
+                      {"options", {"bind", b.readonly ? "ro" : "rw", "nosuid", "nodev"}}});
+  }
   json hooks = json::object();
   for (const auto& h : spec.hooks) {
     json hook = {{"path", h.path}};
@@ -422,17 +433,24 @@ class RuncRuntime final : public SupervisedRuntime {
       ASSIGN_OR_RETURN(rootfs_abs, AllowedPath(spec.id, "rootfs", rootfs));
     }
     RETURN_IF_ERROR(ValidateLaunchSpec(spec));
+    std::vector<LaunchSpec::Bind> limiter_binds;
+    if (!spec.cuda_limiter.empty()) {
+      ASSIGN_OR_RETURN(limiter_binds, PrepareCudaLimiter(&spec, rootfs_abs));
+    }
     {
       // runc makes a mount's missing mountpoint as the container's root, which may not write in a
       // root-owned tree (runsc makes them on the host's side, where it may not either): the agent
       // makes them first. In an image (the agent's own) that must work; in a rootfs or bundle
       // of the admin's it is best effort (a read-only one, a link runc resolves inside it).
       std::vector<std::string> points = {"/proc", "/dev", "/sys", "/tmp"};
-      for (const auto& b : spec.binds) points.push_back(b.destination);
       for (const auto& t : spec.tmpfs) points.push_back(t.destination);
       if (!spec.workdir.empty()) points.push_back(spec.workdir);
       std::vector<std::pair<std::string, bool>> made_points;
       for (const auto& p : points) made_points.push_back({p, false});
+      for (const auto& b : spec.binds) {
+        struct stat st;
+        made_points.push_back({b.destination, ::stat(b.source.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)});
+      }
       for (const auto& m : spec.mounts) {
         struct stat st;
         const bool file = (m.type.empty() || m.type == "bind") && ::stat(m.source.c_str(), &st) == 0 &&
@@ -443,14 +461,23 @@ class RuncRuntime final : public SupervisedRuntime {
         Status made = MakeDirsBeneath(rootfs_abs, p, file);
         if (!made.ok() && !spec.image_rootfs.empty()) return made.WithContext("task " + spec.id);
       }
+      // The limiter's: made, never through a link (whose target could be a directory the task
+      // may rename), or the start fails.
+      for (const auto& b : limiter_binds) {
+        if (Status made = MakeDirsBeneath(rootfs_abs, b.destination, true); !made.ok())
+          return made.WithContext(fmt::format("task {}: the CUDA limiter's mountpoint", spec.id));
+      }
     }
     if (spec.uid >= 0) {
       // runc mounts them as the container's root, which is the task's uid on the host.
       RETURN_IF_ERROR(Reachable(spec.id, "rootfs", rootfs_abs, spec.uid));
       for (const auto& b : spec.binds) RETURN_IF_ERROR(Reachable(spec.id, "mount", b.source, spec.uid));
+      for (const auto& b : limiter_binds) RETURN_IF_ERROR(Reachable(spec.id, "mount", b.source, spec.uid));
     }
-    ASSIGN_OR_RETURN(std::string config, BuildOciConfig(spec, rootfs_abs, "/gpupool/" + CgroupScope(state_dir_)));
+    ASSIGN_OR_RETURN(std::string config,
+                     BuildOciConfig(spec, rootfs_abs, "/gpupool/" + CgroupScope(state_dir_), limiter_binds));
     RETURN_IF_ERROR(PrepareTaskDir(spec.id));
+    RETURN_IF_ERROR(MakeCudaLimiterFiles(spec, limiter_binds));
     const std::string generated = TaskDir(spec.id) + "/bundle";
     RETURN_IF_ERROR(MakeDirs(generated));
     RETURN_IF_ERROR(WriteFileAtomic(generated + "/config.json", config, /*sync=*/false));  // rewritten every start
@@ -524,6 +551,80 @@ class RuncRuntime final : public SupervisedRuntime {
   }
 
  private:
+  // The CUDA limiter for every dynamically linked process of the container (LaunchSpec::cuda_limiter,
+  // docs/cuda_limiter.md "In containers"): fails unless the image can load it, then sets the
+  // task's environment and says what to bind where (MakeCudaLimiterFiles makes the files).
+  Result<std::vector<LaunchSpec::Bind>> PrepareCudaLimiter(LaunchSpec* spec, const std::string& rootfs_abs) {
+    auto lib = ReadElfVersionsAt(spec->cuda_limiter);
+    if (!lib.ok())
+      return Status::FailedPrecondition(fmt::format("task {}: the CUDA limiter cannot be checked: {}", spec->id,
+                                                    lib.status().message()));
+    if (Status fits = CheckPreloadFits(rootfs_abs, *lib); !fits.ok())
+      return Status::FailedPrecondition(fmt::format(
+          "task {}: its GPU share is held by the CUDA limiter, which its image cannot load: {}", spec->id,
+          fits.message()));
+    // Nothing of the task's is mounted at the limiter's paths or above them: a writable volume
+    // there would let the task rename a directory from under a bind and leave /etc/ld.so.preload
+    // naming nothing (the loader then runs the program unlimited).
+    std::vector<std::string> destinations;
+    for (const auto& b : spec->binds) destinations.push_back(b.destination);
+    for (const auto& m : spec->mounts) destinations.push_back(m.destination);
+    for (const auto& t : spec->tmpfs) destinations.push_back(t.destination);
+    for (const auto& r : spec->readonly_binds) destinations.push_back(r);
+    for (const std::string& d : destinations) {
+      std::string clean;  // "//etc/./" -> "/etc"
+      for (size_t i = 0; i < d.size();) {
+        const size_t end = std::min(d.find('/', i), d.size());
+        const std::string part = d.substr(i, end - i);
+        if (!part.empty() && part != ".") clean += "/" + part;
+        i = end + 1;
+      }
+      for (const char* path :
+           {kContainerCudaLimiterPath, kContainerPreloadPath, kContainerCudaLedgerPath, kContainerCudaLimitsPath}) {
+        const std::string p = path;
+        if (clean.empty() || p == clean || (p.compare(0, clean.size(), clean) == 0 && p[clean.size()] == '/'))
+          return Status::InvalidArgument(fmt::format(
+              "task {}: a mount at {} would cover {}, the CUDA limiter's; nothing else may be mounted there or above it",
+              spec->id, d, p));
+      }
+    }
+    spec->env["GPUPOOL_CUDA_LEDGER"] = kContainerCudaLedgerPath;
+    // The limits too, from a file the task cannot change: a program that execs another with other
+    // GPUPOOL_GPU_* values (or none) changes nothing (the library reads the file when it exists).
+    if (auto limits = CudaLimitsFileContents(spec->env); !limits.ok())
+      return Status::InvalidArgument(fmt::format("task {}: {}", spec->id, limits.status().message()));
+    // LD_PRELOAD too (task_env.cc puts the library first): a process that unsets it still has
+    // /etc/ld.so.preload.
+    auto& preload_env = spec->env["LD_PRELOAD"];
+    if (preload_env.rfind(kContainerCudaLimiterPath, 0) != 0)
+      preload_env = preload_env.empty() ? std::string(kContainerCudaLimiterPath)
+                                        : std::string(kContainerCudaLimiterPath) + ":" + preload_env;
+    return std::vector<LaunchSpec::Bind>{{spec->cuda_limiter, kContainerCudaLimiterPath, true},
+                                         {TaskDir(spec->id) + "/ld.so.preload", kContainerPreloadPath, true},
+                                         {TaskDir(spec->id) + "/cuda-ledger", kContainerCudaLedgerPath, false},
+                                         {TaskDir(spec->id) + "/cuda-limits", kContainerCudaLimitsPath, true}};
+  }
+
+  // The files PrepareCudaLimiter's binds name, made once the task's directory is (PrepareTaskDir):
+  // the preload list and the limits root's and read-only (written anew at each start), the ledger
+  // empty and the task's.
+  Status MakeCudaLimiterFiles(const LaunchSpec& spec, const std::vector<LaunchSpec::Bind>& binds) {
+    for (const auto& b : binds) {
+      if (b.destination == kContainerPreloadPath || b.destination == kContainerCudaLimitsPath) {
+        std::string content = std::string(kContainerCudaLimiterPath) + "\n";
+        if (b.destination == kContainerCudaLimitsPath) {
+          ASSIGN_OR_RETURN(content, CudaLimitsFileContents(spec.env));
+        }
+        RETURN_IF_ERROR(WriteFileAtomic(b.source, content, /*sync=*/false));
+        if (::chmod(b.source.c_str(), 0444) != 0)
+          return Status::Internal(fmt::format("chmod {}: {}", b.source, ErrnoText(errno)));
+      } else if (b.destination == kContainerCudaLedgerPath) {
+        RETURN_IF_ERROR(MakeCudaLedger(b.source, spec.uid, spec.gid >= 0 ? spec.gid : spec.uid));
+      }
+    }
+    return Status::Ok();
+  }
+
   // Every directory above `path` lets `uid` pass (others' x bit, or its own).
   static Status Reachable(const std::string& id, const char* what, const std::string& path, int64_t uid) {
     for (size_t i = 1; i < path.size(); ++i) {

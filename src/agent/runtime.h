@@ -53,7 +53,8 @@ struct LaunchSpec {
   //   private_dev   process runtime: /dev holds the standard nodes and `devices` only.
   //   network       runc: "none" (a network namespace of its own: loopback only), "host", or
   //                 "pod": the namespace at netns_path (agent/pod_network.h), made by the agent.
-  //   binds         runc: host directories mounted into the container (checkpoints, volumes).
+  //   binds         runc: host directories (or files) mounted into the container (checkpoints,
+  //                 volumes).
   int64_t uid = -1;
   int64_t gid = -1;
   bool no_new_privs = false;
@@ -62,13 +63,20 @@ struct LaunchSpec {
   // start in the task's own directory (`work/.gpupool-cuda-ledger` with a uid) and named in
   // GPUPOOL_CUDA_LEDGER.
   bool cuda_ledger = false;
+  // runc: libgpupool-cuda.so (its host path) to preload into every dynamically linked process of
+  // the container, whatever their environment: the runtime binds it read-only at
+  // /usr/lib/gpupool/libgpupool-cuda.so, binds a read-only /etc/ld.so.preload naming it, and binds
+  // a ledger made afresh at each start (the task's uid's, mode 0600) at /run/gpupool/cuda-ledger,
+  // named in GPUPOOL_CUDA_LEDGER (agent/container_preload.h). A start whose image cannot load it
+  // (no glibc, an older glibc than the library needs) fails. "": none.
+  std::string cuda_limiter;
   std::vector<std::string> hide_paths;
   std::vector<std::string> keep_paths;
   bool private_dev = false;
   std::string network = "none";
   std::string netns_path;
   struct Bind {
-    std::string source;       // absolute host path, an existing directory
+    std::string source;       // absolute host path, an existing directory or file
     std::string destination;  // absolute path in the container
     bool readonly = true;
   };

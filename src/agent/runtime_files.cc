@@ -89,6 +89,22 @@ Status MakeDirs(const std::string& path) {
   return Status::Ok();
 }
 
+// Never through a link: the task's directory is the task's to change between runs.
+Status MakeCudaLedger(const std::string& path, int64_t uid, int64_t gid) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
+  if (fd < 0) return Status::Internal(fmt::format("creating the CUDA ledger {}: {}", path, ErrnoText(errno)));
+  struct stat st {};
+  Status status = Status::Ok();
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    status = Status::Internal(fmt::format("the CUDA ledger {} is not a regular file", path));
+  } else if ((uid >= 0 && ::fchown(fd, static_cast<uid_t>(uid), static_cast<gid_t>(gid)) != 0) ||
+             ::fchmod(fd, 0600) != 0) {
+    status = Status::Internal(fmt::format("making the CUDA ledger {} the task's: {}", path, ErrnoText(errno)));
+  }
+  ::close(fd);
+  return status;
+}
+
 Status MakeOwnedDir(const std::string& path, int64_t uid, int64_t gid) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::IoError(fmt::format("cannot create {}: {}", path, ErrnoText(errno)));

@@ -74,6 +74,9 @@ Status MakeDirs(const std::string& path);
 // A directory owned by uid:gid with mode 0700 (created, or an existing directory, never a link,
 // given to them).
 Status MakeOwnedDir(const std::string& path, int64_t uid, int64_t gid);
+// The task's CUDA memory ledger (LaunchSpec::cuda_ledger, cuda_limiter): emptied, or made, uid's
+// (uid < 0: left as made), mode 0600; never through a link.
+Status MakeCudaLedger(const std::string& path, int64_t uid, int64_t gid);
 // A task's directory below one of `roots` (its checkpoint directory): `path` is absolute, without
 // "." or ".." parts, strictly below a root. Every missing directory below the root is created
 // without following links (root's, 0755), the last one given to uid:gid with mode 0700; a last one
@@ -302,7 +305,10 @@ Status MakeDirsBeneath(const std::string& root, const std::string& path, bool fi
 
 // Exposed for tests: the OCI config.json the runc runtime writes for a spec around `rootfs`.
 // `cgroup_parent`: where runc puts the task's group, "/gpupool/<scope>" (see CgroupScope).
+// `last_binds` are mounted after everything else, whatever their depth (the CUDA limiter's: no
+// mount of the task's, through a link of its image or not, can cover them).
 Result<std::string> BuildOciConfig(const LaunchSpec& spec, const std::string& rootfs_abs,
-                                   const std::string& cgroup_parent);
+                                   const std::string& cgroup_parent,
+                                   const std::vector<LaunchSpec::Bind>& last_binds = {});
 
 }  // namespace gpupool::agent_internal

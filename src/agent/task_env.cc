@@ -1,6 +1,7 @@
 #include "agent/task_env.h"
 
 #include "agent/cdi.h"
+#include "agent/container_preload.h"
 
 #include "api/jobspec.h"
 #include "common/image_source.h"
@@ -354,8 +355,8 @@ Result<MigInstanceInfo> FindMigInstance(const AssignedGpu& g, const Inventory& i
                            : fmt::format("{} (GPU instance not readable)", inst.uuid));
   }
   return Status::FailedPrecondition(fmt::format(
-      "GPU {} ({}) has no MIG instance of profile {} at slice {} (existing: {}); gpupool does not create "
-      "MIG instances yet",
+      "GPU {} ({}) has no MIG instance of profile {} at slice {} (existing: {}); the agent creates missing "
+      "instances only when a task starts",
       g.index, info.uuid, wanted, g.mig_start,
       existing.empty() ? std::string("none") : Join(existing, ", ")));
 }
@@ -531,15 +532,20 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
     env[k] = v;
   }
   // A time-sliced share has nothing else holding it to its memory and compute: the CUDA limiter
-  // (docs/cuda_limiter.md) goes first in LD_PRELOAD, before whatever the job preloads itself. In
-  // containers the library is not inside the root file system yet: not preloaded there.
-  const bool process_task = a.bundle.empty() && a.rootfs.empty() && a.image.empty();
-  if (!options.cuda_limiter.empty() && process_task && a.isolation == "timeslice" && !a.gpus.empty() &&
-      std::any_of(a.gpus.begin(), a.gpus.end(), [](const AssignedGpu& g) { return g.share_milli < 1000; })) {
+  // (docs/cuda_limiter.md) goes first in LD_PRELOAD, before whatever the job preloads itself. In a
+  // container it is the runtime's bind of the library (and /etc/ld.so.preload names it as well).
+  if (TaskGetsCudaLimiter(a, options)) {
+    const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
+    const std::string lib = container ? std::string(agent_internal::kContainerCudaLimiterPath) : options.cuda_limiter;
     const auto mine = env.find("LD_PRELOAD");
-    env["LD_PRELOAD"] = options.cuda_limiter + (mine == env.end() || mine->second.empty() ? "" : ":" + mine->second);
+    env["LD_PRELOAD"] = lib + (mine == env.end() || mine->second.empty() ? "" : ":" + mine->second);
   }
   return env;
+}
+
+bool TaskGetsCudaLimiter(const Assignment& a, const TaskEnvOptions& options) {
+  return !options.cuda_limiter.empty() && a.isolation == "timeslice" && !a.gpus.empty() &&
+         std::any_of(a.gpus.begin(), a.gpus.end(), [](const AssignedGpu& g) { return g.share_milli < 1000; });
 }
 
 MpsTaskLimits TaskMpsLimits(const Assignment& a) {

@@ -87,9 +87,15 @@ struct TaskEnvOptions {
   std::string node;
   std::string mps_pipe_root;  // per-GPU MPS pipe/log directories live under it ("<root>/<uuid>")
   bool mps_daemons = false;   // real GPUs: MPS control daemons run; simulated: only the variables
-  // libgpupool-cuda.so to preload into a fractional time-sliced task run as a process ("": none).
+  // libgpupool-cuda.so to preload into a fractional time-sliced task ("": none). A container gets
+  // it at agent_internal::kContainerCudaLimiterPath (the runc runtime binds it there).
   std::string cuda_limiter;
 };
+
+// Whether the task gets the CUDA limiter (a share below a whole GPU in `timeslice`, a limiter
+// configured): the one place that decides, for TaskEnvironment's LD_PRELOAD and the launch's
+// ledger and container binds.
+bool TaskGetsCudaLimiter(const Assignment& a, const TaskEnvOptions& options);
 
 // With a rendezvous, the variables distributed frameworks read: MASTER_ADDR, MASTER_PORT,
 // WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK (torch.distributed's env://

@@ -222,7 +222,7 @@ TEST(TaskEnvTest, MigWithoutAMatchingInstanceOnRealGpusIsAClearError) {
   EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(missing.status().message(),
             "GPU 2 (GPU-test-2) has no MIG instance of profile 3g.40gb at slice 0 (existing: 1g.10gb@0, "
-            "3g.40gb@4); gpupool does not create MIG instances yet");
+            "3g.40gb@4); the agent creates missing instances only when a task starts");
   // Same start, other profile: no match either.
   auto other_profile =
       TaskEnvironment(ParseSingle(RunAssignment("mig", json::array({MigGpu(2, "1g.10gb", 19, 4)}))), inv, o);
@@ -594,13 +594,14 @@ TEST(TaskEnvTest, TheMpiHostfileHasOneLinePerNodeInRankOrder) {
 namespace gpupool {
 namespace {
 
-// The CUDA limiter goes first in LD_PRELOAD of a fractional time-sliced process task, before what
-// the job preloads itself (a job cannot take it out: an empty LD_PRELOAD of its own gets it too);
-// nowhere else (MPS shares, whole GPUs, containers, no limiter configured).
-TEST(TaskEnvTest, TheCudaLimiterIsPreloadedIntoFractionalTimeslicedProcessTasksOnly) {
+// The CUDA limiter goes first in LD_PRELOAD of a fractional time-sliced task, before what the job
+// preloads itself (a job cannot take it out: an empty LD_PRELOAD of its own gets it too); in a
+// container at the path the runtime binds it to; nowhere else (MPS shares, whole GPUs, no limiter
+// configured). TaskGetsCudaLimiter is the one decision (the launch's ledger and binds follow it).
+TEST(TaskEnvTest, TheCudaLimiterIsPreloadedIntoFractionalTimeslicedTasksOnly) {
   TaskEnvOptions o;
   o.node = "node-1";
-  o.cuda_limiter = "/usr/lib/gpupool/libgpupool-cuda.so";
+  o.cuda_limiter = "/opt/gpupool/lib/libgpupool-cuda.so";
   const json quarter = json::array({{{"index", 2}, {"uuid", "GPU-test-2"}, {"share", 250}, {"memory", "20Gi"}}});
   const json whole = json::array({{{"index", 2}, {"uuid", "GPU-test-2"}, {"share", 1000}, {"memory", "80Gi"}}});
   auto env_of = [&](json a, const TaskEnvOptions& opts) {
@@ -609,20 +610,34 @@ TEST(TaskEnvTest, TheCudaLimiterIsPreloadedIntoFractionalTimeslicedProcessTasksO
     return env.ok() ? *env : std::map<std::string, std::string>{};
   };
   auto env = env_of(RunAssignment("timeslice", quarter), o);
-  EXPECT_EQ(env["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so");
+  EXPECT_EQ(env["LD_PRELOAD"], "/opt/gpupool/lib/libgpupool-cuda.so");
   EXPECT_EQ(env["GPUPOOL_GPU_MEMORY_BYTES"], std::to_string(20LL << 30));
   EXPECT_EQ(env["GPUPOOL_GPU_SHARES_MILLI"], "250");
+  EXPECT_TRUE(TaskGetsCudaLimiter(ParseSingle(RunAssignment("timeslice", quarter)), o));
   json own = RunAssignment("timeslice", quarter);
   own["env"]["LD_PRELOAD"] = "/usr/lib/libjemalloc.so.2";
-  EXPECT_EQ(env_of(own, o)["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so:/usr/lib/libjemalloc.so.2");
+  EXPECT_EQ(env_of(own, o)["LD_PRELOAD"], "/opt/gpupool/lib/libgpupool-cuda.so:/usr/lib/libjemalloc.so.2");
   own["env"]["LD_PRELOAD"] = "";
-  EXPECT_EQ(env_of(own, o)["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so");
+  EXPECT_EQ(env_of(own, o)["LD_PRELOAD"], "/opt/gpupool/lib/libgpupool-cuda.so");
   EXPECT_EQ(env_of(RunAssignment("mps", quarter), o).count("LD_PRELOAD"), 0u);
+  EXPECT_FALSE(TaskGetsCudaLimiter(ParseSingle(RunAssignment("mps", quarter)), o));
   EXPECT_EQ(env_of(RunAssignment("timeslice", whole), o).count("LD_PRELOAD"), 0u);
-  json boxed = RunAssignment("timeslice", quarter);
-  boxed["rootfs"] = "/srv/rootfs";
-  EXPECT_EQ(env_of(boxed, o).count("LD_PRELOAD"), 0u);
+  EXPECT_FALSE(TaskGetsCudaLimiter(ParseSingle(RunAssignment("timeslice", whole)), o));
+  // Containers: the library's path inside the container, the job's own preloads after it.
+  for (const char* field : {"rootfs", "bundle", "image"}) {
+    json boxed = RunAssignment("timeslice", quarter);
+    boxed[field] = std::string(field) == "image" ? "docker://docker.io/library/debian:12" : "/srv/images/x";
+    EXPECT_TRUE(TaskGetsCudaLimiter(ParseSingle(boxed), o)) << field;
+    EXPECT_EQ(env_of(boxed, o)["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so") << field;
+    boxed["env"]["LD_PRELOAD"] = "/usr/lib/libjemalloc.so.2";
+    EXPECT_EQ(env_of(boxed, o)["LD_PRELOAD"], "/usr/lib/gpupool/libgpupool-cuda.so:/usr/lib/libjemalloc.so.2") << field;
+    json whole_box = RunAssignment("timeslice", whole);
+    whole_box[field] = boxed[field];
+    EXPECT_FALSE(TaskGetsCudaLimiter(ParseSingle(whole_box), o)) << field;
+    EXPECT_EQ(env_of(whole_box, o).count("LD_PRELOAD"), 0u) << field;
+  }
   EXPECT_EQ(env_of(RunAssignment("timeslice", quarter), TaskEnvOptions{}).count("LD_PRELOAD"), 0u);
+  EXPECT_FALSE(TaskGetsCudaLimiter(ParseSingle(RunAssignment("timeslice", quarter)), TaskEnvOptions{}));
 }
 
 }  // namespace

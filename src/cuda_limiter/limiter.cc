@@ -92,26 +92,92 @@ size_t Limits::ListedDevices() const {
   return std::max(memory_bytes.size(), shares_milli.size());
 }
 
-LimitsOrError ParseLimits(const char* memory_bytes, const char* shares_milli) {
+namespace {
+
+LimitsOrError ParseNamedLimits(const char* memory_name, const char* memory_bytes, const char* shares_name,
+                               const char* shares_milli) {
   LimitsOrError result;
   Limits limits;
   if (Given(memory_bytes) &&
-      !ParseList(kMemoryEnv, memory_bytes, 0, kMaxMemoryBytes, &limits.memory_bytes, &result.error)) {
+      !ParseList(memory_name, memory_bytes, 0, kMaxMemoryBytes, &limits.memory_bytes, &result.error)) {
     return result;
   }
   std::vector<uint64_t> shares;
   if (Given(shares_milli) &&
-      !ParseList(kSharesEnv, shares_milli, 1, kFullShareMilli, &shares, &result.error)) {
+      !ParseList(shares_name, shares_milli, 1, kFullShareMilli, &shares, &result.error)) {
     return result;
   }
   for (uint64_t share : shares) limits.shares_milli.push_back(static_cast<uint32_t>(share));
   if (!limits.memory_bytes.empty() && !limits.shares_milli.empty() &&
       limits.memory_bytes.size() != limits.shares_milli.size()) {
-    result.error = std::string(kMemoryEnv) + " lists " + std::to_string(limits.memory_bytes.size()) +
-                   " devices but " + kSharesEnv + " lists " + std::to_string(limits.shares_milli.size());
+    result.error = std::string(memory_name) + " lists " + std::to_string(limits.memory_bytes.size()) +
+                   " devices but " + shares_name + " lists " + std::to_string(limits.shares_milli.size());
     return result;
   }
   result.limits = std::move(limits);
+  return result;
+}
+
+}  // namespace
+
+LimitsOrError ParseLimits(const char* memory_bytes, const char* shares_milli) {
+  return ParseNamedLimits(kMemoryEnv, memory_bytes, kSharesEnv, shares_milli);
+}
+
+LimitsOrError ParseLimitsFile(std::string_view text, std::string* ledger) {
+  LimitsOrError result;
+  const std::string file = kLimitsFile;
+  if (text.size() > kMaxLimitsFileBytes) {
+    result.error = file + " is longer than " + std::to_string(kMaxLimitsFileBytes) + " bytes";
+    return result;
+  }
+  if (text.find('\0') != std::string_view::npos || text.find('\r') != std::string_view::npos) {
+    result.error = file + " holds a NUL or CR character";
+    return result;
+  }
+  if (text.empty() || text.back() != '\n') {
+    result.error = file + " does not end with a newline";
+    return result;
+  }
+  const char* keys[3] = {kLimitsFileMemoryKey, kLimitsFileSharesKey, kLimitsFileLedgerKey};
+  std::optional<std::string> values[3];
+  size_t start = 0;
+  for (int line = 1; start < text.size(); ++line) {
+    const size_t end = text.find('\n', start);  // there is one: the text ends with a newline
+    const std::string_view entry = text.substr(start, end - start);
+    start = end + 1;
+    const size_t equals = entry.find('=');
+    const std::string_view key = entry.substr(0, std::min(equals, entry.size()));
+    int which = -1;
+    for (int k = 0; k < 3; ++k) {
+      if (key == keys[k]) which = k;
+    }
+    if (equals == std::string_view::npos || which < 0) {
+      result.error = file + " line " + std::to_string(line) + " (\"" + Printable(entry) +
+                     "\") is not memory_bytes=, shares_milli= or ledger=";
+      return result;
+    }
+    if (values[which].has_value()) {
+      result.error = file + " gives " + keys[which] + " twice";
+      return result;
+    }
+    values[which] = std::string(entry.substr(equals + 1));
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (!values[k].has_value()) {
+      result.error = file + " does not give " + keys[k];
+      return result;
+    }
+  }
+  const std::string& path = *values[2];
+  if (!path.empty() && (path[0] != '/' || path.size() > kMaxEnvLength)) {
+    result.error = file + " ledger (\"" + Printable(path) + "\") is not an absolute path";
+    return result;
+  }
+  const std::string memory_name = file + " " + kLimitsFileMemoryKey;
+  const std::string shares_name = file + " " + kLimitsFileSharesKey;
+  result = ParseNamedLimits(memory_name.c_str(), values[0]->c_str(), shares_name.c_str(), values[1]->c_str());
+  if (result.limits) *ledger = path;
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -25,6 +26,21 @@ inline constexpr size_t kMaxEnvLength = 4096;
 
 inline constexpr const char* kMemoryEnv = "GPUPOOL_GPU_MEMORY_BYTES";
 inline constexpr const char* kSharesEnv = "GPUPOOL_GPU_SHARES_MILLI";
+
+// The limits file (docs/cuda_limiter.md "In containers"): when it exists the limits and the
+// ledger's path are read from it, and the environment's GPUPOOL_GPU_MEMORY_BYTES,
+// GPUPOOL_GPU_SHARES_MILLI and GPUPOOL_CUDA_LEDGER are ignored. The path is fixed at build time;
+// only a test build of the library (GPUPOOL_CUDA_LIMITS_FILE_FOR_TESTS) puts it elsewhere.
+#ifdef GPUPOOL_CUDA_LIMITS_FILE_FOR_TESTS
+inline constexpr const char* kLimitsFile = GPUPOOL_CUDA_LIMITS_FILE_FOR_TESTS;
+#else
+inline constexpr const char* kLimitsFile = "/run/gpupool/cuda-limits";
+#endif
+// Two full lists, the ledger's path and the keys fit.
+inline constexpr size_t kMaxLimitsFileBytes = 3 * kMaxEnvLength;
+inline constexpr const char* kLimitsFileMemoryKey = "memory_bytes";
+inline constexpr const char* kLimitsFileSharesKey = "shares_milli";
+inline constexpr const char* kLimitsFileLedgerKey = "ledger";
 
 // What the agent allows a task on each visible device ordinal. A list that is absent (or empty)
 // sets nothing; a list that is given covers ordinals 0..size-1, and an ordinal past it gets
@@ -52,6 +68,13 @@ struct LimitsOrError {
 // no empty entries, at most kMaxDevices entries, memory at most kMaxMemoryBytes, shares 1..1000,
 // both lists (when both are given) of one length, each value at most kMaxEnvLength characters.
 LimitsOrError ParseLimits(const char* memory_bytes, const char* shares_milli);
+
+// Parses the limits file's contents: exactly three lines, each "key=value\n", the keys
+// memory_bytes, shares_milli and ledger once each in any order; the first two values are what the
+// two variables carry (empty: none of that kind), ledger is an absolute path or empty (none).
+// Anything else (an unknown or repeated key, a missing one, a NUL, a CR, no final newline, more
+// than kMaxLimitsFileBytes) is an error. *ledger is set to the ledger's path on success.
+LimitsOrError ParseLimitsFile(std::string_view text, std::string* ledger);
 
 // The key of a recorded allocation: a device pointer (cuMemAlloc and relatives) or a VMM handle
 // (cuMemCreate); the two spaces are separate.

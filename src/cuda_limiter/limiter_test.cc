@@ -27,6 +27,42 @@ TEST(ParseLimitsTest, AbsentOrEmptyMeansNoLimits) {
   }
 }
 
+TEST(ParseLimitsFileTest, ReadsTheSameListsAndTheLedger) {
+  std::string ledger = "unchanged";
+  LimitsOrError parsed =
+      ParseLimitsFile("shares_milli=250,1000\nledger=/run/gpupool/cuda-ledger\nmemory_bytes=10737418240,0\n", &ledger);
+  ASSERT_TRUE(parsed.limits.has_value()) << parsed.error;
+  EXPECT_EQ(parsed.limits->MemoryCap(0), 10 * kGiB);
+  EXPECT_EQ(parsed.limits->MemoryCap(1), kNoMemoryCap);
+  EXPECT_EQ(parsed.limits->ShareMilli(0), 250U);
+  EXPECT_EQ(ledger, "/run/gpupool/cuda-ledger");
+  parsed = ParseLimitsFile("memory_bytes=\nshares_milli=\nledger=\n", &ledger);  // empty: none, as unset
+  ASSERT_TRUE(parsed.limits.has_value()) << parsed.error;
+  EXPECT_FALSE(parsed.limits->HasMemoryCaps());
+  EXPECT_FALSE(parsed.limits->HasPacing());
+  EXPECT_EQ(ledger, "");
+}
+
+TEST(ParseLimitsFileTest, AnythingElseIsAnError) {
+  using namespace std::string_literals;
+  const std::vector<std::string> texts = {
+        "", "\n", "memory_bytes=1\nshares_milli=1000\n", "memory_bytes=1\nshares_milli=1000\nledger=\nledger=\n",
+        "memory_bytes=1\nshares_milli=1000\nledger=", "memory_bytes=1\nshares_milli=1000\nledger=\n\n",
+        "memory_bytes=1\nshares_milli=1000\nledger=\nother=1\n", "MEMORY_BYTES=1\nshares_milli=1000\nledger=\n",
+        "memory_bytes =1\nshares_milli=1000\nledger=\n", "memory_bytes=-1\nshares_milli=1000\nledger=\n",
+        "memory_bytes=1 \nshares_milli=1000\nledger=\n", "memory_bytes=1\r\nshares_milli=1000\nledger=\n",
+        "memory_bytes=1,2\nshares_milli=1000\nledger=\n", "memory_bytes=1\nshares_milli=1000\nledger=x\n",
+        "memory_bytes=1\0\nshares_milli=1000\nledger=\n"s,
+        "memory_bytes=1\nshares_milli=1000\nledger=/" + std::string(kMaxLimitsFileBytes, 'a') + "\n"};
+  for (const std::string& text : texts) {
+    std::string ledger = "unchanged";
+    const LimitsOrError parsed = ParseLimitsFile(text, &ledger);
+    EXPECT_FALSE(parsed.limits.has_value()) << text;
+    EXPECT_FALSE(parsed.error.empty()) << text;
+    EXPECT_EQ(ledger, "unchanged");
+  }
+}
+
 TEST(ParseLimitsTest, ListsCoverTheirOrdinalsAndNothingPast) {
   const LimitsOrError parsed = ParseLimits("10737418240,0", "250,1000");
   ASSERT_TRUE(parsed.limits.has_value()) << parsed.error;

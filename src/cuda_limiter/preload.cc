@@ -7,10 +7,14 @@
 // throw, abort or print more than one line, and each falls back to the driver's own answer where
 // the limits have nothing to say.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -188,12 +192,61 @@ const Driver& RealDriver() {
 
 namespace {
 
-// The task's ledger file when GPUPOOL_CUDA_LEDGER names one and there are caps to share; null
+// The limits, and the ledger's path in *ledger_path: from the limits file when it exists (the
+// environment is then not read for either), from the environment when it does not. The file is
+// the runtime's, bound read-only into a container, but read as hostile: a regular file, not a
+// link, writable by nobody, at most kMaxLimitsFileBytes, strictly formed; anything else is an
+// error, which refuses CUDA in the process.
+LimitsOrError ReadLimits(std::string* ledger_path) {
+  LimitsOrError result;
+  const std::string file = kLimitsFile;
+  const int fd = ::open(kLimitsFile, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      const char* ledger = std::getenv(kLedgerEnv);
+      *ledger_path = ledger == nullptr ? "" : ledger;
+      return ParseLimits(std::getenv(kMemoryEnv), std::getenv(kSharesEnv));
+    }
+    result.error = file + " cannot be opened: " + std::strerror(errno);
+    return result;
+  }
+  struct stat st;
+  std::string text;
+  if (::fstat(fd, &st) != 0) {
+    result.error = file + " cannot be read: " + std::strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    result.error = file + " is not a regular file";
+  } else if ((st.st_mode & 0222) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    result.error = file + " is writable (mode " + mode + "); it must be writable by nobody (0444)";
+  } else if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > kMaxLimitsFileBytes) {
+    result.error = file + " is longer than " + std::to_string(kMaxLimitsFileBytes) + " bytes";
+  } else {
+    text.resize(kMaxLimitsFileBytes + 1);  // one more: a file that grew since is still caught
+    size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        result.error = file + " cannot be read: " + std::strerror(errno);
+        break;
+      }
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  if (!result.error.empty()) return result;
+  return ParseLimitsFile(text, ledger_path);
+}
+
+// The task's ledger file when one is named (ledger_path) and there are caps to share; null
 // otherwise, with *error set when it names one that cannot be used.
-std::unique_ptr<SharedLedger> OpenSharedLedger(const Limits& limits, std::string* error) {
-  const char* path = std::getenv(kLedgerEnv);
-  if (path == nullptr || *path == '\0' || !limits.HasMemoryCaps()) return nullptr;
-  return SharedLedger::Open(path, error);
+std::unique_ptr<SharedLedger> OpenSharedLedger(const std::string& path, const Limits& limits, std::string* error) {
+  if (path.empty() || !limits.HasMemoryCaps()) return nullptr;
+  return SharedLedger::Open(path.c_str(), error);
 }
 
 void LedgerBeforeFork() {
@@ -209,9 +262,9 @@ void LedgerAfterForkInChild() {
 }  // namespace
 
 Process::Process()
-    : parsed(ParseLimits(std::getenv(kMemoryEnv), std::getenv(kSharesEnv))),
+    : parsed(ReadLimits(&ledger_path)),
       limits(parsed.limits.value_or(Limits{})),
-      shared(OpenSharedLedger(limits, &ledger_error)),
+      shared(OpenSharedLedger(ledger_path, limits, &ledger_error)),
       ledger(limits, shared.get()) {
   if (!parsed.limits) {
     refused.store(true);

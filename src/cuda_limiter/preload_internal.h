@@ -82,7 +82,8 @@ struct DevicePacing {
 struct Process {
   Process();
 
-  LimitsOrError parsed;
+  std::string ledger_path;  // the ledger file's path, from the limits file or GPUPOOL_CUDA_LEDGER ("": none)
+  LimitsOrError parsed;      // from the limits file when it exists, otherwise from the environment
   Limits limits;
   std::string ledger_error;              // why GPUPOOL_CUDA_LEDGER could not be used ("": it could)
   std::unique_ptr<SharedLedger> shared;  // the task's ledger file, when GPUPOOL_CUDA_LEDGER names one

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -59,8 +60,10 @@ struct StartedProbe {
 
 // Starts cuda_probe with the fake driver, the limiter preloaded (unless preload is false) and env
 // added to this process's environment (less anything the limiter or the fake reads).
+// With cwd, the probe runs there with the test build of the library (whose limits file is
+// GPUPOOL_CUDA_LIMITS_TEST_FILE, relative to the working directory).
 StartedProbe StartProbe(const std::vector<std::string>& args, const std::vector<std::string>& env,
-                        bool preload = true) {
+                        bool preload = true, const std::string& cwd = "") {
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string variable(*entry);
@@ -70,7 +73,9 @@ StartedProbe StartProbe(const std::vector<std::string>& args, const std::vector<
     }
   }
   environment.push_back(std::string("LD_LIBRARY_PATH=") + FAKE_CUDA_DIR + ":" + FAKE_NVML_DIR);
-  if (preload) environment.push_back(std::string("LD_PRELOAD=") + GPUPOOL_CUDA_PRELOAD_PATH);
+  if (preload)
+    environment.push_back(std::string("LD_PRELOAD=") +
+                          (cwd.empty() ? GPUPOOL_CUDA_PRELOAD_PATH : GPUPOOL_CUDA_LIMITS_TEST_PRELOAD_PATH));
   environment.insert(environment.end(), env.begin(), env.end());
   std::vector<std::string> argv_strings = {CUDA_PROBE_PATH};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
@@ -91,6 +96,7 @@ StartedProbe StartProbe(const std::vector<std::string>& args, const std::vector<
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out, STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, err, STDERR_FILENO);
+  if (!cwd.empty()) posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
   pid_t pid = -1;
   const int spawned = posix_spawn(&pid, CUDA_PROBE_PATH, &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
@@ -131,6 +137,23 @@ ProbeRun FinishProbe(const StartedProbe& started) {
 ProbeRun Probe(const std::vector<std::string>& args, const std::vector<std::string>& env,
                bool preload = true) {
   return FinishProbe(StartProbe(args, env, preload));
+}
+
+// Runs the probe with the test build of the library in a directory of its own, holding a limits
+// file with `contents` and `mode` (none when contents is nullopt).
+ProbeRun ProbeWithLimitsFile(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                             const std::optional<std::string>& contents, mode_t mode = 0444) {
+  char dir[] = "/tmp/cuda_limits_XXXXXX";
+  if (mkdtemp(dir) == nullptr) return ProbeRun{};
+  const std::string file = std::string(dir) + "/" + GPUPOOL_CUDA_LIMITS_TEST_FILE;
+  if (contents) {
+    std::ofstream(file) << *contents;
+    chmod(file.c_str(), mode);
+  }
+  ProbeRun run = FinishProbe(StartProbe(args, env, true, dir));
+  unlink(file.c_str());
+  rmdir(dir);
+  return run;
 }
 
 // 10 GiB on device 0 of the fake's two, no cap on device 1.
@@ -407,6 +430,113 @@ TEST(PreloadLedgerTest, AnotherUidsLedgerFileIsRefused) {
   const ProbeRun run = Probe({"hold", kEightGiB}, {kTenGiB, dir.Env()});
   EXPECT_EQ(run.U("init"), 3U);
   EXPECT_NE(run.err.find("owned by uid 65534"), std::string::npos) << run.err;
+}
+
+// ---- the limits file (docs/cuda_limiter.md "In containers") -------------------------------------
+
+std::string LimitsFile(const std::string& memory, const std::string& shares, const std::string& ledger = "") {
+  return "memory_bytes=" + memory + "\nshares_milli=" + shares + "\nledger=" + ledger + "\n";
+}
+
+// With the file, its limits hold and the environment's are not read, whatever they say.
+TEST(LimitsFileTest, TheFilesLimitHoldsWhateverTheEnvironmentSays) {
+  const std::string file = LimitsFile(std::to_string(kCap) + ",0", "1000,1000");
+  for (const std::vector<std::string>& env :
+       {std::vector<std::string>{}, {"GPUPOOL_GPU_MEMORY_BYTES=" + std::to_string(70 * kGiB) + ",0"},
+        {"GPUPOOL_GPU_MEMORY_BYTES=0,0", "GPUPOOL_GPU_SHARES_MILLI=1000,1000"},
+        {"GPUPOOL_GPU_MEMORY_BYTES=garbage"}}) {
+    SCOPED_TRACE(env.empty() ? "(no env)" : env[0]);
+    ExpectCapped(ProbeWithLimitsFile({"alloc", "plain"}, env, file), "plain");
+  }
+}
+
+// The ledger named by the environment is not used either when the file names none.
+TEST(LimitsFileTest, TheLedgerComesFromTheFileToo) {
+  char dir[] = "/tmp/cuda_limits_ledger_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string env_ledger = std::string(dir) + "/env-ledger";
+  const ProbeRun run = ProbeWithLimitsFile({"alloc", "plain"}, {"GPUPOOL_CUDA_LEDGER=" + env_ledger},
+                                           LimitsFile(std::to_string(kCap) + ",0", "1000,1000"));
+  ExpectCapped(run, "plain");
+  struct stat st;
+  EXPECT_NE(stat(env_ledger.c_str(), &st), 0);  // never made
+  const std::string file_ledger = std::string(dir) + "/file-ledger";
+  const ProbeRun with = ProbeWithLimitsFile({"alloc", "plain"}, {"GPUPOOL_CUDA_LEDGER=" + env_ledger},
+                                            LimitsFile(std::to_string(kCap) + ",0", "1000,1000", file_ledger));
+  ExpectCapped(with, "plain");
+  EXPECT_EQ(stat(file_ledger.c_str(), &st), 0);
+  EXPECT_NE(stat(env_ledger.c_str(), &st), 0);
+  unlink(file_ledger.c_str());
+  rmdir(dir);
+}
+
+// Without the file the test build reads the environment, as the real library does.
+TEST(LimitsFileTest, WithoutTheFileTheEnvironmentIsRead) {
+  ExpectCapped(ProbeWithLimitsFile({"alloc", "plain"}, {kTenGiB}, std::nullopt), "plain");
+  const ProbeRun run = ProbeWithLimitsFile({"alloc", "plain"}, {}, std::nullopt);
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(run.U("obtained"), kFakeDevice);
+}
+
+TEST(LimitsFileTest, AMalformedOrUnsafeFileRefusesCuda) {
+  using namespace std::string_literals;
+  const std::string good = LimitsFile(std::to_string(kCap) + ",0", "250,1000");
+  struct Case {
+    std::string name;
+    std::string contents;
+    mode_t mode = 0444;
+  };
+  const std::vector<Case> cases = {
+      {"empty", ""},
+      {"no final newline", good.substr(0, good.size() - 1)},
+      {"unknown key", good + "extra=1\n"},
+      {"repeated key", good + "memory_bytes=1\n"},
+      {"missing key", "memory_bytes=1,0\nshares_milli=1000,1000\n"},
+      {"no equals", "memory_bytes\nshares_milli=\nledger=\n"},
+      {"a sign", LimitsFile("+10737418240,0", "1000,1000")},
+      {"a unit", LimitsFile("10G,0", "1000,1000")},
+      {"hex", LimitsFile("0x10,0", "1000,1000")},
+      {"a space", LimitsFile(" 10737418240,0", "1000,1000")},
+      {"too large", LimitsFile("99999999999999999999,0", "1000,1000")},
+      {"share 0", LimitsFile("0,0", "0,1000")},
+      {"share over 1000", LimitsFile("0,0", "1001,1000")},
+      {"lists of two lengths", LimitsFile("1,0", "1000")},
+      {"empty entry", LimitsFile("1,,0", "1000,1000,1000")},
+      {"CR", "memory_bytes=1,0\r\nshares_milli=1000,1000\nledger=\n"},
+      {"NUL", "memory_bytes=1,0\nshares_milli=1000,1000\nledger=\0\n"s},
+      {"relative ledger", LimitsFile("1,0", "1000,1000", "ledger")},
+      {"oversized", good + std::string(kMaxLimitsFileBytes, '#')},
+      {"writable", good, 0644},
+      {"writable by the group", good, 0464},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ProbeRun run = ProbeWithLimitsFile({"info"}, {kTenGiB}, c.contents, c.mode);
+    EXPECT_EQ(run.status, 3);
+    EXPECT_EQ(run.U("init"), 3U);  // CUDA_ERROR_NOT_INITIALIZED
+    EXPECT_EQ(run.err.rfind(std::string("gpupool-cuda: ") + GPUPOOL_CUDA_LIMITS_TEST_FILE, 0), 0U) << run.err;
+    EXPECT_NE(run.err.find("CUDA is refused"), std::string::npos) << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  }
+}
+
+// A link or a directory at the path refuses CUDA too (never followed, never taken as absent).
+TEST(LimitsFileTest, ALinkOrADirectoryRefusesCuda) {
+  char dir[] = "/tmp/cuda_limits_link_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/" + GPUPOOL_CUDA_LIMITS_TEST_FILE;
+  const std::string target = std::string(dir) + "/target";
+  std::ofstream(target) << LimitsFile("0,0", "1000,1000");
+  chmod(target.c_str(), 0444);
+  for (bool link : {true, false}) {
+    ASSERT_EQ(link ? symlink(target.c_str(), path.c_str()) : mkdir(path.c_str(), 0555), 0);
+    const ProbeRun run = FinishProbe(StartProbe({"info"}, {}, true, dir));
+    EXPECT_EQ(run.status, 3) << link;
+    EXPECT_NE(run.err.find("CUDA is refused"), std::string::npos) << run.err;
+    if (link) unlink(path.c_str()); else rmdir(path.c_str());
+  }
+  unlink(target.c_str());
+  rmdir(dir);
 }
 
 }  // namespace
