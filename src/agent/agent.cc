@@ -245,11 +245,12 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   // GPU only with shares held): the CUDA limiter in fractional timeslice process tasks, and in
   // container tasks where runc runs (the runtime preloads it through /etc/ld.so.preload and refuses
   // an image that could not load it), and MPS limits set and read back through the control daemon
-  // before an mps task starts (a task whose limits cannot be set does not start). An admin's label
-  // is overridden.
+  // before an mps task starts (a task whose limits cannot be set does not start). On simulated
+  // GPUs containers run without the limiter (no driver for it to hold), so they are not said to be
+  // held. An admin's label is overridden.
   for (uint8_t bit : kEnforceBits) o.labels.erase(EnforceLabel(bit));
   if (!agent->cuda_limiter_.empty()) o.labels[EnforceLabel(kEnforceLimiter)] = "true";
-  if (!agent->cuda_limiter_.empty() && agent->containers_.count("runc") != 0 &&
+  if (!agent->cuda_limiter_.empty() && !agent->inventory_.simulated && agent->containers_.count("runc") != 0 &&
       agent_internal::ReadElfVersionsAt(agent->cuda_limiter_).ok())  // every start checks it again
     o.labels[EnforceLabel(kEnforceLimiterContainer)] = "true";
   if (agent->mps_) o.labels[EnforceLabel(kEnforceMps)] = "true";

@@ -328,6 +328,7 @@ void Agent::StartTask(LocalTask& t) {
   eo.node = options_.node;
   eo.mps_pipe_root = options_.state_dir + "/mps";
   eo.cuda_limiter = cuda_limiter_;
+  eo.cuda_limiter_containers = !inventory_.simulated;
   if (a.isolation == "mps" && mps_) {
     if (Status st = EnsureMps(t); !st.ok()) return fail(st);
     eo.mps_daemons = true;

@@ -544,7 +544,9 @@ Result<std::map<std::string, std::string>> TaskEnvironment(const Assignment& a, 
 }
 
 bool TaskGetsCudaLimiter(const Assignment& a, const TaskEnvOptions& options) {
-  return !options.cuda_limiter.empty() && a.isolation == "timeslice" && !a.gpus.empty() &&
+  const bool container = !a.bundle.empty() || !a.rootfs.empty() || !a.image.empty();
+  return !options.cuda_limiter.empty() && (!container || options.cuda_limiter_containers) &&
+         a.isolation == "timeslice" && !a.gpus.empty() &&
          std::any_of(a.gpus.begin(), a.gpus.end(), [](const AssignedGpu& g) { return g.share_milli < 1000; });
 }
 

@@ -90,6 +90,9 @@ struct TaskEnvOptions {
   // libgpupool-cuda.so to preload into a fractional time-sliced task ("": none). A container gets
   // it at agent_internal::kContainerCudaLimiterPath (the runc runtime binds it there).
   std::string cuda_limiter;
+  // Containers get it too (real GPUs). Simulated GPUs have no CUDA driver for it to hold, so their
+  // containers run without it (and images without glibc still start there); process tasks keep it.
+  bool cuda_limiter_containers = true;
 };
 
 // Whether the task gets the CUDA limiter (a share below a whole GPU in `timeslice`, a limiter
