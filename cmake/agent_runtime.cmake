@@ -12,6 +12,7 @@ add_library(gpupool_agent_runtime
   src/agent/process_runtime.cc
   src/agent/runc_runtime.cc
   src/agent/container_preload.cc
+  src/agent/process_preload.cc
   src/agent/image_cache.cc
   src/agent/image_layout.cc
   src/agent/pod_network.cc

@@ -166,6 +166,10 @@ class LeaseServer {
     std::lock_guard<std::mutex> lock(mu_);
     return heartbeats_.empty() ? json(nullptr) : heartbeats_.back();
   }
+  size_t HeartbeatCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heartbeats_.size();
+  }
 
  private:
   httplib::Server srv_;
@@ -627,8 +631,14 @@ TEST_F(AgentLeaseTest, RegistrationAdvertisesTheContainerClassesItCanRunAndNoPod
 // The driver is tests/fake_cuda's; the program tests/fake_cuda/cuda_probe.
 TEST_F(AgentLeaseTest, AQuarterGpuTaskCannotAllocateMoreThanItsMemory) {
   const std::string out = root_ + "/probe.out";
-  json task = Task("j-000000000009", fmt::format("FAKE_CUDA_DEVICES=1 LD_LIBRARY_PATH={} {} alloc plain > {} 2>&1",
-                                                 FAKE_CUDA_DIR, CUDA_PROBE_PATH, out),
+  // The second run is the task's own attempt to get out: LD_PRELOAD cleared and its own memory
+  // limit (80 GiB) before an exec. The limiter is in its mount namespace (/etc/ld.so.preload and
+  // the read-only limits file), so nothing changes.
+  json task = Task("j-000000000009",
+                   fmt::format("FAKE_CUDA_DEVICES=1 LD_LIBRARY_PATH={0} {1} alloc plain > {2} 2>&1; "
+                               "env -u LD_PRELOAD GPUPOOL_GPU_MEMORY_BYTES=85899345920 GPUPOOL_CUDA_LEDGER= "
+                               "FAKE_CUDA_DEVICES=1 LD_LIBRARY_PATH={0} {1} alloc plain > {2}.cleared 2>&1",
+                               FAKE_CUDA_DIR, CUDA_PROBE_PATH, out),
                    250);
   task["gpus"][0]["memory"] = "20Gi";
   LeaseServer server(json::array({task}), 30);
@@ -656,6 +666,9 @@ TEST_F(AgentLeaseTest, AQuarterGpuTaskCannotAllocateMoreThanItsMemory) {
   EXPECT_GT(v["obtained"], cap - (uint64_t{2} << 30)) << Slurp(out);
   EXPECT_EQ(v["obtained_error"], 2u) << "CUDA_ERROR_OUT_OF_MEMORY\n" << Slurp(out);
   EXPECT_EQ(v["info_total"], cap) << Slurp(out);
+  const std::string cleared = Slurp(out + ".cleared");
+  EXPECT_NE(cleared.find("info_total=" + std::to_string(cap) + "\n"), std::string::npos) << cleared;
+  EXPECT_NE(cleared.find("obtained_error=2\n"), std::string::npos) << cleared;
   // Without the limiter (off), the same program takes the whole simulated device.
   agent_->Stop(false);
   agent_.reset();
@@ -670,6 +683,34 @@ TEST_F(AgentLeaseTest, AQuarterGpuTaskCannotAllocateMoreThanItsMemory) {
   ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000010", "succeeded").is_null(); }, 20s));
   EXPECT_NE(Slurp(out + ".off").find("info_total=" + std::to_string(uint64_t{81920} << 20)), std::string::npos)
       << Slurp(out + ".off");
+}
+
+// A guaranteed task's limiter counts the driver's refusals within its grant (the device is full of
+// others' use; here a fake device of 8 GiB under a 20 GiB grant): the agent reads the count from
+// the task's ledger and names the job in the next heartbeat, on the GPU it holds.
+TEST_F(AgentLeaseTest, AGuaranteedTasksMemoryPressureGoesOutInTheHeartbeat) {
+  const std::string out = root_ + "/pressure.out";
+  json task = Task("j-000000000011",
+                   fmt::format("FAKE_CUDA_DEVICES=1 FAKE_CUDA_MEMORY_MIB=8192 LD_LIBRARY_PATH={} {} alloc plain > {} 2>&1; "
+                               "sleep 30",
+                               FAKE_CUDA_DIR, CUDA_PROBE_PATH, out),
+                   250);
+  task["gpus"][0]["memory"] = "20Gi";
+  LeaseServer server(json::array({task}), 30);
+  AgentOptions o = Opts(server.url());
+  o.cuda_limiter = GPUPOOL_CUDA_PRELOAD_PATH;
+  ASSERT_NE(Create(o), nullptr);
+  ASSERT_TRUE(agent_->Start(5s).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    json hb = server.LastHeartbeat();
+    return hb.is_object() && hb.contains("gpus") && hb["gpus"][1].value("memoryPressureJob", "") == "j-000000000011";
+  }, 20s)) << Slurp(out) << server.LastHeartbeat().dump();
+  EXPECT_NE(Slurp(out).find("obtained_error=2\n"), std::string::npos) << Slurp(out);
+  EXPECT_FALSE(server.LastHeartbeat()["gpus"][0].contains("memoryPressureJob"));
+  // Reported once per new refusal, not in every heartbeat after.
+  const size_t beats = server.HeartbeatCount();
+  ASSERT_TRUE(WaitFor([&] { return server.HeartbeatCount() > beats + 1; }, 10s));
+  EXPECT_FALSE(server.LastHeartbeat()["gpus"][1].contains("memoryPressureJob")) << server.LastHeartbeat().dump();
 }
 
 TEST_F(AgentLeaseTest, HeartbeatCarriesSimulatedGpuLoad) {

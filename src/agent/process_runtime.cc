@@ -10,9 +10,11 @@
 #include <climits>
 #include <cstdlib>
 #include <ctime>
+#include <map>
 
 #include <fmt/format.h>
 
+#include "agent/process_preload.h"
 #include "agent/runtime.h"
 #include "agent/runtime_internal.h"
 
@@ -53,7 +55,22 @@ class ProcessRuntime final : public SupervisedRuntime {
     SpawnRequest req;
     req.executable = exe;
     req.argv = spec.argv;
-    for (const auto& [k, v] : spec.env) {
+    std::map<std::string, std::string> env = spec.env;
+    if (spec.cuda_ledger) {
+      const std::string ledger = CudaLedgerPath(spec.id);
+      RETURN_IF_ERROR(MakeCudaLedger(ledger, spec.uid, spec.gid));
+      env["GPUPOOL_CUDA_LEDGER"] = ledger;
+      // As root the task gets a mount namespace that holds the limiter as a container's does
+      // (process_preload.h); otherwise (an agent without root cannot build one) the environment
+      // names the library and the limits, and a task can clear them (docs/cuda_limiter.md).
+      if (!spec.cuda_limiter.empty() && ::geteuid() == 0) {
+        auto files = PrepareProcessCudaLimiter(spec.cuda_limiter, TaskDir(spec.id), ledger, &env);
+        if (!files.ok()) return files.status().WithContext(fmt::format("task {}: the CUDA limiter", spec.id));
+        req.run_files = std::move(files->run_files);
+        req.preload_list = std::move(files->preload_list);
+      }
+    }
+    for (const auto& [k, v] : env) {
       if (k.empty() || k.find('=') != std::string::npos)
         return Status::InvalidArgument(fmt::format("task {}: bad environment variable name '{}'", spec.id, k));
       req.envp.push_back(k + "=" + v);
@@ -67,11 +84,6 @@ class ProcessRuntime final : public SupervisedRuntime {
       req.keep_paths.push_back(work);
       req.hide_paths.push_back(state_dir_);
       if (!log_dir_.empty()) req.hide_paths.push_back(log_dir_);
-    }
-    if (spec.cuda_ledger) {
-      const std::string ledger = (spec.uid >= 0 ? TaskDir(spec.id) + "/work" : TaskDir(spec.id)) + "/.gpupool-cuda-ledger";
-      RETURN_IF_ERROR(MakeCudaLedger(ledger, spec.uid, spec.gid));
-      req.envp.push_back("GPUPOOL_CUDA_LEDGER=" + ledger);
     }
     req.uid = spec.uid;
     req.gid = spec.gid;

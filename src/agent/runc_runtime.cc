@@ -601,7 +601,7 @@ class RuncRuntime final : public SupervisedRuntime {
                                         : std::string(kContainerCudaLimiterPath) + ":" + preload_env;
     return std::vector<LaunchSpec::Bind>{{spec->cuda_limiter, kContainerCudaLimiterPath, true},
                                          {TaskDir(spec->id) + "/ld.so.preload", kContainerPreloadPath, true},
-                                         {TaskDir(spec->id) + "/cuda-ledger", kContainerCudaLedgerPath, false},
+                                         {CudaLedgerPath(spec->id), kContainerCudaLedgerPath, false},
                                          {TaskDir(spec->id) + "/cuda-limits", kContainerCudaLimitsPath, true}};
   }
 

@@ -60,8 +60,9 @@ struct LaunchSpec {
   bool no_new_privs = false;
   // process runtime: the task has libgpupool-cuda.so preloaded. Its processes share one memory
   // ledger (docs/cuda_limiter.md): an empty file, the task's uid's and mode 0600, made afresh at each
-  // start in the task's own directory (`work/.gpupool-cuda-ledger` with a uid) and named in
-  // GPUPOOL_CUDA_LEDGER.
+  // start at CudaLedgerPath. As root the runtime also binds the library, the ledger and a read-only
+  // limits file into the task's mount namespace (agent/process_preload.h) with cuda_limiter; without
+  // root GPUPOOL_CUDA_LEDGER names the host path.
   bool cuda_ledger = false;
   // runc: libgpupool-cuda.so (its host path) to preload into every dynamically linked process of
   // the container, whatever their environment: the runtime binds it read-only at
@@ -141,6 +142,9 @@ class Runtime {
   // Paths of the task's log files.
   virtual std::string StdoutPath(const std::string& id) const = 0;
   virtual std::string StderrPath(const std::string& id) const = 0;
+  // The host path of the task's CUDA memory ledger (LaunchSpec::cuda_ledger), whether or not it has
+  // one: the agent reads the limiter's pressure counters there.
+  virtual std::string CudaLedgerPath(const std::string& id) const = 0;
   // Empty when CPU/memory limits are enforced; otherwise why they are not (said once, here,
   // rather than on every Start): "no writable cgroup: ...". Added with the runtimes.
   virtual std::string limits_note() const { return {}; }

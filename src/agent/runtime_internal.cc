@@ -181,9 +181,16 @@ Result<SpawnResult> SpawnSupervised(const SpawnRequest& req) {
   plan.keep_paths = req.keep_paths;
   plan.private_dev = req.private_dev;
   plan.devices = req.devices;
+  plan.run_files = req.run_files;
+  plan.preload_list = req.preload_list;
   for (const auto* list : {&plan.hide_paths, &plan.keep_paths, &plan.devices})
     for (const auto& p : *list)
       if (p.empty() || p[0] != '/' || has_nul(p)) return Status::InvalidArgument(fmt::format("sandbox path '{}' is not absolute", p));
+  for (const auto& f : plan.run_files)
+    if (!ValidRunFileName(f.name) || f.source.empty() || f.source[0] != '/' || has_nul(f.source))
+      return Status::InvalidArgument(fmt::format("run file '{}' ({}) is not a plain name and an absolute path", f.name, f.source));
+  if (!plan.preload_list.empty() && (plan.preload_list[0] != '/' || has_nul(plan.preload_list)))
+    return Status::InvalidArgument(fmt::format("preload list '{}' is not absolute", plan.preload_list));
   std::vector<std::string> args = EncodeSupervisorArgs(plan);
   args.insert(args.begin(), std::string(kSupervisorName));
   // The plan travels in a sealed memory file on fd 5: a command line is readable by every local

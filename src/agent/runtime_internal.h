@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "agent/runtime.h"
+#include "agent/supervisor_protocol.h"
 #include "common/status.h"
 
 namespace gpupool::agent_internal {
@@ -169,6 +170,8 @@ struct SpawnRequest {
   std::vector<std::string> keep_paths;
   bool private_dev = false;
   std::vector<std::string> devices;
+  std::vector<SupervisorPlan::RunFile> run_files;
+  std::string preload_list;
   // Called with the pids once the supervisor has forked the task, which execs only after it
   // returns Ok (the runtimes write the task's record here, so an agent killed mid-start never
   // leaves a task running that its successor does not know of). An error stops the task unrun.
@@ -263,6 +266,7 @@ class SupervisedRuntime : public Runtime {
   Status Remove(const std::string& id) override;
   std::vector<std::string> List() override;
   std::string StdoutPath(const std::string& id) const override;
+  std::string CudaLedgerPath(const std::string& id) const override { return TaskDir(id) + "/cuda-ledger"; }
   std::string StderrPath(const std::string& id) const override;
 
  protected:

@@ -239,5 +239,50 @@ TEST_F(SandboxTest, AWorkingDirectoryOfTheJobsChoiceNeverUncoversAHiddenPath) {
   EXPECT_NE(out.find(data + "\nWROTE\n"), std::string::npos) << out;
 }
 
+// The CUDA limiter preloaded into a process task is a property of its mount namespace, as in a
+// container: a program run with LD_PRELOAD cleared still loads it (/etc/ld.so.preload), the limits
+// it reads are a read-only file, and none of it can be changed, moved or unmounted by the task.
+// The host's own /etc/ld.so.preload is left naming nothing of the task's.
+TEST_F(SandboxTest, TheCudaLimiterHoldsAProcessTaskThatClearsItsEnvironment) {
+  const std::string host_list_before = ReadText("/etc/ld.so.preload");
+  LaunchSpec spec =
+      Spec("limiter", kUidA,
+           "echo \"preload=$LD_PRELOAD\"; echo \"ledger=$GPUPOOL_CUDA_LEDGER\"; "
+           "(env -u LD_PRELOAD GPUPOOL_GPU_MEMORY_BYTES=99999999999 grep -q '/run/gpupool/libgpupool-cuda.so' /proc/self/maps "
+           "&& echo MAPPED || echo NOT-MAPPED); "
+           "cat /run/gpupool/cuda-limits; echo list:; cat /etc/ld.so.preload; ls /run/gpupool | tr '\\n' ' '; echo; "
+           "(echo memory_bytes= > /run/gpupool/cuda-limits) 2>/dev/null || echo LIMITS-RO; "
+           "(echo /tmp/mine.so > /etc/ld.so.preload) 2>/dev/null || echo LIST-RO; "
+           "touch /run/gpupool/cuda-limits-2 2>/dev/null || echo DIR-RO; "
+           "mv /run/gpupool/cuda-limits /run/gpupool/x 2>/dev/null || echo NO-MOVE; "
+           "umount /etc/ld.so.preload 2>/dev/null || umount -l /run/gpupool 2>/dev/null || echo NO-UMOUNT; "
+           "test -w /run/gpupool/cuda-ledger && echo LEDGER-RW");
+  spec.cuda_ledger = true;
+  spec.cuda_limiter = GPUPOOL_CUDA_PRELOAD_PATH;
+  spec.env["LD_PRELOAD"] = GPUPOOL_CUDA_PRELOAD_PATH;
+  spec.env["GPUPOOL_GPU_MEMORY_BYTES"] = "1073741824";
+  spec.env["GPUPOOL_GPU_SHARES_MILLI"] = "250";
+  const std::string out = Run(spec);
+  EXPECT_NE(out.find("preload=/run/gpupool/libgpupool-cuda.so\nledger=/run/gpupool/cuda-ledger\n"), std::string::npos)
+      << out;
+  // Mapped into a program whose environment had no LD_PRELOAD (grep reads its own maps).
+  EXPECT_NE(out.find("\nMAPPED\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("memory_bytes=1073741824\nshares_milli=250\nledger=/run/gpupool/cuda-ledger\nlist:\n"
+                     "/run/gpupool/libgpupool-cuda.so\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("cuda-ledger cuda-limits libgpupool-cuda.so \n"), std::string::npos) << out;
+  EXPECT_NE(out.find("LIMITS-RO\nLIST-RO\nDIR-RO\nNO-MOVE\nNO-UMOUNT\nLEDGER-RW\n"), std::string::npos) << out;
+  // The host's list is what it was (an empty one is made when there was none), and nothing of the
+  // task's is in the host's /run/gpupool.
+  EXPECT_EQ(ReadText("/etc/ld.so.preload"), host_list_before);
+  struct stat st;
+  EXPECT_NE(::stat("/run/gpupool/cuda-limits", &st), 0);
+  // The task's limits file, as the agent wrote it: root's and read-only.
+  ASSERT_EQ(::stat((dir_ + "/state/" + spec.id + "/cuda-limits").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 07777, 0444u);
+}
+
 }  // namespace
 }  // namespace gpupool

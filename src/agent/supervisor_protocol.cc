@@ -36,6 +36,9 @@ std::vector<std::string> EncodeSupervisorArgs(const SupervisorPlan& p) {
   for (const auto& k : p.keep_paths) out.push_back("--keep=" + k);
   if (p.private_dev) out.push_back("--private-dev=1");
   for (const auto& d : p.devices) out.push_back("--dev=" + d);
+  for (const auto& f : p.run_files)
+    out.push_back("--run-file=" + std::string(f.writable ? "rw:" : "ro:") + f.name + ":" + f.source);
+  if (!p.preload_list.empty()) out.push_back("--preload-list=" + p.preload_list);
   out.push_back("--");
   for (const auto& a : p.argv) out.push_back(a);
   return out;
@@ -128,6 +131,31 @@ bool DecodeSupervisorArgs(int argc, const char* const* argv, SupervisorPlan* pla
       (name == "hide" ? plan->hide_paths : name == "keep" ? plan->keep_paths : plan->devices).push_back(value);
     } else if (name == "private-dev") {
       plan->private_dev = value == "1";
+    } else if (name == "run-file") {
+      // "ro:NAME:/source" or "rw:NAME:/source"
+      const size_t colon = value.find(':', 3);
+      SupervisorPlan::RunFile f;
+      if (value.size() < 3 || (value.compare(0, 3, "ro:") != 0 && value.compare(0, 3, "rw:") != 0) ||
+          colon == std::string::npos || !ValidRunFileName(std::string_view(value).substr(3, colon - 3)) ||
+          colon + 1 >= value.size() || value[colon + 1] != '/') {
+        *why = "--run-file is not ro:NAME:/path or rw:NAME:/path";
+        return false;
+      }
+      f.writable = value[1] == 'w';
+      f.name = value.substr(3, colon - 3);
+      f.source = value.substr(colon + 1);
+      for (const auto& other : plan->run_files)
+        if (other.name == f.name) {
+          *why = "--run-file names " + f.name + " twice";
+          return false;
+        }
+      plan->run_files.push_back(std::move(f));
+    } else if (name == "preload-list") {
+      if (value.empty() || value[0] != '/') {
+        *why = "--preload-list is not an absolute path";
+        return false;
+      }
+      plan->preload_list = value;
     } else {
       *why = "unknown option '--" + std::string(name) + "'";
       return false;
@@ -141,6 +169,14 @@ bool DecodeSupervisorArgs(int argc, const char* const* argv, SupervisorPlan* pla
   else if (plan->argv.empty()) *why = "no task argv after --";
   else return true;
   return false;
+}
+
+bool ValidRunFileName(std::string_view name) {
+  if (name.empty() || name.size() > 64 || name == "." || name == "..") return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return false;
+  return true;
 }
 
 std::string JoinPlanArgs(const std::vector<std::string>& args) {

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpupool::agent_internal {
@@ -50,12 +51,29 @@ struct SupervisorPlan {
   //               checkpoint directories);
   //   private_dev /dev is a fresh tmpfs with the usual character devices (null, zero, full,
   //               random, urandom, tty), fresh /dev/pts and /dev/shm, and only `devices` besides.
+  //   run_files   files bound into kTaskRunDir, a fresh tmpfs made read-only once they are in
+  //               (the CUDA limiter's library, limits and ledger: docs/cuda_limiter.md);
+  //   preload_list a file bound read-only over /etc/ld.so.preload (which must exist on the host).
   std::vector<std::string> hide_paths;
   std::vector<std::string> keep_paths;
   bool private_dev = false;
   std::vector<std::string> devices;
-  bool mount_namespace() const { return private_dev || !hide_paths.empty(); }
+  struct RunFile {
+    std::string name;    // its name in kTaskRunDir: [A-Za-z0-9._-], 1..64 characters, not "." or ".."
+    std::string source;  // an absolute path, opened before anything is hidden
+    bool writable = false;
+  };
+  std::vector<RunFile> run_files;
+  std::string preload_list;
+  bool mount_namespace() const {
+    return private_dev || !hide_paths.empty() || !run_files.empty() || !preload_list.empty();
+  }
 };
+// Where a task's run_files appear, and the loader's preload list preload_list covers.
+inline constexpr const char* kTaskRunDir = "/run/gpupool";
+inline constexpr const char* kLoaderPreloadList = "/etc/ld.so.preload";
+// A RunFile name as above.
+bool ValidRunFileName(std::string_view name);
 
 // `--name=value` arguments, then `--`, then the task's argv. Values may hold any byte but NUL.
 // They travel in a sealed memory file on the supervisor's fd 5, never on its command line, which

@@ -68,6 +68,45 @@ bool BuildDev(const std::vector<DeviceNode>& devices) {
   return true;
 }
 
+// Binds `fd` (an O_PATH descriptor of a regular file) over the file `target`, read-only unless
+// `writable`; closes `fd`.
+bool BindFile(int fd, const char* target, bool writable) {
+  struct stat st;
+  int error = 0;
+  if (::fstat(fd, &st) != 0) error = errno;
+  else if (!S_ISREG(st.st_mode)) error = EINVAL;
+  char fd_path[64];
+  std::snprintf(fd_path, sizeof(fd_path), "/proc/self/fd/%d", fd);
+  if (error == 0 && ::mount(fd_path, target, nullptr, MS_BIND, nullptr) != 0) error = errno;
+  ::close(fd);
+  if (error != 0) {
+    errno = error;
+    return false;
+  }
+  // A bind takes its flags only from a remount of it.
+  const unsigned long flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (writable ? 0 : MS_RDONLY);
+  return ::mount(nullptr, target, nullptr, flags, nullptr) == 0;
+}
+
+// The run files into a fresh tmpfs at kTaskRunDir (then read-only: nothing can be added, renamed or
+// removed there), and the preload list over the loader's. The host's kTaskRunDir and
+// kLoaderPreloadList must exist (the runtime makes them): a bind needs something to cover.
+bool BindRunFiles(const SupervisorPlan& plan, const std::vector<int>& run_fds, int preload_fd) {
+  if (!plan.run_files.empty()) {
+    if (::mount("gpupool-run", kTaskRunDir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0) return false;
+    for (size_t i = 0; i < plan.run_files.size(); ++i) {
+      const std::string target = std::string(kTaskRunDir) + "/" + plan.run_files[i].name;
+      int made = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+      if (made < 0) return false;
+      ::close(made);
+      if (!BindFile(run_fds[i], target.c_str(), plan.run_files[i].writable)) return false;
+    }
+    if (::mount(nullptr, kTaskRunDir, nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
+      return false;
+  }
+  return preload_fd < 0 || BindFile(preload_fd, kLoaderPreloadList, false);
+}
+
 }  // namespace
 
 std::vector<DeviceNode> StatDevices(const std::vector<std::string>& extra) {
@@ -103,6 +142,19 @@ bool EnterSandbox(const SupervisorPlan& plan, const std::vector<DeviceNode>& dev
       }
       if (fd < 0) return Fail(kMsgNamespace, stage, err);
       keeps.emplace_back(k, fd);
+    }
+    // The files to bind in later, opened now for the same reason (their sources sit in the task's
+    // directory, under the state directory that is hidden next). All must be there.
+    std::vector<int> run_fds;
+    for (const auto& f : plan.run_files) {
+      int fd = ::open(f.source.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) return Fail(kMsgNamespace, stage, err);
+      run_fds.push_back(fd);
+    }
+    int preload_fd = -1;
+    if (!plan.preload_list.empty()) {
+      preload_fd = ::open(plan.preload_list.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+      if (preload_fd < 0) return Fail(kMsgNamespace, stage, err);
     }
     // A kept directory below an ancestor its uid may not pass (a state directory under /root,
     // mode 0700) would be unreachable: the highest such ancestor is hidden too (the task could not
@@ -161,6 +213,7 @@ bool EnterSandbox(const SupervisorPlan& plan, const std::vector<DeviceNode>& dev
     for (const auto& h : hidden_dirs)
       if (::mount(nullptr, h.c_str(), nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
         return Fail(kMsgNamespace, stage, err);
+    if (!BindRunFiles(plan, run_fds, preload_fd)) return Fail(kMsgNamespace, stage, err);
     if (plan.private_dev && !BuildDev(devices)) return Fail(kMsgNamespace, stage, err);
     // Other users' processes out of sight (their command lines and what runs where). A per-mount
     // option since Linux 5.8; an older kernel refuses "invisible" (it would have changed the

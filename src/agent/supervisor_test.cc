@@ -58,6 +58,9 @@ SupervisorPlan FullPlan() {
   p.stderr_path = "/tmp/t/stderr.log";
   p.log_max_bytes = int64_t{64} << 20;
   p.log_keep = 3;
+  p.run_files = {{"libgpupool-cuda.so", "/usr/lib/gpupool/libgpupool-cuda.so", false},
+                 {"cuda-ledger", "/var/lib/gpupool/t/work/.ledger:with:colons", true}};
+  p.preload_list = "/var/lib/gpupool/t/ld.so.preload";
   return p;
 }
 
@@ -78,6 +81,14 @@ TEST(SupervisorArgs, RoundTripKeepsEveryByteOfArgvAndEnvironment) {
   EXPECT_EQ(out.stderr_path, in.stderr_path);
   EXPECT_EQ(out.log_max_bytes, in.log_max_bytes);
   EXPECT_EQ(out.log_keep, in.log_keep);
+  ASSERT_EQ(out.run_files.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(out.run_files[i].name, in.run_files[i].name);
+    EXPECT_EQ(out.run_files[i].source, in.run_files[i].source);
+    EXPECT_EQ(out.run_files[i].writable, in.run_files[i].writable);
+  }
+  EXPECT_EQ(out.preload_list, in.preload_list);
+  EXPECT_TRUE(out.mount_namespace());
 }
 
 TEST(SupervisorArgs, MalformedCommandLinesAreRefusedNamingWhy) {
@@ -110,6 +121,18 @@ TEST(SupervisorArgs, MalformedCommandLinesAreRefusedNamingWhy) {
       {with("--log-keep=-1"), "--log-keep is not an integer in [0, 9]"},
       {with("--log-max-bytes=12x"), "--log-max-bytes is not an integer"},
       {with("--log-max-bytes=99999999999999999999"), "--log-max-bytes is not an integer"},
+      // Run files land in a directory of the supervisor's: a name is a plain name, never a path.
+      {with("--run-file=ro:../etc/passwd:/x"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=ro:..:/x"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=ro:a/b:/x"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=rx:a:/x"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=ro:a:relative"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=ro::/x"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=ro:a"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=ro:a:"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=ro:" + std::string(65, 'a') + ":/x"), "--run-file is not ro:NAME:/path or rw:NAME:/path"},
+      {with("--run-file=rw:cuda-ledger:/y"), "--run-file names cuda-ledger twice"},
+      {with("--preload-list=etc/ld.so.preload"), "--preload-list is not an absolute path"},
   };
   for (const auto& c : cases) {
     SupervisorPlan plan;
