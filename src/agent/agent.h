@@ -156,6 +156,9 @@ class Agent {
   // The `gpus` array of the heartbeat: one entry per GPU of the node spec, in index order
   // (docs/agent.md). Re-reads --sim-faults.
   nlohmann::json GpuStatusJson();
+  // GPUs (by index) on which a guaranteed task's limiter counted new pressure since the last call
+  // (allocations within its grant that the driver refused), each with the job that reported it.
+  std::map<int, std::string> TakeMemoryPressure();
   // The last problem with the --sim-faults file; empty when it was fine (or absent).
   std::string sim_faults_error();
   // Where the lease lives (<state dir>/lease) and whether it is still good for starting tasks.
@@ -183,6 +186,9 @@ class Agent {
     bool preparing = false;
     std::string image;  // the image it started from, "<source>@sha256:..." ("" for no image)
     std::vector<std::string> mps_gpus;  // GPUs whose MPS daemon counts this task among its users
+    // The CUDA limiter's pressure counters of its ledger last read, per device ordinal (a
+    // guaranteed task's: WatchesPressure).
+    std::vector<uint64_t> pressure_seen;
   };
 
   explicit Agent(AgentOptions options);
@@ -198,6 +204,8 @@ class Agent {
   bool Reconcile(const std::vector<Assignment>& assignments, const std::string& version = "");
   void ApplyAssignments(const std::string& body);  // parse, reconcile, poll
   void StartTask(LocalTask& t);
+  // A guaranteed task that runs under the CUDA limiter: its ledger's pressure counters are read.
+  bool WatchesPressure(const Assignment& a) const;
   // Takes over the run of `t` if a runtime already knows it (an earlier agent started it); false
   // when none does. REQUIRES: mu_ held.
   bool Adopt(LocalTask& t);
@@ -300,6 +308,8 @@ class Agent {
   // Runs this agent ran, reported and forgot (run id and placement): never started again, whatever
   // a late list says. The newest kMaxForgotten.
   static constexpr size_t kMaxForgotten = 4096;
+  // A real GPU's pressure claim goes to the server only when NVML finds it at least this full.
+  static constexpr double kPressureConfirmFraction = 0.9;
   std::deque<std::string> forgotten_order_;
   std::unordered_set<std::string> forgotten_;
   static std::string RunKey(const Assignment& a) { return a.run_id() + "|" + a.placement_run; }

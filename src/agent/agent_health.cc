@@ -2,6 +2,7 @@
 // telemetry (simulated faults, heartbeat GPU status, the /metrics text). See agent.h.
 #include "agent/agent.h"
 #include "agent/child_exits.h"
+#include "agent/process_preload.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -250,9 +251,35 @@ std::string Agent::sim_faults_error() {
   return sim_faults_error_;
 }
 
+bool Agent::WatchesPressure(const Assignment& a) const {
+  TaskEnvOptions eo;
+  eo.cuda_limiter = cuda_limiter_;
+  eo.cuda_limiter_containers = !inventory_.simulated;
+  return a.qos == "guaranteed" && TaskGetsCudaLimiter(a, eo);
+}
+
+std::map<int, std::string> Agent::TakeMemoryPressure() {
+  std::map<int, std::string> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, t] : tasks_) {
+    if (!t.started || t.exited || t.runtime == nullptr || !WatchesPressure(t.assignment)) continue;
+    // The task's own file: whatever it holds is only ever a claim (agent.md "Memory pressure").
+    auto counters = agent_internal::ReadCudaLedgerPressure(t.runtime->CudaLedgerPath(t.assignment.run_id()));
+    if (!counters.ok()) continue;
+    t.pressure_seen.resize(counters->size(), 0);
+    for (size_t i = 0; i < counters->size(); ++i) {
+      const uint64_t now = (*counters)[i];
+      if (now > t.pressure_seen[i] && i < t.assignment.gpus.size()) out.emplace(t.assignment.gpus[i].index, t.assignment.job_id);
+      t.pressure_seen[i] = now;
+    }
+  }
+  return out;
+}
+
 json Agent::GpuStatusJson() {
   json out = json::array();
   const size_t n = inventory_.gpus.size();
+  const std::map<int, std::string> pressure = TakeMemoryPressure();
   if (!inventory_.simulated) {
     std::vector<GpuHealthSample> health;
     if (nvml_) {
@@ -277,6 +304,12 @@ json Agent::GpuStatusJson() {
         if (h.temperature_celsius) e["temperatureC"] = *h.temperature_celsius;
         if (h.utilization) e["utilization"] = *h.utilization;
         if (h.memory_used_fraction) e["memoryUsedFraction"] = *h.memory_used_fraction;
+      }
+      // A claim of pressure counts only when the device is nearly full by NVML's own figures too.
+      if (auto p = pressure.find(g.index); p != pressure.end()) {
+        const bool full = i >= health.size() || !health[i].memory_used_fraction ||
+                          *health[i].memory_used_fraction >= kPressureConfirmFraction;
+        if (full) e["memoryPressureJob"] = p->second;
       }
       if (auto m = mig.find(i); m != mig.end()) e["migInstances"] = m->second;
       out.push_back(std::move(e));
@@ -308,6 +341,8 @@ json Agent::GpuStatusJson() {
     const double mem = g.memory_bytes > 0 ? std::clamp(memory[i] / static_cast<double>(g.memory_bytes), 0.0, 1.0) : 0;
     json e = {{"index", g.index},          {"healthy", true},     {"reason", ""},
               {"temperatureC", 35 + 45 * util}, {"utilization", util}, {"memoryUsedFraction", mem}};
+    // No device to confirm it on: the limiter's count is taken as it is (a fake driver's refusals).
+    if (auto p = pressure.find(g.index); p != pressure.end()) e["memoryPressureJob"] = p->second;
     if (auto it = overrides.find(g.index); it != overrides.end()) {
       const json& o = it->second;
       if (o.contains("xid")) {

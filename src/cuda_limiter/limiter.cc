@@ -211,6 +211,12 @@ void MemoryLedger::Unreserve(int device, uint64_t bytes) {
   SubtractLocked(device, bytes);
 }
 
+void MemoryLedger::NotePressure(int device) {
+  if (!Valid(device)) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shared_ != nullptr && cap_[static_cast<size_t>(device)] != kNoMemoryCap) shared_->NotePressure(device);
+}
+
 void MemoryLedger::SubtractLocked(int device, uint64_t bytes) {
   uint64_t& used = used_[static_cast<size_t>(device)];
   const uint64_t taken = std::min(used, bytes);

@@ -111,6 +111,9 @@ class MemoryLedger {
   bool Reserve(int device, uint64_t bytes);
   // Takes back a reservation whose allocation did not happen.
   void Unreserve(int device, uint64_t bytes);
+  // The driver refused an allocation that was within the device's cap for want of memory: counted
+  // in the shared ledger (pressure), when there is one and the device has a cap.
+  void NotePressure(int device);
   // Records reserved bytes as an allocation under key, made in context owner (0: none). A key
   // recorded already (a free the ledger missed) is released first.
   void Record(AllocationKey key, int device, uint64_t bytes, uint64_t owner);

@@ -42,6 +42,8 @@ CUresult Accounted(AllocationKey::Kind kind, Place place, uint64_t* bytes, Alloc
   const CUresult result = allocate(&key);
   if (result != kSuccess) {
     process.ledger.Unreserve(place.device, *bytes);
+    // Within the task's cap, yet the device had no room: others' use fills it (pressure).
+    if (result == kErrorOutOfMemory) process.ledger.NotePressure(place.device);
     return result;
   }
   try {

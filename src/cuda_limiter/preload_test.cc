@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -372,6 +373,35 @@ TEST(PreloadLedgerTest, TheTasksProcessesShareOneCapAndADeadOnesBytesComeBack) {
   struct stat st {};
   ASSERT_EQ(stat(dir.Path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600U);
+}
+
+// The ledger's pressure counter of device 0, as the agent reads it (raw, at its offset).
+uint64_t LedgerPressure(const std::string& path) {
+  const std::string bytes = ReadAll(path);
+  uint64_t value = 0;
+  if (bytes.size() != kLedgerBytes) return UINT64_MAX;
+  std::memcpy(&value, bytes.data() + kLedgerPressureOffset, sizeof(value));
+  return value;
+}
+
+// An allocation within the cap that the driver refuses (the device is full of others' use) is
+// pressure, counted in the ledger; the limiter's own refusals at the cap are not.
+TEST(PreloadLedgerTest, TheDriversRefusalsWithinTheCapAreCountedAsPressure) {
+  const LedgerDir full;
+  const ProbeRun small = Probe({"hold", kEightGiB}, {kTenGiB, full.Env(), "FAKE_CUDA_MEMORY_MIB=4096"});
+  SCOPED_TRACE(small.err);
+  ASSERT_EQ(small.status, 0);
+  EXPECT_LE(small.U("held"), 4 * kGiB);
+  EXPECT_EQ(small.U("held_error"), 2U);  // CUDA_ERROR_OUT_OF_MEMORY, from the driver
+  EXPECT_EQ(LedgerPressure(full.Path()), 1U);
+
+  const LedgerDir capped;
+  const ProbeRun big = Probe({"hold", std::to_string(16 * kGiB)}, {kTenGiB, capped.Env()});
+  SCOPED_TRACE(big.err);
+  ASSERT_EQ(big.status, 0);
+  EXPECT_EQ(big.U("held"), kCap);
+  EXPECT_EQ(big.U("held_error"), 2U);  // the same error, from the limiter
+  EXPECT_EQ(LedgerPressure(capped.Path()), 0U);
 }
 
 TEST(PreloadLedgerTest, WithoutTheLedgerEachProcessHasTheWholeCap) {

@@ -242,6 +242,11 @@ void SharedLedger::Refund(int device, uint64_t bytes) {
   SubtractClamped(layout_->total[static_cast<size_t>(device)], refund);
 }
 
+void SharedLedger::NotePressure(int device) {
+  if (!ValidDevice(device)) return;
+  layout_->pressure[static_cast<size_t>(device)].fetch_add(1, std::memory_order_relaxed);
+}
+
 uint64_t SharedLedger::Used(int device) const {
   if (!ValidDevice(device)) return 0;
   return static_cast<uint64_t>(std::max<int64_t>(layout_->total[static_cast<size_t>(device)].load(), 0));

@@ -9,6 +9,11 @@
 // next process that needs a slot or finds the cap reached: its bytes leave the total. Every change
 // that could be cut short by a kill leaves the total too high, never too low, so an interrupted
 // process can only leak (fail closed), never grant more.
+//
+// It also counts, per device, the allocations within the task's cap that the driver itself refused
+// for want of memory (pressure: the device is full of others' use). The agent reads those counters
+// from the host (ReadCudaLedgerPressure in src/agent/process_preload.h) and tells the server, which moves best-effort work off the GPU
+// of a guaranteed task under pressure (docs/cuda_limiter.md "Pressure").
 #ifndef GPUPOOL_CUDA_LIMITER_SHARED_LEDGER_H_
 #define GPUPOOL_CUDA_LIMITER_SHARED_LEDGER_H_
 
@@ -19,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "cuda_limiter/limiter.h"
 
@@ -37,11 +43,14 @@ struct LedgerLayout {
     std::atomic<int64_t> bytes[kMaxDevices];
   };
   std::atomic<uint64_t> magic;
+  std::atomic<uint64_t> pressure[kMaxDevices];  // allocations within the cap the driver refused
   std::atomic<int64_t> total[kMaxDevices];
   Slot slots[kLedgerSlots];
 };
-inline constexpr uint64_t kLedgerMagic = 0x31'72'65'67'64'65'6c'67;  // "gldegr1", layout version 1
+inline constexpr uint64_t kLedgerMagic = 0x32'72'65'67'64'65'6c'67;  // "gldegr2", layout version 2
 inline constexpr size_t kLedgerBytes = sizeof(LedgerLayout);
+static_assert(std::is_standard_layout_v<LedgerLayout>, "the agent reads the ledger's fields by offset");
+inline constexpr size_t kLedgerPressureOffset = offsetof(LedgerLayout, pressure);
 
 // A process as the ledger names it: its pid (< 2^22, the kernel's largest pid_max) and its start
 // time in clock ticks since boot (/proc/<pid>/stat field 22), so a reused pid is not taken for it.
@@ -76,6 +85,8 @@ class SharedLedger {
   void Refund(int device, uint64_t bytes);
   // The task's total on device (0 when negative: a corrupt file).
   uint64_t Used(int device) const;
+  // Counts one allocation on device that the driver refused although it was within the cap.
+  void NotePressure(int device);
   // The slots of dead processes, reclaimed now; returns how many.
   int ReclaimDead();
   // In a child after fork: the parent's slot is the parent's; the child takes its own when it

@@ -151,6 +151,8 @@ struct GpuReport {
   std::string reason;
   double temperature_c = -1, utilization = -1, memory_used_fraction = -1;  // -1: not reported
   std::optional<std::vector<MigInstance>> mig_instances;  // the MIG layout, when reported
+  // A guaranteed job whose CUDA limiter found this GPU full of others' use ("": none).
+  std::string memory_pressure_job;
 };
 struct HeartbeatOp : OpTime {
   std::string node;

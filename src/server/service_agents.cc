@@ -158,6 +158,10 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
           } else if (k == "reason") {
             if (!v.is_string()) return Status::InvalidArgument(where + ".reason: must be a string");
             r.reason = v.get<std::string>().substr(0, 256);
+          } else if (k == "memoryPressureJob") {
+            if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>().size() > 128)
+              return Status::InvalidArgument(where + ".memoryPressureJob: must be a job id (1 to 128 characters)");
+            r.memory_pressure_job = v.get<std::string>();
           } else if (k == "migInstances") {
             auto instances = ParseMigInstances(v, where + ".migInstances");
             if (!instances.ok()) return instances.status();
@@ -172,7 +176,7 @@ Result<json> PoolService::Heartbeat(const std::string& node, const json& body) {
           } else {
             return Status::InvalidArgument(
                 fmt::format("{}.{}: unknown field (known: index, healthy, reason, temperatureC, utilization, "
-                            "memoryUsedFraction, migInstances)",
+                            "memoryUsedFraction, migInstances, memoryPressureJob)",
                             where, k));
           }
         }

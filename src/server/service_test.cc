@@ -1026,22 +1026,26 @@ TEST_F(ServiceTest, GpuFaultEvictsItsJobsAndKeepsTheRestOfTheNode) {
   EXPECT_NE(bad.status().message().find("gpus[0].temperatureC"), std::string::npos) << bad.status().message();
 }
 
+// A best-effort half GPU and a guaranteed quarter, which share a GPU.
+constexpr char kBestEffortHalf[] = R"(
+name: be
+qos: best-effort
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.5}, command: [x]}]
+)";
+constexpr char kGuaranteedQuarter[] = R"(
+name: g
+qos: guaranteed
+tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.25, gpuMemory: 10Gi}, command: [x]}]
+)";
+
 TEST_F(ServiceTest, HotGpuTakesNoPlacementsMigratesBestEffortAndCoolsDown) {
   config_.hotspot.temperature_c = 85;
   config_.hotspot.window_seconds = 0;
   config_.hotspot.cooldown_seconds = 1;
   Open();
   AddNode("n1", 1);
-  const std::string be = Submit(kAdmin, R"(
-name: be
-qos: best-effort
-tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.5}, command: [x]}]
-)");
-  const std::string g = Submit(kAdmin, R"(
-name: g
-qos: guaranteed
-tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.25, gpuMemory: 10Gi}, command: [x]}]
-)");
+  const std::string be = Submit(kAdmin, kBestEffortHalf);
+  const std::string g = Submit(kAdmin, kGuaranteedQuarter);
   service_->RunCycle();
   Report(be, 0, "running");
   Report(g, 0, "running");
@@ -1068,6 +1072,59 @@ tasks: [{name: w, resources: {cpu: 1, memory: 1Gi, gpu: 0.25, gpuMemory: 10Gi}, 
   service_->RunCycle();
   EXPECT_EQ(State(be), "running");
   EXPECT_NE(service_->MetricsText().find("gpupool_hotspot_migrations_total 1"), std::string::npos);
+  ExpectConsistent();
+}
+
+// A guaranteed job's limiter reports memory pressure on its GPU: the GPU is treated as hot (its
+// best-effort neighbours move, nothing new is placed there until the cooldown); a report naming a
+// job that is not guaranteed, or not on that GPU, changes nothing.
+TEST_F(ServiceTest, MemoryPressureOfAGuaranteedJobMovesItsBestEffortNeighbours) {
+  config_.hotspot.cooldown_seconds = 1;
+  Open();
+  AddNode("n1", 2);
+  const std::string whole = Submit(kAdmin, kOneGpu);  // the other GPU is taken
+  service_->RunCycle();
+  Report(whole, 0, "running");
+  const std::string be = Submit(kAdmin, kBestEffortHalf);
+  const std::string g = Submit(kAdmin, kGuaranteedQuarter);
+  service_->RunCycle();
+  Report(be, 0, "running");
+  Report(g, 0, "running");
+  const int gpu = Get(g)["tasks"][0]["gpus"][0]["index"].get<int>();
+  ASSERT_EQ(Get(be)["tasks"][0]["gpus"][0]["index"].get<int>(), gpu) << Get(be).dump();
+  auto beat = [&](int index, const std::string& job) {
+    json e = {{"index", index}, {"temperatureC", 40}};
+    if (!job.empty()) e["memoryPressureJob"] = job;
+    auto r = service_->Heartbeat("n1", {{"gpus", json::array({e})}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  };
+  beat(gpu, be);           // not guaranteed: a claim that counts for nothing
+  beat(1 - gpu, g);        // not where the job runs
+  beat(gpu, "j-unknown");  // no such job
+  EXPECT_EQ(Get(be)["tasks"][0]["state"], "running");
+  EXPECT_EQ((*service_->GetNode("n1"))["gpus"][static_cast<size_t>(gpu)]["hot"], false);
+  beat(gpu, g);
+  EXPECT_EQ(Get(be)["tasks"][0]["state"], "stopping");
+  EXPECT_NE(Get(be)["tasks"][0]["stopReason"].get<std::string>().find("memory pressure of guaranteed job " + g),
+            std::string::npos)
+      << Get(be).dump();
+  EXPECT_EQ(Get(g)["tasks"][0]["state"], "running");
+  EXPECT_EQ((*service_->GetNode("n1"))["gpus"][static_cast<size_t>(gpu)]["hot"], true);
+  Report(be, 0, "stopped");
+  EXPECT_EQ(Get(be)["faults"], 0);
+  service_->RunCycle();
+  EXPECT_EQ(State(be), "pending");  // not back onto the GPU under pressure
+  AddNode("n2", 1);
+  service_->RunCycle();
+  EXPECT_EQ(Get(be)["tasks"][0]["node"], "n2");
+  // A bad claim is a 400 naming the field.
+  auto bad = service_->Heartbeat("n1", {{"gpus", json::array({{{"index", 0}, {"memoryPressureJob", 7}}})}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("gpus[0].memoryPressureJob"), std::string::npos) << bad.status().message();
+  // Quiet for the cooldown: usable again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  beat(gpu, "");
+  EXPECT_EQ((*service_->GetNode("n1"))["gpus"][static_cast<size_t>(gpu)]["hot"], false);
   ExpectConsistent();
 }
 

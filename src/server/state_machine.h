@@ -86,6 +86,7 @@ class StateMachine {
   void FaultJob(PoolJob& j, const std::string& cause, const std::string& reason);
   void ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& reports);
   void MigrateOffHotGpu(NodeIndex n, int gpu, const std::string& reason);
+  void ApplyMemoryPressure(NodeIndex n, int gpu, const std::string& job_id, const std::string& where);
   std::vector<PoolJob*> JobsOnGpu(NodeIndex n, int gpu);
   void UpdateGpuUsable(NodeIndex n, int gpu);
   void CapacityGrew();

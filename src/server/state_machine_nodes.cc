@@ -254,6 +254,7 @@ void StateMachine::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& re
       c.fault.clear();
       UpdateGpuUsable(n, r.index);
     }
+    if (!r.memory_pressure_job.empty()) ApplyMemoryPressure(n, r.index, r.memory_pressure_job, where);
     // Hot spots (hotspots.h): a GPU that turned hot takes no placements and its best-effort jobs
     // move; one that cooled takes placements again.
     const GpuSample sample{r.temperature_c, r.utilization, r.memory_used_fraction};
@@ -273,6 +274,26 @@ void StateMachine::ApplyGpuReports(NodeIndex n, const std::vector<GpuReport>& re
         break;
     }
   }
+}
+
+// A guaranteed job's CUDA limiter saw the driver refuse allocations within the job's grant: others'
+// use fills the GPU. It is treated as a hot spot: no new placements until it has been quiet for the
+// cooldown (each new report starts the cooldown again), and its best-effort jobs move. A report
+// that names a job not guaranteed, or not on that GPU, changes nothing.
+void StateMachine::ApplyMemoryPressure(NodeIndex n, int gpu, const std::string& job_id, const std::string& where) {
+  PoolJob* j = st_.FindJob(job_id);
+  if (j == nullptr || j->job.qos != QosClass::kGuaranteed) return;
+  const std::vector<PoolJob*> on = JobsOnGpu(n, gpu);
+  if (std::find(on.begin(), on.end(), j) == on.end()) return;
+  PoolNode::GpuCondition& c = st_.nodes[n].gpus[static_cast<size_t>(gpu)];
+  c.under_since_ms = now_;
+  if (c.hot) return;
+  c.hot = true;
+  c.hot_reason = fmt::format("memory pressure: the driver refused allocations of guaranteed job {} within its grant", job_id);
+  UpdateGpuUsable(n, gpu);
+  Event(job_id, "GpuPressure", fmt::format("{} is under memory pressure (reported by guaranteed job {}); no new placements", where, job_id));
+  if (config_.hotspot.migrate)
+    MigrateOffHotGpu(n, gpu, fmt::format("migrated off {} under the memory pressure of guaranteed job {}", where, job_id));
 }
 
 void StateMachine::MigrateOffHotGpu(NodeIndex n, int gpu, const std::string& reason) {
