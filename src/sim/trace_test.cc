@@ -1,6 +1,7 @@
 #include "sim/trace.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -8,8 +9,9 @@
 namespace gpupool {
 namespace {
 
+// Each test runs in a process of its own (ctest, in parallel): the pid keeps their files apart.
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + name;
+  const std::string path = ::testing::TempDir() + std::to_string(::getpid()) + "-" + name;
   std::ofstream(path) << text;
   return path;
 }
