@@ -301,8 +301,28 @@ int64_t SteadyClock::NowNs() const {
       .count();
 }
 
+namespace {
+
+constexpr uint64_t kBusyMask = (uint64_t{1} << kWindowBusyBits) - 1;
+constexpr uint64_t kTagMask = (uint64_t{1} << kWindowTagBits) - 1;
+
+uint64_t WindowWord(int64_t index, uint64_t busy) {
+  return ((static_cast<uint64_t>(index) & kTagMask) << kWindowBusyBits) | std::min(busy, kBusyMask);
+}
+// How many buckets before `index` the word's bucket is (0: the same); -1 when it is a later one
+// (a process whose clock read came before another's). Tags wrap after 2^kWindowTagBits buckets
+// (58 hours of 50 ms buckets): a slot left alone exactly that long would be read as current, for
+// at most one window.
+int64_t WordAge(uint64_t word, int64_t index) {
+  const uint64_t age = (static_cast<uint64_t>(index) - (word >> kWindowBusyBits)) & kTagMask;
+  return age > (kTagMask >> 1) ? -1 : static_cast<int64_t>(age);
+}
+
+}  // namespace
+
 ComputePacer::ComputePacer(uint32_t share_milli, PacerOptions options, const Clock& clock)
-    : clock_(clock), share_milli_(std::clamp<uint32_t>(share_milli, 1, kFullShareMilli)) {
+    : clock_(clock), shared_(options.shared_window), share_milli_(std::clamp<uint32_t>(share_milli, 1, kFullShareMilli)) {
+  if (shared_ != nullptr) options.buckets = kSharedWindowBuckets;
   const int buckets = std::clamp(options.buckets, 1, 1000);
   bucket_ns_ = std::max<int64_t>(options.window_ns / buckets, 1);
   buckets_.assign(static_cast<size_t>(buckets), 0);
@@ -310,6 +330,21 @@ ComputePacer::ComputePacer(uint32_t share_milli, PacerOptions options, const Clo
   budget_ns_ = window_ns / kFullShareMilli * share_milli_ +
                window_ns % kFullShareMilli * share_milli_ / kFullShareMilli;
   current_ = std::max<int64_t>(clock_.NowNs(), 0) / bucket_ns_;
+  if (shared_ != nullptr) {
+    LoadShared(current_);
+    if (!options.start_full || !paced() || sum_ != 0) return;
+    // The first process fills the window as if the share had been used evenly; each slot only
+    // when it is still stale, so two first processes fill it once.
+    for (int64_t k = 0; k < buckets && current_ - k >= 0; ++k) {
+      const int64_t index = current_ - k;
+      const uint64_t fill = static_cast<uint64_t>(budget_ns_ / buckets + (k == 0 ? budget_ns_ % buckets : 0));
+      std::atomic<uint64_t>& slot = shared_[index % buckets];
+      uint64_t word = slot.load();
+      if (WordAge(word, current_) >= buckets) (void)slot.compare_exchange_strong(word, WindowWord(index, fill));
+    }
+    LoadShared(current_);
+    return;
+  }
   if (options.start_full && paced()) {
     for (int64_t& bucket : buckets_) bucket = budget_ns_ / buckets;
     buckets_[static_cast<size_t>(current_ % buckets)] += budget_ns_ % buckets;  // the newest leaves last
@@ -317,8 +352,41 @@ ComputePacer::ComputePacer(uint32_t share_milli, PacerOptions options, const Clo
   }
 }
 
+void ComputePacer::LoadShared(int64_t index) {
+  const int64_t size = static_cast<int64_t>(buckets_.size());
+  sum_ = 0;
+  for (int64_t slot = 0; slot < size; ++slot) {
+    const uint64_t word = shared_[slot].load(std::memory_order_acquire);
+    const int64_t age = WordAge(word, index);
+    // In the window, and in its own slot (a damaged word elsewhere counts for nothing).
+    const bool counts = age >= 0 && age < size && (index - age) % size == slot;
+    const int64_t busy = counts ? static_cast<int64_t>(word & kBusyMask) : 0;
+    buckets_[static_cast<size_t>(slot)] = busy;
+    sum_ += busy;
+  }
+  current_ = index;
+}
+
+void ComputePacer::AddShared(int64_t index, int64_t busy_ns) {
+  const int64_t size = static_cast<int64_t>(buckets_.size());
+  std::atomic<uint64_t>& slot = shared_[index % size];
+  uint64_t word = slot.load(std::memory_order_acquire);
+  for (;;) {
+    const int64_t age = WordAge(word, index);
+    uint64_t next;
+    if (age == 0) next = WindowWord(index, (word & kBusyMask) + static_cast<uint64_t>(busy_ns));
+    else if (age > 0) next = WindowWord(index, static_cast<uint64_t>(busy_ns));  // stale: the slot is this bucket's now
+    else return;                                                                // a newer bucket's
+    if (slot.compare_exchange_weak(word, next, std::memory_order_acq_rel)) return;
+  }
+}
+
 void ComputePacer::Advance(int64_t now_ns) {
   const int64_t index = std::max<int64_t>(now_ns, 0) / bucket_ns_;
+  if (shared_ != nullptr) {  // the other processes' time too, read again each time
+    LoadShared(std::max(index, current_));
+    return;
+  }
   if (index <= current_) return;  // the same bucket, or a clock that went back
   const int64_t size = static_cast<int64_t>(buckets_.size());
   const int64_t steps = std::min(index - current_, size);
@@ -334,6 +402,7 @@ void ComputePacer::OnComplete(int64_t busy_ns) {
   busy_ns = std::clamp<int64_t>(busy_ns, 0, kMaxBusyNs);
   if (inflight_ > 0) --inflight_;
   Advance(clock_.NowNs());
+  if (shared_ != nullptr) AddShared(current_, busy_ns);
   buckets_[static_cast<size_t>(current_ % static_cast<int64_t>(buckets_.size()))] += busy_ns;
   sum_ += busy_ns;
   estimate_ns_ = estimate_ns_ == 0 ? busy_ns : estimate_ns_ + (busy_ns - estimate_ns_) / 8;

@@ -173,6 +173,15 @@ class SteadyClock final : public Clock {
   int64_t NowNs() const override;
 };
 
+// A window shared by the processes of one task (the ledger file's, shared_ledger.h), so that the
+// share is the task's, not each process's: kSharedWindowBuckets words per device, each a bucket's
+// absolute index (its low kWindowTagBits bits) above the busy nanoseconds completed in it (at
+// most 2^kWindowBusyBits - 1). Updated with compare-and-swap only; a word whose bucket has left the
+// window is stale and the next bucket to need the slot takes it over.
+inline constexpr int kSharedWindowBuckets = 20;
+inline constexpr int kWindowBusyBits = 42;
+inline constexpr int kWindowTagBits = 64 - kWindowBusyBits;
+
 struct PacerOptions {
   int64_t window_ns = 1'000'000'000;  // the sliding window
   int buckets = 20;                   // its resolution: 50 ms buckets by default
@@ -180,6 +189,11 @@ struct PacerOptions {
   // smoothly from its first launch rather than allowed the whole budget at once (after which the
   // budget would come back all at once a window later, and again, in bursts).
   bool start_full = true;
+  // The task's shared window for this device (kSharedWindowBuckets words; `buckets` is then
+  // kSharedWindowBuckets), or null: the window is this process's alone. Every process of the task
+  // must use the same window_ns. Shared, the window starts full only when it is empty (the first
+  // process of the task, or one after a whole idle window).
+  std::atomic<uint64_t>* shared_window = nullptr;
 };
 
 // Compute pacing for one device at a share s (milli-GPU) of its time. The GPU time of the task's
@@ -193,6 +207,11 @@ struct PacerOptions {
 // Completed time goes into the bucket of the moment it is reported, never earlier, so the window
 // never forgets busy time sooner than it should. A window that has emptied (the task was idle for
 // a whole window) allows the whole budget again at once: the bound is per window, not per bucket.
+// With a shared window (PacerOptions::shared_window) the busy time in the window is the task's:
+// every process adds what completes to the shared buckets and reads the others' before deciding.
+// What is still in flight is estimated from this process's own launches only, so a task's
+// processes can overshoot by what the others have in flight.
+//
 // Not thread-safe: the caller serialises.
 class ComputePacer {
  public:
@@ -219,8 +238,14 @@ class ComputePacer {
 
  private:
   void Advance(int64_t now_ns);
+  // Shared window: the buckets of the window ending at bucket `index`, read into buckets_ and sum_.
+  void LoadShared(int64_t index);
+  // Shared window: adds busy_ns to bucket `index` (dropped when a newer bucket holds its slot: it
+  // has left the window already).
+  void AddShared(int64_t index, int64_t busy_ns);
 
   const Clock& clock_;
+  std::atomic<uint64_t>* shared_ = nullptr;
   uint32_t share_milli_;
   int64_t bucket_ns_;
   int64_t budget_ns_;

@@ -335,5 +335,66 @@ TEST(ComputePacerTest, EstimateIsAnExponentialMeanAndBusyTimeIsClamped) {
   EXPECT_EQ(pacer.inflight(), 0);  // completions without launches do not go negative
 }
 
+// ---- a window shared by a task's processes (the ledger file's) -----------------------------------
+
+// 1 s in the shared window's 20 buckets of 50 ms; at 1.0 s the newest is bucket 20.
+PacerOptions Shared(std::atomic<uint64_t>* window, bool start_full = false) {
+  PacerOptions options{1000 * kMs, kSharedWindowBuckets, start_full};
+  options.shared_window = window;
+  return options;
+}
+
+TEST(ComputePacerTest, ProcessesSharingAWindowKeepToTheShareTogether) {
+  FakeClock clock;
+  std::atomic<uint64_t> window[kSharedWindowBuckets] = {};
+  ComputePacer a(250, Shared(window), clock);
+  ComputePacer b(250, Shared(window), clock);
+  a.OnLaunch();
+  a.OnComplete(250 * kMs);  // the task's whole budget, used by one process
+  EXPECT_EQ(b.BusyInWindow(), 250 * kMs);
+  EXPECT_EQ(b.DelayBeforeLaunch(), 0);  // nothing known of b's own launches yet: one goes
+  b.OnLaunch();
+  clock.Advance(10 * kMs);
+  b.OnComplete(50 * kMs);
+  EXPECT_EQ(a.BusyInWindow(), 300 * kMs);
+  // 300 + the next 50 > 250: both wait for bucket 20 to leave the window (2.0 s).
+  EXPECT_EQ(b.DelayBeforeLaunch(), 990 * kMs);
+  EXPECT_EQ(a.DelayBeforeLaunch(), 990 * kMs);
+  // Alone, b would have gone on: the window is what makes the share the task's.
+  ComputePacer alone(250, TenBuckets(), clock);
+  alone.OnLaunch();
+  alone.OnComplete(50 * kMs);
+  EXPECT_EQ(alone.DelayBeforeLaunch(), 0);
+  clock.Set(2010 * kMs);
+  EXPECT_EQ(a.BusyInWindow(), 0);
+  EXPECT_EQ(b.DelayBeforeLaunch(), 0);
+}
+
+TEST(ComputePacerTest, ASharedBucketIsNeverTakenBackByALateProcess) {
+  FakeClock clock;
+  std::atomic<uint64_t> window[kSharedWindowBuckets] = {};
+  ComputePacer late(250, Shared(window), clock);  // has seen bucket 20
+  clock.Set(2000 * kMs);                          // bucket 40: the same slot as 20
+  ComputePacer now(250, Shared(window), clock);
+  now.OnComplete(100 * kMs);
+  clock.Set(1000 * kMs);   // the late process's clock read came before: its time is for bucket 20
+  late.OnComplete(30 * kMs);  // left the window already: dropped, bucket 40 kept
+  clock.Set(2000 * kMs);
+  EXPECT_EQ(now.BusyInWindow(), 100 * kMs);
+  // A word in a slot that is not its bucket's (a damaged file) counts for nothing.
+  window[3].store((uint64_t{40} << kWindowBusyBits) | 999);
+  EXPECT_EQ(now.BusyInWindow(), 100 * kMs);
+}
+
+TEST(ComputePacerTest, ASharedWindowStartsFullOnceForTheTask) {
+  FakeClock clock;
+  std::atomic<uint64_t> window[kSharedWindowBuckets] = {};
+  ComputePacer first(250, Shared(window, true), clock);
+  EXPECT_EQ(first.BusyInWindow(), 250 * kMs);
+  ComputePacer second(250, Shared(window, true), clock);  // finds it in use: adds nothing
+  EXPECT_EQ(second.BusyInWindow(), 250 * kMs);
+  EXPECT_EQ(first.BusyInWindow(), 250 * kMs);
+}
+
 }  // namespace
 }  // namespace gpupool::cuda_limiter

@@ -242,10 +242,10 @@ LimitsOrError ReadLimits(std::string* ledger_path) {
   return ParseLimitsFile(text, ledger_path);
 }
 
-// The task's ledger file when one is named (ledger_path) and there are caps to share; null
+// The task's ledger file when one is named (ledger_path) and there are caps or shares to share; null
 // otherwise, with *error set when it names one that cannot be used.
 std::unique_ptr<SharedLedger> OpenSharedLedger(const std::string& path, const Limits& limits, std::string* error) {
-  if (path.empty() || !limits.HasMemoryCaps()) return nullptr;
+  if (path.empty() || (!limits.HasMemoryCaps() && !limits.HasPacing())) return nullptr;
   return SharedLedger::Open(path.c_str(), error);
 }
 
@@ -278,7 +278,11 @@ Process::Process()
   const size_t listed = std::min(limits.ListedDevices(), kMaxDevices);
   for (size_t device = 0; device < listed; ++device) {
     const uint32_t share = limits.ShareMilli(static_cast<int>(device));
-    if (share < kFullShareMilli) pacing[device].pacer.emplace(share, PacerOptions{}, clock);
+    if (share >= kFullShareMilli) continue;
+    // With the task's ledger the window is the task's: its processes together keep to the share.
+    PacerOptions options;
+    options.shared_window = shared != nullptr ? shared->Window(static_cast<int>(device)) : nullptr;
+    pacing[device].pacer.emplace(share, options, clock);
   }
 }
 

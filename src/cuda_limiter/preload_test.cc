@@ -404,6 +404,35 @@ TEST(PreloadLedgerTest, TheDriversRefusalsWithinTheCapAreCountedAsPressure) {
   EXPECT_EQ(LedgerPressure(capped.Path()), 0U);
 }
 
+// Two processes of one 25 % task, launching at once for the same 2 s: with the task's ledger they
+// share one window, so together they keep the GPU busy about a quarter of the time, not a quarter
+// each (each process alone is paced to 0.25: AQuarterShareKeepsTheGpuBusyAQuarterOfTheTime). An
+// upper bound only (a slow machine can only lower it); the window's words in the file show where
+// the time was counted.
+TEST(PreloadLedgerTest, TheTasksProcessesShareOneComputeWindow) {
+  const LedgerDir dir;
+  const std::vector<std::string> env = {"GPUPOOL_GPU_SHARES_MILLI=250,1000", dir.Env()};
+  const StartedProbe one = StartProbe({"launch", "2", "2000"}, env);
+  const StartedProbe two = StartProbe({"launch", "2", "2000"}, env);
+  const ProbeRun first = FinishProbe(one);
+  const ProbeRun second = FinishProbe(two);
+  ASSERT_EQ(first.status, 0) << first.err;
+  ASSERT_EQ(second.status, 0) << second.err;
+  EXPECT_GT(first.U("launches"), 0U);
+  EXPECT_GT(second.U("launches"), 0U);
+  EXPECT_LE(first.D("busy_fraction") + second.D("busy_fraction"), 0.25 + 0.07)
+      << first.D("busy_fraction") << " + " << second.D("busy_fraction");
+  const std::string bytes = ReadAll(dir.Path());
+  ASSERT_EQ(bytes.size(), kLedgerBytes);
+  uint64_t busy = 0;
+  for (int b = 0; b < kSharedWindowBuckets; ++b) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes.data() + offsetof(LedgerLayout, window) + b * sizeof(word), sizeof(word));
+    busy += word & ((uint64_t{1} << kWindowBusyBits) - 1);
+  }
+  EXPECT_GT(busy, 0U);
+}
+
 TEST(PreloadLedgerTest, WithoutTheLedgerEachProcessHasTheWholeCap) {
   const StartedProbe first = StartProbe({"hold", kEightGiB, "wait"}, {kTenGiB});
   ASSERT_TRUE(WaitReady(first)) << ReadAll(first.err_path);

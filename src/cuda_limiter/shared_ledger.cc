@@ -247,6 +247,10 @@ void SharedLedger::NotePressure(int device) {
   layout_->pressure[static_cast<size_t>(device)].fetch_add(1, std::memory_order_relaxed);
 }
 
+std::atomic<uint64_t>* SharedLedger::Window(int device) {
+  return ValidDevice(device) ? layout_->window[static_cast<size_t>(device)] : nullptr;
+}
+
 uint64_t SharedLedger::Used(int device) const {
   if (!ValidDevice(device)) return 0;
   return static_cast<uint64_t>(std::max<int64_t>(layout_->total[static_cast<size_t>(device)].load(), 0));

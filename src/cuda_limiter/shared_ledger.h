@@ -1,4 +1,4 @@
-// The memory use of all of a task's processes in one file (docs/cuda_limiter.md, "One ledger for the
+// The memory use of all of a task's processes in one file, and their compute time (docs/cuda_limiter.md, "One ledger for the
 // task"): the agent names it in GPUPOOL_CUDA_LEDGER, every process of the task maps it MAP_SHARED,
 // and each device's cap is then the task's, not each process's.
 //
@@ -46,6 +46,8 @@ struct LedgerLayout {
   std::atomic<uint64_t> pressure[kMaxDevices];  // allocations within the cap the driver refused
   std::atomic<int64_t> total[kMaxDevices];
   Slot slots[kLedgerSlots];
+  // Each device's compute window, shared by the task's processes (PacerOptions::shared_window).
+  std::atomic<uint64_t> window[kMaxDevices][kSharedWindowBuckets];
 };
 inline constexpr uint64_t kLedgerMagic = 0x32'72'65'67'64'65'6c'67;  // "gldegr2", layout version 2
 inline constexpr size_t kLedgerBytes = sizeof(LedgerLayout);
@@ -87,6 +89,9 @@ class SharedLedger {
   uint64_t Used(int device) const;
   // Counts one allocation on device that the driver refused although it was within the cap.
   void NotePressure(int device);
+  // The device's shared compute window (kSharedWindowBuckets words), for its ComputePacer; null
+  // for a device out of range.
+  std::atomic<uint64_t>* Window(int device);
   // The slots of dead processes, reclaimed now; returns how many.
   int ReclaimDead();
   // In a child after fork: the parent's slot is the parent's; the child takes its own when it
