@@ -48,7 +48,7 @@ if(GPUPOOL_BUILD_TESTS)
   target_link_libraries(runtime_test PRIVATE gpupool_agent_runtime nlohmann_json::nlohmann_json)
   # The CUDA limiter preloaded into containers (container_preload_test.cc reads its ELF versions and
   # runs it in a glibc root filesystem built from the host's libraries).
-  target_sources(runtime_test PRIVATE src/agent/container_preload_test.cc)
+  target_sources(runtime_test PRIVATE src/agent/container_preload_test.cc src/agent/process_preload_test.cc)
   target_compile_definitions(runtime_test PRIVATE GPUPOOL_CUDA_PRELOAD_PATH="$<TARGET_FILE:gpupool-cuda>")
   add_dependencies(runtime_test gpupool-cuda)
   # Builds small busybox images with umoci and pulls them through skopeo (no network); skips
