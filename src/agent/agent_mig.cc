@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct InTheWay {
   int size = 0;
 };
 
+// Placements as NVML reports them (start and size of each MIG device), not as the catalog's
+// profiles: MigOverlap (model/mig.h) sizes instances by their profile in the model's geometry and
+// sees no overlap for a profile it does not know, where a device still takes its memory slices.
 bool Overlaps(int a, int a_size, int b, int b_size) {
   return a < b + b_size && b < a + a_size;
 }
@@ -105,13 +109,18 @@ std::string Label(const MigInstanceInfo& m) {
   return fmt::format("{}@{} (GPU instance {}, {})", profile, m.start, m.gpu_instance_id, m.uuid);
 }
 
-// GPU `index` as NVML sees it now; an error when the GPU is no longer the one the agent knows.
-Result<GpuInfo> FreshGpu(Nvml& nvml, const GpuInfo& known) {
-  ASSIGN_OR_RETURN(Inventory inv, nvml.Discover());
+// GPU `known.index` as NVML sees it now; an error when the GPU is no longer the one the agent
+// knows. A Discover reads every GPU (processes, topology): `seen` keeps the last one, which holds
+// until the agent changes a layout and empties it.
+Result<GpuInfo> FreshGpu(Nvml& nvml, std::optional<Inventory>& seen, const GpuInfo& known) {
+  if (!seen) {
+    ASSIGN_OR_RETURN(Inventory inv, nvml.Discover());
+    seen = std::move(inv);
+  }
   const auto i = static_cast<size_t>(known.index);
-  if (i >= inv.gpus.size() || inv.gpus[i].uuid != known.uuid)
+  if (i >= seen->gpus.size() || seen->gpus[i].uuid != known.uuid)
     return Status::FailedPrecondition(fmt::format("GPU {} ({}) is no longer where it was", known.index, known.uuid));
-  return std::move(inv.gpus[i]);
+  return seen->gpus[i];
 }
 
 // Creates the destroyed GPU instances again (new UUIDs, one compute instance each): what the note
@@ -131,12 +140,34 @@ std::string Restore(Nvml& nvml, int gpu, const std::vector<InTheWay>& destroyed)
   return note;
 }
 
+// Destroys the GPU instances `in_the_way` of GPU `gpu` (each one noted in `destroyed`), then
+// creates `want`. When a call fails, the destroyed ones are created again and the error says so.
+Result<MigInstanceInfo> Replace(Nvml& nvml, int gpu, const std::string& wanted, const WantedMig& want,
+                                const std::vector<InTheWay>& in_the_way, std::vector<InTheWay>& destroyed) {
+  for (const InTheWay& w : in_the_way) {
+    if (Status st = nvml.DestroyMigGpuInstance(gpu, w.gpu_instance_id); !st.ok()) {
+      const std::string note = Restore(nvml, gpu, destroyed);
+      return Status::FailedPrecondition(
+          fmt::format("GPU {}: cannot create MIG instance {}: destroying {}: {}{}", gpu, wanted, w.label,
+                      st.message(), note));
+    }
+    destroyed.push_back(w);
+  }
+  auto created = nvml.CreateMigInstance(gpu, want.profile_id, want.start);
+  if (!created.ok()) {
+    const std::string note = Restore(nvml, gpu, destroyed);
+    return Status::FailedPrecondition(fmt::format("GPU {}: cannot create MIG instance {}: {}{}", gpu, wanted,
+                                                  created.status().message(), note));
+  }
+  return created;
+}
+
 // Makes the instance `want` exist on GPU `info` (whose mig_instances are kept current), destroying
-// the idle GPU instances that overlap it.
-Status EnsureOne(Nvml& nvml, GpuInfo& info, const WantedMig& want, const std::vector<BusyRange>& busy,
-                 const std::string& node) {
+// the idle GPU instances that overlap it. `seen` as FreshGpu's.
+Status EnsureOne(Nvml& nvml, std::optional<Inventory>& seen, GpuInfo& info, const WantedMig& want,
+                 const std::vector<BusyRange>& busy, const std::string& node) {
   const std::string wanted = fmt::format("{}@{}", want.name, want.start);
-  ASSIGN_OR_RETURN(GpuInfo fresh, FreshGpu(nvml, info));
+  ASSIGN_OR_RETURN(GpuInfo fresh, FreshGpu(nvml, seen, info));
   info.mig_instances = fresh.mig_instances;
   if (!fresh.mig_enabled)
     return Status::FailedPrecondition(
@@ -180,25 +211,14 @@ Status EnsureOne(Nvml& nvml, GpuInfo& info, const WantedMig& want, const std::ve
     }
   }
   std::vector<InTheWay> destroyed;
-  for (const InTheWay& w : in_the_way) {
-    if (Status st = nvml.DestroyMigGpuInstance(info.index, w.gpu_instance_id); !st.ok()) {
-      const std::string note = Restore(nvml, info.index, destroyed);
-      if (auto after = FreshGpu(nvml, info); after.ok()) info.mig_instances = after->mig_instances;
-      return Status::FailedPrecondition(fmt::format("GPU {}: cannot create MIG instance {}: destroying {}: {}{}",
-                                                    info.index, wanted, w.label, st.message(), note));
-    }
-    destroyed.push_back(w);
-  }
-  auto created = nvml.CreateMigInstance(info.index, want.profile_id, want.start);
-  if (!created.ok()) {
-    const std::string note = Restore(nvml, info.index, destroyed);
-    if (auto after = FreshGpu(nvml, info); after.ok()) info.mig_instances = after->mig_instances;
-    return Status::FailedPrecondition(
-        fmt::format("GPU {}: cannot create MIG instance {}: {}{}", info.index, wanted, created.status().message(), note));
-  }
-  if (auto after = FreshGpu(nvml, info); after.ok()) {
-    info.mig_instances = after->mig_instances;
-  } else {  // the layout as the calls left it
+  const Result<MigInstanceInfo> created = Replace(nvml, info.index, wanted, want, in_the_way, destroyed);
+  // The layout as NVML has it after the calls, whether they succeeded or not (new UUIDs and MIG
+  // device indices, instances created again), read once.
+  seen.reset();
+  const Result<GpuInfo> after = FreshGpu(nvml, seen, info);
+  if (after.ok()) info.mig_instances = after->mig_instances;
+  if (!created.ok()) return created.status();
+  if (!after.ok()) {  // the layout as the calls left it
     std::erase_if(info.mig_instances, [&](const MigInstanceInfo& m) {
       for (const InTheWay& d : destroyed) {
         if (d.gpu_instance_id == m.gpu_instance_id) return true;
@@ -221,6 +241,7 @@ Status EnsureOne(Nvml& nvml, GpuInfo& info, const WantedMig& want, const std::ve
 Status Agent::EnsureMigInstances(const LocalTask& t) {
   const Assignment& a = t.assignment;
   if (a.isolation != "mig" || inventory_.simulated) return Status::Ok();
+  std::optional<Inventory> seen;  // NVML's view, shared by the task's GPUs (FreshGpu)
   for (const AssignedGpu& g : a.gpus) {
     if (g.index < 0 || static_cast<size_t>(g.index) >= inventory_.gpus.size())
       return Status::InvalidArgument(
@@ -250,7 +271,7 @@ Status Agent::EnsureMigInstances(const LocalTask& t) {
     }
     std::vector<std::string> before;
     for (const MigInstanceInfo& m : info.mig_instances) before.push_back(m.uuid);
-    const Status st = EnsureOne(*nvml_, info, want, busy, options_.node);
+    const Status st = EnsureOne(*nvml_, seen, info, want, busy, options_.node);
     std::vector<std::string> after;
     for (const MigInstanceInfo& m : info.mig_instances) after.push_back(m.uuid);
     if (after != before) {

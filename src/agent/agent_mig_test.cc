@@ -72,27 +72,18 @@ class MigServer {
   std::vector<json> statuses_;
 };
 
-// A mig task of job `job` on GPU 1: profile id / name and start as given.
+// A mig task of job `job` on GPU 1: profile id / name and start as given (the mps task of
+// MpsAssignment, made a mig one with all of the GPU's share).
 json MigTask(const std::string& job, int profile_id, const std::string& profile, int start, const std::string& script) {
   json mig = {{"start", start}};
   if (profile_id >= 0) mig["profileId"] = profile_id;
   if (!profile.empty()) mig["profile"] = profile;
-  return {{"jobId", job},
-          {"index", 0},
-          {"desired", "run"},
-          {"state", "assigned"},
-          {"name", "mig/" + job},
-          {"tenant", "vision"},
-          {"qos", "guaranteed"},
-          {"isolation", "mig"},
-          {"command", {"/bin/sh", "-c", script}},
-          {"env", json::object()},
-          {"bundle", ""},
-          {"rootfs", ""},
-          {"restarts", 0},
-          {"cpu", "0"},
-          {"memory", "0"},
-          {"gpus", json::array({{{"index", 1}, {"share", 1000}, {"memory", "10Gi"}, {"mig", mig}}})}};
+  json task = mps_test::MpsAssignment(script, 1000)[0];
+  task["jobId"] = job;
+  task["name"] = "mig/" + job;
+  task["isolation"] = "mig";
+  task["gpus"][0]["mig"] = mig;
+  return task;
 }
 
 class AgentMigTest : public MpsTest {

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/runtime.h"
 #include "common/status.h"
 
 namespace gpupool::agent_internal {
@@ -73,5 +74,17 @@ std::vector<std::string> ImageLibraryDirs();
 // what is missing; for glibc "the image's glibc is 2.31 ...; the CUDA limiter needs GLIBC_2.34"
 // or "the image has no glibc".
 Status CheckPreloadFits(const std::string& rootfs, const ElfVersions& lib);
+
+// The runc runtime's preparation of the limiter (LaunchSpec::cuda_limiter) for a container whose
+// root is `rootfs_abs`: fails unless the image can load it and nothing of the task's is mounted at
+// or above its paths, then sets the task's environment and says what to bind where (the preload
+// list and limits file in `task_dir`, the ledger at `ledger_path`).
+Result<std::vector<LaunchSpec::Bind>> PrepareCudaLimiter(LaunchSpec* spec, const std::string& rootfs_abs,
+                                                         const std::string& task_dir,
+                                                         const std::string& ledger_path);
+// The files PrepareCudaLimiter's binds name, made once the task's directory exists: the preload
+// list and the limits root's and read-only (written anew at each start), the ledger empty and the
+// task's.
+Status MakeCudaLimiterFiles(const LaunchSpec& spec, const std::vector<LaunchSpec::Bind>& binds);
 
 }  // namespace gpupool::agent_internal

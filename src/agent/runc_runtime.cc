@@ -435,7 +435,8 @@ class RuncRuntime final : public SupervisedRuntime {
     RETURN_IF_ERROR(ValidateLaunchSpec(spec));
     std::vector<LaunchSpec::Bind> limiter_binds;
     if (!spec.cuda_limiter.empty()) {
-      ASSIGN_OR_RETURN(limiter_binds, PrepareCudaLimiter(&spec, rootfs_abs));
+      ASSIGN_OR_RETURN(limiter_binds,
+                       PrepareCudaLimiter(&spec, rootfs_abs, TaskDir(spec.id), CudaLedgerPath(spec.id)));
     }
     {
       // runc makes a mount's missing mountpoint as the container's root, which may not write in a
@@ -551,80 +552,6 @@ class RuncRuntime final : public SupervisedRuntime {
   }
 
  private:
-  // The CUDA limiter for every dynamically linked process of the container (LaunchSpec::cuda_limiter,
-  // docs/cuda_limiter.md "In containers"): fails unless the image can load it, then sets the
-  // task's environment and says what to bind where (MakeCudaLimiterFiles makes the files).
-  Result<std::vector<LaunchSpec::Bind>> PrepareCudaLimiter(LaunchSpec* spec, const std::string& rootfs_abs) {
-    auto lib = ReadElfVersionsAt(spec->cuda_limiter);
-    if (!lib.ok())
-      return Status::FailedPrecondition(fmt::format("task {}: the CUDA limiter cannot be checked: {}", spec->id,
-                                                    lib.status().message()));
-    if (Status fits = CheckPreloadFits(rootfs_abs, *lib); !fits.ok())
-      return Status::FailedPrecondition(fmt::format(
-          "task {}: its GPU share is held by the CUDA limiter, which its image cannot load: {}", spec->id,
-          fits.message()));
-    // Nothing of the task's is mounted at the limiter's paths or above them: a writable volume
-    // there would let the task rename a directory from under a bind and leave /etc/ld.so.preload
-    // naming nothing (the loader then runs the program unlimited).
-    std::vector<std::string> destinations;
-    for (const auto& b : spec->binds) destinations.push_back(b.destination);
-    for (const auto& m : spec->mounts) destinations.push_back(m.destination);
-    for (const auto& t : spec->tmpfs) destinations.push_back(t.destination);
-    for (const auto& r : spec->readonly_binds) destinations.push_back(r);
-    for (const std::string& d : destinations) {
-      std::string clean;  // "//etc/./" -> "/etc"
-      for (size_t i = 0; i < d.size();) {
-        const size_t end = std::min(d.find('/', i), d.size());
-        const std::string part = d.substr(i, end - i);
-        if (!part.empty() && part != ".") clean += "/" + part;
-        i = end + 1;
-      }
-      for (const char* path :
-           {kContainerCudaLimiterPath, kContainerPreloadPath, kContainerCudaLedgerPath, kContainerCudaLimitsPath}) {
-        const std::string p = path;
-        if (clean.empty() || p == clean || (p.compare(0, clean.size(), clean) == 0 && p[clean.size()] == '/'))
-          return Status::InvalidArgument(fmt::format(
-              "task {}: a mount at {} would cover {}, the CUDA limiter's; nothing else may be mounted there or above it",
-              spec->id, d, p));
-      }
-    }
-    spec->env["GPUPOOL_CUDA_LEDGER"] = kContainerCudaLedgerPath;
-    // The limits too, from a file the task cannot change: a program that execs another with other
-    // GPUPOOL_GPU_* values (or none) changes nothing (the library reads the file when it exists).
-    if (auto limits = CudaLimitsFileContents(spec->env); !limits.ok())
-      return Status::InvalidArgument(fmt::format("task {}: {}", spec->id, limits.status().message()));
-    // LD_PRELOAD too (task_env.cc puts the library first): a process that unsets it still has
-    // /etc/ld.so.preload.
-    auto& preload_env = spec->env["LD_PRELOAD"];
-    if (preload_env.rfind(kContainerCudaLimiterPath, 0) != 0)
-      preload_env = preload_env.empty() ? std::string(kContainerCudaLimiterPath)
-                                        : std::string(kContainerCudaLimiterPath) + ":" + preload_env;
-    return std::vector<LaunchSpec::Bind>{{spec->cuda_limiter, kContainerCudaLimiterPath, true},
-                                         {TaskDir(spec->id) + "/ld.so.preload", kContainerPreloadPath, true},
-                                         {CudaLedgerPath(spec->id), kContainerCudaLedgerPath, false},
-                                         {TaskDir(spec->id) + "/cuda-limits", kContainerCudaLimitsPath, true}};
-  }
-
-  // The files PrepareCudaLimiter's binds name, made once the task's directory is (PrepareTaskDir):
-  // the preload list and the limits root's and read-only (written anew at each start), the ledger
-  // empty and the task's.
-  Status MakeCudaLimiterFiles(const LaunchSpec& spec, const std::vector<LaunchSpec::Bind>& binds) {
-    for (const auto& b : binds) {
-      if (b.destination == kContainerPreloadPath || b.destination == kContainerCudaLimitsPath) {
-        std::string content = std::string(kContainerCudaLimiterPath) + "\n";
-        if (b.destination == kContainerCudaLimitsPath) {
-          ASSIGN_OR_RETURN(content, CudaLimitsFileContents(spec.env));
-        }
-        RETURN_IF_ERROR(WriteFileAtomic(b.source, content, /*sync=*/false));
-        if (::chmod(b.source.c_str(), 0444) != 0)
-          return Status::Internal(fmt::format("chmod {}: {}", b.source, ErrnoText(errno)));
-      } else if (b.destination == kContainerCudaLedgerPath) {
-        RETURN_IF_ERROR(MakeCudaLedger(b.source, spec.uid, spec.gid >= 0 ? spec.gid : spec.uid));
-      }
-    }
-    return Status::Ok();
-  }
-
   // Every directory above `path` lets `uid` pass (others' x bit, or its own).
   static Status Reachable(const std::string& id, const char* what, const std::string& path, int64_t uid) {
     for (size_t i = 1; i < path.size(); ++i) {
