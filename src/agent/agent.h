@@ -148,6 +148,9 @@ class Agent {
   void Stop(bool stop_tasks = false);
 
   const Inventory& inventory() const { return inventory_; }
+  // The CDI specs containers get their GPUs from (a copy): as LoadCdi read or made them, and as MIG
+  // layout changes left them since.
+  std::vector<CdiSpec> CdiSpecs();
   const std::string& node() const { return options_.node; }
   int metrics_port() const { return metrics_port_; }
   std::string MetricsText();
@@ -204,6 +207,10 @@ class Agent {
   bool Reconcile(const std::vector<Assignment>& assignments, const std::string& version = "");
   void ApplyAssignments(const std::string& body);  // parse, reconcile, poll
   void StartTask(LocalTask& t);
+  // The driver's root ("/" unless --driver-root), and its MIG capability minors (at most 1 MiB of
+  // /proc/driver/nvidia-caps/mig-minors; "" when unreadable).
+  std::string DriverRoot() const;
+  std::string MigMinorsText() const;
   // A guaranteed task that runs under the CUDA limiter: its ledger's pressure counters are read.
   bool WatchesPressure(const Assignment& a) const;
   // Takes over the run of `t` if a runtime already knows it (an earlier agent started it); false

@@ -291,6 +291,16 @@ Status Agent::EnsureMigInstances(const LocalTask& t) {
         for (CdiSpec& spec : cdi_specs_) {
           std::erase_if(spec.devices, [&](const auto& d) { return d.first.rfind(prefix, 0) == 0; });
         }
+        // The GPU's instances no spec names by UUID (the new one, and those only named by index):
+        // their device nodes as the agent's own generator makes them, in the toolkit's spec of the
+        // GPU, whose common edits (driver libraries, hooks) then come with them.
+        Inventory one;
+        one.gpus = {info};
+        const CdiSpec own = GenerateNvidiaCdiSpec(one, DriverFiles{}, DriverRoot(), MigMinorsText());
+        const std::vector<std::string> added = SupplementMigDevices(cdi_specs_, info, own);
+        if (!added.empty())
+          std::cerr << fmt::format("gpupool agent {}: CDI: GPU {}: MIG devices {} added to the toolkit's spec\n",
+                                   options_.node, g.index, fmt::join(added, ", "));
       }
     }
     RETURN_IF_ERROR(st);

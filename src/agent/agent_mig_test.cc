@@ -122,6 +122,7 @@ class AgentMigTest : public MpsTest {
     o.nvml_library = FAKE_NVML_PATH;
     o.state_dir = root_;
     o.driver_root = root_ + "/driver";
+    o.cdi_spec_dirs = {root_ + "/cdi"};  // the test's, never the host's
     o.poll_seconds = 0.05;
     o.heartbeat_seconds = 0.1;
     o.cuda_limiter = "none";
@@ -186,6 +187,43 @@ TEST_F(AgentMigTest, IdleInstancesInTheWayAreReplacedByTheWantedOne) {
   // The next heartbeat reports the new layout.
   EXPECT_TRUE(WaitFor([&] { return Reported(server.LastHeartbeat()["gpus"]) == "19@0,9@4"; }))
       << server.LastHeartbeat().dump();
+}
+
+// A node whose CDI spec is the toolkit's, which names GPU 1 and its MIG devices of then by index:
+// after the agent made a new instance, the index names (which now mean other instances) are gone,
+// and the new instance is in that spec by its UUID, with the device nodes the agent's own generator
+// gives it (the GPU's node and the instance's capability nodes), beside the spec's driver mounts.
+TEST_F(AgentMigTest, AToolkitSpecGetsTheInstanceTheAgentMade) {
+  fs::create_directories(root_ + "/cdi");
+  std::ofstream(root_ + "/cdi/nvidia.json")
+      << R"({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [)"
+      << R"({"name": "1", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}},)"
+      << R"({"name": "1:0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}}],)"
+      << R"("containerEdits": {"mounts": [{"hostPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",)"
+      << R"("containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "options": ["ro", "bind"]}]}})";
+  MigServer server;
+  Agent* agent = StartAgent(server, kIdleOnes);
+  ASSERT_NE(agent, nullptr);
+  ASSERT_EQ(agent->CdiSpecs().size(), 1u) << agent->summary();
+  server.SetAssignments(json::array({MigTask("j-000000000001", 9, "3g.40gb", 4, EnvScript())}));
+  ASSERT_TRUE(WaitFor([&] { return !server.Status("j-000000000001/0", "succeeded").is_null(); },
+                      std::chrono::seconds(10)))
+      << server.Status("j-000000000001/0").dump();
+  const std::vector<CdiSpec> specs = agent->CdiSpecs();
+  ASSERT_EQ(specs.size(), 1u);
+  EXPECT_NE(specs[0].source.find("nvidia.json"), std::string::npos);
+  EXPECT_TRUE(specs[0].devices.contains("1"));
+  EXPECT_FALSE(specs[0].devices.contains("1:0"));
+  const std::string uuid = "MIG-fa6e0001-0002-4000-8001-000000000000";
+  ASSERT_TRUE(specs[0].devices.contains(uuid));
+  std::vector<std::string> nodes;
+  for (const CdiDeviceNode& n : specs[0].devices.at(uuid).device_nodes) nodes.push_back(n.path);
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_EQ(nodes[0], "/dev/nvidia1");
+  EXPECT_EQ(nodes[1].rfind("/dev/nvidia-caps/nvidia-cap", 0), 0u);
+  auto edits = ResolveCdiDevices(specs, "nvidia.com/gpu", {uuid});
+  ASSERT_TRUE(edits.ok()) << edits.status().ToString();
+  EXPECT_EQ(edits->mounts.size(), 1u);  // the toolkit's driver mount comes with it
 }
 
 TEST_F(AgentMigTest, AnInstanceInUseByARunningTaskIsNeverDestroyed) {

@@ -51,6 +51,19 @@ Status WriteNewFileIn(const std::string& dir, const std::string& name, const std
 
 }  // namespace
 
+std::vector<CdiSpec> Agent::CdiSpecs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cdi_specs_;
+}
+
+std::string Agent::DriverRoot() const { return options_.driver_root.empty() ? "/" : options_.driver_root; }
+
+std::string Agent::MigMinorsText() const {
+  const std::string root = DriverRoot();
+  auto text = agent_internal::ReadFile((root == "/" ? "" : root) + "/proc/driver/nvidia-caps/mig-minors");
+  return text.ok() && text->size() <= (1 << 20) ? *text : std::string();
+}
+
 void Agent::LoadCdi() {
   if (inventory_.simulated) return;  // no device nodes, no driver: nothing to give
   std::vector<std::string> warnings;
@@ -71,13 +84,9 @@ void Agent::LoadCdi() {
     }
   }
   // None from the toolkit: one generated from what NVML found and the driver's files on disk.
-  const std::string root = options_.driver_root.empty() ? "/" : options_.driver_root;
+  const std::string root = DriverRoot();
   const DriverFiles files = FindDriverFiles(root);
-  std::string mig_minors;
-  if (auto text = agent_internal::ReadFile((root == "/" ? "" : root) + "/proc/driver/nvidia-caps/mig-minors");
-      text.ok() && text->size() <= (1 << 20))
-    mig_minors = *text;
-  CdiSpec spec = GenerateNvidiaCdiSpec(inventory_, files, root, mig_minors);
+  CdiSpec spec = GenerateNvidiaCdiSpec(inventory_, files, root, MigMinorsText());
   const std::string path = options_.state_dir + "/cdi/nvidia.com-gpu.json";
   if (Status st = agent_internal::MakeDirs(options_.state_dir + "/cdi"); st.ok()) {
     (void)agent_internal::WriteFileAtomic(path, CdiSpecToJson(spec).dump(2) + "\n", /*sync=*/false);

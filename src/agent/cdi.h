@@ -165,4 +165,14 @@ Result<int> MigCapMinor(std::string_view mig_minors, std::string_view name);
 CdiSpec GenerateNvidiaCdiSpec(const Inventory& inv, const DriverFiles& files, const std::string& root,
                               const std::string& mig_minors_text);
 
+// After the agent changed GPU `gpu`'s MIG layout on a node whose specs are the toolkit's (which name
+// only the instances of when they were generated): every instance of `gpu` that no spec of `specs`
+// names by its UUID gets `generated`'s entry for it (the agent's own spec for this GPU: the GPU's
+// node and the instance's two capability nodes) under its UUID, in the spec that provides the GPU
+// itself (by UUID or index), so that spec's common edits (driver libraries, hooks) come with it.
+// Returns the UUIDs added. Nothing is added for a GPU no spec provides (its containers would get
+// no driver from it either) or an instance `generated` has no entry for (no capability minors).
+std::vector<std::string> SupplementMigDevices(std::vector<CdiSpec>& specs, const GpuInfo& gpu,
+                                              const CdiSpec& generated);
+
 }  // namespace gpupool

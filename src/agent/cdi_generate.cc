@@ -226,4 +226,26 @@ CdiSpec GenerateNvidiaCdiSpec(const Inventory& inv, const DriverFiles& files, co
   return spec;
 }
 
+std::vector<std::string> SupplementMigDevices(std::vector<CdiSpec>& specs, const GpuInfo& gpu,
+                                              const CdiSpec& generated) {
+  std::vector<std::string> added;
+  CdiSpec* host = nullptr;  // the last spec providing the GPU, as ResolveCdiDevices would take it
+  for (CdiSpec& s : specs) {
+    if (s.kind == generated.kind && (s.devices.contains(gpu.uuid) || s.devices.contains(std::to_string(gpu.index))))
+      host = &s;
+  }
+  if (host == nullptr) return added;
+  for (const MigInstanceInfo& m : gpu.mig_instances) {
+    if (m.uuid.empty() || !IsValidCdiDeviceName(m.uuid)) continue;
+    const bool named = std::any_of(specs.begin(), specs.end(), [&](const CdiSpec& s) {
+      return s.kind == generated.kind && s.devices.contains(m.uuid);
+    });
+    const auto entry = generated.devices.find(m.uuid);
+    if (named || entry == generated.devices.end()) continue;
+    host->devices[m.uuid] = entry->second;
+    added.push_back(m.uuid);
+  }
+  return added;
+}
+
 }  // namespace gpupool

@@ -551,6 +551,41 @@ TEST(CdiGenerate, DevicesForGpusAndMigInstances) {
                                       "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"}));
 }
 
+// The toolkit's spec names GPU 1 by index and none of its MIG devices (made since it was
+// generated): the agent's entry for the new instance joins that spec, so its driver mounts come too.
+TEST(CdiGenerate, AToolkitSpecGetsTheMigDevicesTheAgentMadeSince) {
+  const Inventory inv = TwoGpusOneWithMig();
+  const std::string mig = "MIG-0f0f0f0f-1111-2222-3333-444444444444";
+  CdiSpec toolkit;
+  toolkit.version = "0.5.0";
+  toolkit.kind = "nvidia.com/gpu";
+  toolkit.source = "/etc/cdi/nvidia.yaml";
+  toolkit.devices["0"].device_nodes.push_back({"/dev/nvidia0", "", "rwm"});
+  toolkit.devices["1"].device_nodes.push_back({"/dev/nvidia3", "", "rwm"});
+  CdiMount lib;
+  lib.host_path = lib.container_path = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+  toolkit.common.mounts.push_back(lib);
+  CdiSpec other = toolkit;  // another kind's spec is never touched
+  other.kind = "example.com/nic";
+  std::vector<CdiSpec> specs = {other, toolkit};
+  const CdiSpec generated = GenerateNvidiaCdiSpec(inv, DriverFiles{}, "/", kMigMinors);
+  // The instance without capability minors has no entry to give: only the other is added.
+  EXPECT_EQ(SupplementMigDevices(specs, inv.gpus[1], generated), std::vector<std::string>{mig});
+  EXPECT_FALSE(specs[0].devices.contains(mig));
+  Result<CdiEdits> edits = ResolveCdiDevices(specs, "nvidia.com/gpu", {mig});
+  ASSERT_TRUE(edits.ok()) << edits.status().ToString();
+  EXPECT_EQ(Paths(edits->device_nodes), (std::vector<std::string>{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap30",
+                                                                   "/dev/nvidia-caps/nvidia-cap31"}));
+  ASSERT_EQ(edits->mounts.size(), 1u);
+  EXPECT_EQ(edits->mounts[0].container_path, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+  // Named already: left as the toolkit has it. A GPU no spec provides gets nothing.
+  specs[1].devices[mig].device_nodes = {{"/dev/nvidia3", "", "rw"}};
+  EXPECT_TRUE(SupplementMigDevices(specs, inv.gpus[1], generated).empty());
+  EXPECT_EQ(specs[1].devices[mig].device_nodes.size(), 1u);
+  std::vector<CdiSpec> none = {other};
+  EXPECT_TRUE(SupplementMigDevices(none, inv.gpus[1], generated).empty());
+}
+
 TEST(CdiGenerate, HostRootLeavesHostPathsEmpty) {
   const CdiSpec spec = GenerateNvidiaCdiSpec(TwoGpusOneWithMig(),
                                              DriverFiles{{"/usr/lib64/libcuda.so.1"}, {}, {}, {}}, "/", "");
