@@ -13,7 +13,10 @@
 set -euo pipefail
 
 build=$(cd "${1:?usage: cgroup2_vm.sh BUILD_DIR [GTEST_FILTER]}" && pwd)
-filter=${2:-'ProcessRuntime.*:Fencing.*:Spawn.*:RuncTest.*:Supervisor.*:SandboxTest.*:RuncSandboxTest.*:CrunSandboxTest.*'}
+# Less the CUDA limiter's sandbox test: the VM carries neither the limiter library nor a dynamically
+# linked program for it to be preloaded into (its tools are the static busybox, which no preload
+# reaches); that test runs on the host with the other unit tests.
+filter=${2:-'ProcessRuntime.*:Fencing.*:Spawn.*:RuncTest.*:Supervisor.*:SandboxTest.*:RuncSandboxTest.*:CrunSandboxTest.*-SandboxTest.TheCudaLimiterHoldsAProcessTaskThatClearsItsEnvironment'}
 say() { echo "cgroup2_vm: $*"; }
 fail() { echo "cgroup2_vm: FAIL: $*" >&2; exit 1; }
 
