@@ -359,6 +359,12 @@ Status CheckPreloadFits(const std::string& rootfs, const ElfVersions& lib) {
   return Status::Ok();
 }
 
+Status WriteReadOnlyFile(const std::string& path, const std::string& content) {
+  RETURN_IF_ERROR(WriteFileAtomic(path, content, /*sync=*/false));
+  if (::chmod(path.c_str(), 0444) != 0) return Status::Internal(fmt::format("chmod {}: {}", path, ErrnoText(errno)));
+  return Status::Ok();
+}
+
 Result<std::string> CudaLimitsFileContents(const std::map<std::string, std::string>& env) {
   std::string out;
   for (const auto& [key, variable] : {std::pair<const char*, const char*>{"memory_bytes", "GPUPOOL_GPU_MEMORY_BYTES"},
@@ -442,9 +448,7 @@ Status MakeCudaLimiterFiles(const LaunchSpec& spec, const std::vector<LaunchSpec
       if (b.destination == kContainerCudaLimitsPath) {
         ASSIGN_OR_RETURN(content, CudaLimitsFileContents(spec.env));
       }
-      RETURN_IF_ERROR(WriteFileAtomic(b.source, content, /*sync=*/false));
-      if (::chmod(b.source.c_str(), 0444) != 0)
-        return Status::Internal(fmt::format("chmod {}: {}", b.source, ErrnoText(errno)));
+      RETURN_IF_ERROR(WriteReadOnlyFile(b.source, content));
     } else if (b.destination == kContainerCudaLedgerPath) {
       RETURN_IF_ERROR(MakeCudaLedger(b.source, spec.uid, spec.gid >= 0 ? spec.gid : spec.uid));
     }

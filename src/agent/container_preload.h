@@ -36,6 +36,10 @@ inline constexpr const char* kContainerCudaLimitsPath = "/run/gpupool/cuda-limit
 // newline, a CR or a NUL (the agent never sets one; the file would be refused by the library).
 Result<std::string> CudaLimitsFileContents(const std::map<std::string, std::string>& env);
 
+// Writes `content` to `path` anew (atomically, not synced) and makes it 0444: the limits file and the
+// preload list, which a task may read and nobody may write.
+Status WriteReadOnlyFile(const std::string& path, const std::string& content);
+
 // What an ELF shared object says about symbol versions.
 struct ElfVersions {
   uint16_t machine = 0;                // e_machine

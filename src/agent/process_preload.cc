@@ -34,12 +34,6 @@ Status CheckOwned(const char* path, const struct stat& st, bool directory) {
   return Status::Ok();
 }
 
-Status WriteReadOnly(const std::string& path, const std::string& content) {
-  RETURN_IF_ERROR(WriteFileAtomic(path, content, /*sync=*/false));
-  if (::chmod(path.c_str(), 0444) != 0) return Status::Internal(fmt::format("chmod {}: {}", path, ErrnoText(errno)));
-  return Status::Ok();
-}
-
 }  // namespace
 
 Result<std::string> PrepareHostPreloadPoints() {
@@ -105,10 +99,10 @@ Result<ProcessLimiterFiles> PrepareProcessCudaLimiter(const std::string& library
 
   ProcessLimiterFiles out;
   ASSIGN_OR_RETURN(std::string limits, CudaLimitsFileContents(*env));
-  RETURN_IF_ERROR(WriteReadOnly(task_dir + "/" + kTaskCudaLimitsName, limits));
+  RETURN_IF_ERROR(WriteReadOnlyFile(task_dir + "/" + kTaskCudaLimitsName, limits));
   if (!host_list.empty() && host_list.back() != '\n') host_list.push_back('\n');
   out.preload_list = task_dir + "/ld.so.preload";
-  RETURN_IF_ERROR(WriteReadOnly(out.preload_list, lib_in_task + "\n" + host_list));
+  RETURN_IF_ERROR(WriteReadOnlyFile(out.preload_list, lib_in_task + "\n" + host_list));
   out.run_files = {{kTaskCudaLimiterName, real, false},
                    {kTaskCudaLimitsName, task_dir + "/" + kTaskCudaLimitsName, false},
                    {kTaskCudaLedgerName, ledger, true}};
