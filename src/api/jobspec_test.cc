@@ -86,6 +86,7 @@ Job ExpectedResnet() {
   // A share of a guaranteed job, held by the MPS limits its agent sets (DeriveSharing).
   g.request.guaranteed = true;
   g.request.enforced_by = kEnforceMps;
+  g.request.mps_owner = "vision";  // its GPU's MPS server runs for the tenant
   job.groups.push_back(g);
   return job;
 }

@@ -39,6 +39,9 @@ constexpr size_t kMaxGpusPerNode = 64;
 constexpr size_t kMaxNodeLabels = 64;
 constexpr size_t kMaxUuidBytes = 128;
 constexpr size_t kMaxModelBytes = 128;
+// An MPS share's owner: a tenant's name (at most JobSpecLimits::max_name_bytes) and the server's
+// mark for a root queue.
+constexpr size_t kMaxMpsOwnerBytes = 512;
 constexpr int64_t kMaxNvLinks = 1000;
 constexpr int64_t kMaxMaxTasks = 1000000;
 
@@ -269,7 +272,8 @@ Result<std::optional<MigInstance>> ReadMig(const Json& v, const std::string& pat
 }
 
 Result<Placement> ReadPlacement(const Json& j, const Ledger& ledger) {
-  ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(j, "", {"node", "cpu", "memory", "gpus", "shareTask", "guaranteed", "enforced"}));
+  ASSIGN_OR_RETURN(ObjectFields f, ObjectFields::Read(j, "", {"node", "cpu", "memory", "gpus", "shareTask", "guaranteed", "enforced",
+                                                                  "mpsOwner"}));
   Placement p;
   const Json* node = f.Get("node");
   if (node == nullptr) return FieldError("node", "is required");
@@ -332,6 +336,10 @@ Result<Placement> ReadPlacement(const Json& j, const Ledger& ledger) {
   }
   if (const Json* enforced = f.Get("enforced")) {
     ASSIGN_OR_RETURN(p.enforced, ReadBool(*enforced, "enforced"));
+  }
+  // Absent (not an MPS share, or one stored before MPS owners were kept apart): no owner.
+  if (const Json* owner = f.Get("mpsOwner")) {
+    ASSIGN_OR_RETURN(p.mps_owner, ReadString(*owner, "mpsOwner", kMaxMpsOwnerBytes));
   }
   return p;
 }
@@ -508,6 +516,7 @@ Json PlacementToJson(const Placement& p, const Ledger& ledger) {
               {"shareTask", p.share_task}};
   if (p.guaranteed) out["guaranteed"] = true;
   if (p.enforced) out["enforced"] = true;
+  if (p.mps_owner) out["mpsOwner"] = *p.mps_owner;
   return out;
 }
 

@@ -334,6 +334,31 @@ TEST_F(PlacementCodec, ShareTask) {
   EXPECT_TRUE(RoundTrips(p));
 }
 
+TEST_F(PlacementCodec, AnMpsShareKeepsItsOwner) {
+  Placement p;
+  p.node = 1;
+  p.cpu = MilliCpu(1000);
+  p.gpus = {{.gpu = 0, .share = MilliGpu(250), .memory = MiB(0), .mig = std::nullopt}};
+  p.share_task = true;
+  p.enforced = true;
+  p.mps_owner = "vision";
+  EXPECT_EQ(PlacementToJson(p, ledger_)["mpsOwner"], "vision");
+  EXPECT_TRUE(RoundTrips(p));
+  // Absent: no owner (not an MPS share, or stored before owners were kept).
+  Json j = PlacementToJson(p, ledger_);
+  j.erase("mpsOwner");
+  Result<Placement> old = PlacementFromJson(j, ledger_);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_FALSE(old->mps_owner.has_value());
+  // Hostile: not a string, or past the bound.
+  j["mpsOwner"] = 7;
+  EXPECT_FALSE(PlacementFromJson(j, ledger_).ok());
+  j["mpsOwner"] = std::string(513, 'x');
+  Result<Placement> long_owner = PlacementFromJson(j, ledger_);
+  ASSERT_FALSE(long_owner.ok());
+  EXPECT_NE(long_owner.status().message().find("mpsOwner"), std::string::npos) << long_owner.status().ToString();
+}
+
 TEST_F(PlacementCodec, WholeGpusAndCpuOnly) {
   Placement whole;
   whole.node = 0;

@@ -9,6 +9,19 @@ namespace gpupool {
 
 Ledger::Ledger(GpuCatalog catalog) : catalog_(std::move(catalog)) {
   model_names_.emplace_back("");
+  mps_owner_names_.emplace_back("");
+}
+
+uint32_t Ledger::InternMpsOwner(const std::string& owner) {
+  auto [it, added] = mps_owner_ids_.try_emplace(owner, static_cast<uint32_t>(mps_owner_names_.size()));
+  if (added) mps_owner_names_.push_back(owner);
+  return it->second;
+}
+
+std::optional<uint32_t> Ledger::FindMpsOwner(const std::string& owner) const {
+  auto it = mps_owner_ids_.find(owner);
+  if (it == mps_owner_ids_.end()) return std::nullopt;
+  return it->second;
 }
 
 ModelId Ledger::InternModel(const std::string& name) {
@@ -39,6 +52,7 @@ void Ledger::RecountNode(NodeState& s) const {
   s.max_free_share = 0;
   s.memory_short_gpus = 0;
   s.guaranteed_gpus = 0;
+  s.mps_gpus = 0;
   s.usable_free.fill(0);
   s.usable_index.fill(0);
   const bool compact = s.compact();
@@ -55,13 +69,16 @@ void Ledger::RecountNode(NodeState& s) const {
     if (g.free_share == kWholeGpu.units()) ++s.fully_free_gpus;
     if (g.free_memory < ShareMemory(g.free_share, g.memory)) ++s.memory_short_gpus;
     if (g.guaranteed_shares > 0) ++s.guaranteed_gpus;
+    if (g.mps_shares > 0) ++s.mps_gpus;
   }
 }
 
 void Ledger::Recount(NodeState& s) {
   const int32_t before = s.guaranteed_gpus;
+  const int32_t mps_before = s.mps_gpus;
   RecountNode(s);
   guaranteed_gpus_ += s.guaranteed_gpus - before;
+  mps_gpus_ += s.mps_gpus - mps_before;
 }
 
 Result<NodeIndex> Ledger::AddNode(NodeSpec spec) {
@@ -178,6 +195,15 @@ Status Ledger::CheckFits(const Placement& p) const {
           p.guaranteed ? "a share nothing holds to its size" : "a guaranteed share",
           p.guaranteed ? "guaranteed share" : "share nothing holds to its size"));
     }
+    if (g.share < kWholeGpu && p.mps_owner && gs.mps_shares > 0) {
+      const std::optional<uint32_t> owner = FindMpsOwner(*p.mps_owner);
+      if (!MpsAllows(gs, owner.value_or(0))) {
+        return Status::FailedPrecondition(
+            fmt::format("{}: GPU {} holds MPS shares of '{}', and its MPS server runs for one owner at a "
+                        "time (this share is '{}''s)",
+                        where, g.gpu, mps_owner_names_[gs.mps_owner], *p.mps_owner));
+      }
+    }
   }
   return Status::Ok();
 }
@@ -204,6 +230,10 @@ void Ledger::Apply(const Placement& p, int sign) {
     if (g.share < kWholeGpu) {
       if (p.guaranteed) gs.guaranteed_shares = static_cast<int16_t>(gs.guaranteed_shares + sign);
       if (!p.enforced) gs.unlimited_shares = static_cast<int16_t>(gs.unlimited_shares + sign);
+      if (p.mps_owner) {
+        if (sign > 0) gs.mps_owner = InternMpsOwner(*p.mps_owner);
+        gs.mps_shares = static_cast<int16_t>(gs.mps_shares + sign);
+      }
     }
     used_gpu_share_ += sign * g.share.units();
   }
@@ -355,6 +385,19 @@ Status Ledger::CheckInvariants() const {
         eg.guaranteed_shares = static_cast<int16_t>(eg.guaranteed_shares + (p.guaranteed ? 1 : 0));
         eg.unlimited_shares = static_cast<int16_t>(eg.unlimited_shares + (p.enforced ? 0 : 1));
         if (p.guaranteed && !p.enforced) ++unlimited_guaranteed[p.node][static_cast<size_t>(g.gpu)];
+        if (p.mps_owner) {
+          ++eg.mps_shares;
+          const std::optional<uint32_t> owner = FindMpsOwner(*p.mps_owner);
+          if (!owner)
+            return Status::Internal(
+                fmt::format("MPS owner '{}' of a placement was never interned", *p.mps_owner));
+          if (eg.mps_shares > 1 && eg.mps_owner != *owner) {
+            return Status::Internal(fmt::format("node '{}' GPU {}: MPS shares of '{}' and '{}'",
+                                                specs_[p.node].name, g.gpu, mps_owner_names_[eg.mps_owner],
+                                                *p.mps_owner));
+          }
+          eg.mps_owner = *owner;
+        }
       }
     }
     if (!p.gpus.empty()) {
@@ -398,6 +441,8 @@ Status Ledger::CheckInvariants() const {
         return Status::Internal(fmt::format("{} GPU {}: task count drifted", where, i));
       if (g.guaranteed_shares != eg.guaranteed_shares || g.unlimited_shares != eg.unlimited_shares)
         return Status::Internal(fmt::format("{} GPU {}: QoS share counts drifted", where, i));
+      if (g.mps_shares != eg.mps_shares || (g.mps_shares > 0 && g.mps_owner != eg.mps_owner))
+        return Status::Internal(fmt::format("{} GPU {}: MPS share count or owner drifted", where, i));
       // A guaranteed share beside a share nothing holds: allowed only when both are one task's.
       if (g.guaranteed_shares > 0 && g.unlimited_shares > 0 &&
           !(g.guaranteed_shares == 1 && g.unlimited_shares == 1 && unlimited_guaranteed[n][i] == 1)) {
@@ -423,7 +468,7 @@ Status Ledger::CheckInvariants() const {
         s.usable_gpus != e.usable_gpus || s.max_free_share != e.max_free_share ||
         s.max_tasks != spec.max_tasks || s.usable_free != e.usable_free || s.usable_index != e.usable_index ||
         s.memory_short_gpus != e.memory_short_gpus || s.guaranteed_gpus != e.guaranteed_gpus ||
-        s.enforces != ShareEnforcementOf(spec.labels)) {
+        s.mps_gpus != e.mps_gpus || s.enforces != ShareEnforcementOf(spec.labels)) {
       return Status::Internal(fmt::format("{}: GPU share summary drifted", where));
     }
     if (s.share_tasks != e.share_tasks)
@@ -439,6 +484,9 @@ Status Ledger::CheckInvariants() const {
   int64_t guaranteed_gpus = 0;
   for (const NodeState& e : expect) guaranteed_gpus += e.guaranteed_gpus;
   if (guaranteed_gpus != guaranteed_gpus_) return Status::Internal("count of GPUs with guaranteed shares drifted");
+  int64_t mps_gpus = 0;
+  for (const NodeState& e : expect) mps_gpus += e.mps_gpus;
+  if (mps_gpus != mps_gpus_) return Status::Internal("count of GPUs with MPS shares drifted");
   if (used_share != used_gpu_share_ || total_share != total_gpu_share_ || total_gpus != total_gpus_) {
     return Status::Internal("cluster GPU totals drifted");
   }

@@ -49,8 +49,12 @@ struct GpuState {
   // the size it had before, which the node walks feel.
   int16_t guaranteed_shares = 0;
   int16_t unlimited_shares = 0;
+  // MPS shares (Placement::mps_owner) here, and their owner (an id the ledger interned; meaningful
+  // while mps_shares > 0): the GPU's MPS server runs for one owner at a time (MpsAllows).
+  int16_t mps_shares = 0;
   bool healthy = true;
   bool mig_enabled = false;
+  uint32_t mps_owner = 0;
   MigLayout mig;
   // Usable for new placements: healthy, and its node schedulable.
   bool usable() const { return healthy; }
@@ -61,6 +65,14 @@ struct GpuState {
 // joins a GPU that holds the other kind.
 constexpr bool QosAllows(const GpuState& g, bool guaranteed, bool enforced) {
   return !(guaranteed && g.unlimited_shares > 0) && !(!enforced && g.guaranteed_shares > 0);
+}
+
+// Whether an MPS share of the owner with interned id `owner` (0: one the ledger has not seen, so no
+// GPU holds its shares) may join GPU `g`: only where no MPS share of another owner is. The GPU's MPS
+// control daemon runs one server at a time, for one uid, and a client of another uid waits until
+// that server exits; and a fatal fault in a client tears down every client of its server.
+constexpr bool MpsAllows(const GpuState& g, uint32_t owner) {
+  return g.mps_shares == 0 || g.mps_owner == owner;
 }
 
 // Dynamic state of one node. Fields the placement policies read are kept up to date
@@ -96,6 +108,8 @@ struct NodeState {
   // spec's labels).
   int32_t guaranteed_gpus = 0;
   uint8_t enforces = 0;
+  // Usable GPUs holding MPS shares: only on these can an MPS share be refused for its owner.
+  int32_t mps_gpus = 0;
   // GpuClustering's tags of the GPU tasks on the node: share tasks, and tasks by GPU count.
   int32_t share_tasks = 0;
   std::vector<int32_t> tasks_by_gpu_count;  // index k: tasks using k GPUs (k >= 1, not share)
@@ -125,6 +139,9 @@ struct Placement {
   // holds it to its share (its TaskRequest::enforced_by is among the node's `enforces`).
   bool guaranteed = false;
   bool enforced = false;
+  // An MPS share's owner (TaskRequest::mps_owner): its grants of less than a whole GPU join only
+  // GPUs without MPS shares of another owner (MpsAllows). nullopt: not an MPS share.
+  std::optional<std::string> mps_owner;
   bool operator==(const Placement&) const = default;
 };
 
@@ -187,6 +204,12 @@ class Ledger {
   // Usable GPUs holding a guaranteed share, over all nodes: while 0, QoS refuses no task that is not
   // guaranteed itself anywhere (the qos-isolation filter then skips the walk over the nodes).
   int64_t guaranteed_gpus() const { return guaranteed_gpus_; }
+  // Usable GPUs holding MPS shares, over all nodes: while 0, no MPS share is refused for its owner.
+  int64_t mps_gpus() const { return mps_gpus_; }
+  // The interned id of an MPS owner some placement named (ids from 1, never reused); nullopt when
+  // none ever did, which no GPU's MPS shares can then belong to.
+  std::optional<uint32_t> FindMpsOwner(const std::string& owner) const;
+  const std::string& mps_owner_name(uint32_t id) const { return mps_owner_names_[id]; }
 
   // Recomputes every free amount and counter from the node specs and the live allocations and
   // compares with the incremental state; also checks no amount is negative or above capacity.
@@ -207,8 +230,9 @@ class Ledger {
   Status CheckFits(const Placement& p) const;
   void Apply(const Placement& p, int sign);
   ModelId InternModel(const std::string& name);
+  uint32_t InternMpsOwner(const std::string& owner);
   void RecountNode(NodeState& s) const;
-  void Recount(NodeState& s);  // RecountNode, keeping guaranteed_gpus_ in step
+  void Recount(NodeState& s);  // RecountNode, keeping guaranteed_gpus_ and mps_gpus_ in step
 
   GpuCatalog catalog_;
   std::vector<NodeSpec> specs_;
@@ -219,12 +243,15 @@ class Ledger {
   std::vector<std::vector<std::optional<MigLayout>>> mig_present_;
   std::unordered_map<std::string, NodeIndex> by_name_;
   std::vector<std::string> model_names_;
+  std::vector<std::string> mps_owner_names_;  // by id; [0] is "" (none)
+  std::unordered_map<std::string, uint32_t> mps_owner_ids_;
   std::unordered_map<AllocationId, Placement> allocations_;
   AllocationId next_id_ = 1;
   int64_t total_gpu_share_ = 0;
   int64_t used_gpu_share_ = 0;
   int total_gpus_ = 0;
   int64_t guaranteed_gpus_ = 0;
+  int64_t mps_gpus_ = 0;
   std::vector<NodeIndex> log_;
   uint64_t log_base_ = 0;
 };

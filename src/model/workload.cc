@@ -20,9 +20,13 @@ void DeriveSharing(Job& job) {
     const bool shares = r.wants_gpu() && !r.wants_mig() && r.gpu_share < kWholeGpu;
     r.guaranteed = shares && job.qos == QosClass::kGuaranteed;
     r.enforced_by = 0;
+    r.mps_owner.clear();
     if (!shares) continue;
     const bool container = !g.exec.bundle.empty() || !g.exec.rootfs.empty() || !g.exec.image.empty();
-    if (g.exec.isolation == IsolationMode::kMps) r.enforced_by = kEnforceMps;
+    if (g.exec.isolation == IsolationMode::kMps) {
+      r.enforced_by = kEnforceMps;
+      r.mps_owner = job.tenant;
+    }
     if (g.exec.isolation == IsolationMode::kTimeslice)
       r.enforced_by = container ? kEnforceLimiterContainer : kEnforceLimiter;
   }

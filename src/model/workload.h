@@ -45,6 +45,12 @@ struct TaskRequest {
   // does. Derived from the job's QoS and the task's isolation (DeriveSharing), never asked for.
   bool guaranteed = false;
   uint8_t enforced_by = 0;
+  // An MPS share (enforced_by kEnforceMps): whose MPS server its GPU runs. A GPU's MPS control
+  // daemon serves one user (uid) at a time and makes the others wait, so a GPU holds MPS shares of
+  // one owner only (model/ledger.h MpsAllows). The job's tenant (DeriveSharing); the server marks
+  // a root queue's tasks, which run as root, apart (server/identities.h SetMpsOwners). "" for any
+  // other task.
+  std::string mps_owner;
 
   bool wants_gpu() const { return gpu_count > 0; }
   bool wants_mig() const { return !mig_profile.empty(); }
@@ -225,7 +231,8 @@ Status ValidateJob(const Job& job);
 // Sets every group's request.guaranteed and request.enforced_by from the job's QoS and the group's
 // isolation: a timeslice share of a process task is held by the CUDA limiter, of a container by the
 // limiter in containers, an MPS share by the limits its agent sets through the MPS control daemon;
-// whole GPUs, MIG instances and CPU-only tasks share no GPU, so nothing needs holding.
+// whole GPUs, MIG instances and CPU-only tasks share no GPU, so nothing needs holding. An MPS
+// share's mps_owner is the job's tenant.
 void DeriveSharing(Job& job);
 
 }  // namespace gpupool

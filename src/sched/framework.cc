@@ -22,6 +22,8 @@ void PrepareTask(const Ledger& ledger, const TaskRequest& task, PreparedTask& ou
   out.nvlink = task.nvlink;
   out.guaranteed = task.guaranteed;
   out.enforced_by = task.enforced_by;
+  out.mps = task.enforced_by == kEnforceMps && out.share > 0 && out.share < kWholeGpu.units();
+  out.mps_owner = out.mps ? ledger.FindMpsOwner(task.mps_owner).value_or(0) : 0;
   out.allowed_models.clear();
   if (!task.gpu_models.empty()) {
     out.allowed_models.assign(ledger.model_count(), 0);

@@ -40,6 +40,10 @@ struct PreparedTask {
   bool nvlink = false;  // every pair of the chosen GPUs must share NVLink
   bool guaranteed = false;  // a guaranteed share: shares a GPU only with enforced ones (QosAllows)
   uint8_t enforced_by = 0;  // what would hold it to its share (kEnforce* bit; 0: nothing)
+  // An MPS share (TaskRequest::mps_owner), and its owner's id in the ledger (0: not seen yet, so no
+  // GPU holds its shares): it joins only GPUs without another owner's MPS shares (MpsAllows).
+  bool mps = false;
+  uint32_t mps_owner = 0;
   // allowed_models[model id] for the ledger's interned models; empty vector: any model.
   std::vector<uint8_t> allowed_models;
 
@@ -48,16 +52,20 @@ struct PreparedTask {
   int64_t MemoryOn(const GpuState& g) const { return GrantMemory(share, gpu_memory, g.memory); }
   // Whether node `s` holds the task to its share (its agent offers what the task needs).
   bool EnforcedOn(const NodeState& s) const { return enforced_by != 0 && (s.enforces & enforced_by) != 0; }
-  // Whether QoS cannot refuse the task any GPU of `s` (the per-GPU walk QosAllows needs is then moot).
-  bool QosFree(const NodeState& s) const { return !guaranteed && s.guaranteed_gpus == 0; }
-  // Whether the task may share GPU `g` of node `s` with what it holds (QosAllows).
-  bool QosAllowsOn(const NodeState& s, const GpuState& g) const {
-    return share >= kWholeGpu.units() || QosAllows(g, guaranteed, EnforcedOn(s));
+  // Whether neither QoS nor an MPS owner can refuse the task any GPU of `s` (the per-GPU walk
+  // SharingAllowsOn needs is then moot).
+  bool SharingFree(const NodeState& s) const {
+    return !guaranteed && s.guaranteed_gpus == 0 && (!mps || s.mps_gpus == 0);
   }
-  // Whether GPU `g` of node `s` has the task's share and memory free and QoS lets it join (its
-  // health and MIG mode aside).
+  // Whether the task may share GPU `g` of node `s` with what it holds (QosAllows, MpsAllows).
+  bool SharingAllowsOn(const NodeState& s, const GpuState& g) const {
+    return share >= kWholeGpu.units() ||
+           (QosAllows(g, guaranteed, EnforcedOn(s)) && (!mps || MpsAllows(g, mps_owner)));
+  }
+  // Whether GPU `g` of node `s` has the task's share and memory free and the sharing rules let it
+  // join (its health and MIG mode aside).
   bool FitsOn(const NodeState& s, const GpuState& g) const {
-    return g.free_share >= share && g.free_memory >= MemoryOn(g) && QosAllowsOn(s, g);
+    return g.free_share >= share && g.free_memory >= MemoryOn(g) && SharingAllowsOn(s, g);
   }
   bool ModelAllowed(ModelId m) const {
     return allowed_models.empty() || (m < allowed_models.size() && allowed_models[m]);
@@ -108,7 +116,8 @@ enum PodField : uint32_t {
   kFieldGpuMemory = 1u << 4,
   kFieldGpuModels = 1u << 5,
   kFieldMig = 1u << 6,
-  // guaranteed and enforced_by: the score picks among the GPUs QoS lets the task join (FitsOn).
+  // guaranteed, enforced_by and the MPS owner: the score picks among the GPUs the sharing rules let
+  // the task join (FitsOn).
   kFieldQos = 1u << 7,
   // The score depends on more than the node's state and the task's fields (random draws):
   // never cached.

@@ -32,6 +32,7 @@ size_t Scheduler::ShapeKeyHash::operator()(const ShapeKey& k) const {
   mix(static_cast<uint64_t>(k.models_id));
   mix(static_cast<uint64_t>(k.mig_id));
   mix(static_cast<uint64_t>(k.qos));
+  mix(k.mps_owner);
   return static_cast<size_t>(h);
 }
 
@@ -199,7 +200,10 @@ void Scheduler::ScoreWith(size_t plugin, const PreparedTask& task, std::vector<i
     key.models_id = string_id(joined);
   }
   if ((f & kFieldMig) && task.mig) key.mig_id = string_id(task.request->mig_profile);
-  if (f & kFieldQos) key.qos = (task.guaranteed ? 256 : 0) | task.enforced_by;
+  if (f & kFieldQos) {
+    key.qos = (task.guaranteed ? 256 : 0) | task.enforced_by;
+    key.mps_owner = task.mps_owner;
+  }
 
   auto it = slot.shapes.find(key);
   if (it == slot.shapes.end()) {
@@ -292,6 +296,8 @@ Decision Scheduler::Decide(const TaskRequest& task) {
   p.share_task = prepared_.share_task;
   p.guaranteed = prepared_.guaranteed;
   p.enforced = prepared_.EnforcedOn(ledger_.state(chosen));
+  p.mps_owner.reset();
+  if (prepared_.mps) p.mps_owner = task.mps_owner;
   if (prepared_.wants_gpu()) {
     auto grants = SelectGpus(prepared_, chosen);
     if (!grants.ok()) {

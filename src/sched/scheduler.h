@@ -129,7 +129,8 @@ class Scheduler {
   struct ShapeKey {
     int64_t cpu, memory, share, gpu_memory;
     int32_t gpu_count, models_id, mig_id;
-    int32_t qos;  // guaranteed and enforced_by, for plugins that read kFieldQos
+    int32_t qos;         // guaranteed and enforced_by, for plugins that read kFieldQos
+    uint32_t mps_owner;  // the MPS owner's id (PreparedTask::mps_owner), for the same
     bool operator==(const ShapeKey&) const = default;
   };
   struct ShapeKeyHash {

@@ -51,6 +51,10 @@ std::string Scheduler::IndexKey(const TaskRequest& t) const {
   key.resize(sizeof(fixed));
   std::memcpy(key.data(), fixed, sizeof(fixed));
   key += t.mig_profile;
+  if (t.enforced_by == kEnforceMps) {  // MPS shares of different owners go on different GPUs
+    key += '\x01';
+    key += t.mps_owner;
+  }
   for (const std::string& m : t.gpu_models) {
     key += '\0';
     key += m;

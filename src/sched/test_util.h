@@ -69,6 +69,12 @@ class Task {
     r_.enforced_by = bit;
     return *this;
   }
+  // An MPS share of `owner` (DeriveSharing: the job's tenant).
+  Task& Mps(std::string owner) {
+    r_.enforced_by = kEnforceMps;
+    r_.mps_owner = std::move(owner);
+    return *this;
+  }
   TaskRequest Build() const { return r_; }
   operator TaskRequest() const { return r_; }  // NOLINT
 

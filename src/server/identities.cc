@@ -31,6 +31,14 @@ bool QueueListed(const std::vector<std::string>& queues, const std::string& queu
   return std::find(queues.begin(), queues.end(), queue) != queues.end();
 }
 
+void SetMpsOwners(const ServerConfig& config, Job& job) {
+  const bool root = QueueListed(config.sandbox.root_queues, job.queue);
+  for (TaskGroup& g : job.groups) {
+    if (g.request.enforced_by != kEnforceMps) continue;
+    g.request.mps_owner = root ? job.tenant + " (root)" : job.tenant;
+  }
+}
+
 Result<std::string> TaskRuntimeClass(const ServerConfig& config, const std::string& queue, const TaskExec& exec,
                                      size_t g) {
   const bool container = !exec.image.empty() || !exec.bundle.empty() || !exec.rootfs.empty();

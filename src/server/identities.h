@@ -32,6 +32,13 @@ nlohmann::json RunAsJson(const ServerConfig& config, const PoolState& state, con
 
 bool QueueListed(const std::vector<std::string>& queues, const std::string& queue);
 
+// Sets each MPS share's owner (TaskRequest::mps_owner: a GPU holds MPS shares of one owner only) to
+// whom its GPU's MPS server will run for: the job's tenant, or the tenant marked " (root)" in a
+// queue of sandbox.rootQueues, whose tasks run as root and so under a server of their own. Call
+// once the job's tenant and queue are settled (at submission, and at recovery, under the config of
+// the time).
+void SetMpsOwners(const ServerConfig& config, Job& job);
+
 // The runtime class a task of group `g` (its exec) runs in, in `queue`: the queue's
 // (sandbox.queueRuntimeClass), else the task's own, else "runc"; "" for a process task. Refused
 // (PermissionDenied, naming the field and the config key): a process task or another class in a

@@ -48,6 +48,7 @@ Result<json> PoolService::SubmitJob(const Principal& who, std::string_view body,
     job.tenant = who.tenant.empty() ? "default" : who.tenant;
   }
   if (job.queue.empty()) job.queue = "default";
+  SetMpsOwners(config_, job);
   // The host's network is the admin's to grant, per queue, to admins' jobs too.
   for (size_t g = 0; g < job.groups.size(); ++g) {
     if (job.groups[g].exec.network == "host" && !QueueListed(config_.sandbox.host_network_queues, job.queue))

@@ -89,6 +89,10 @@ inline std::string JobShapeKey(const Job& job) {
     key +=
         fmt::format("|{}x{},{},{},{},{},{},{}", g.replicas, r.cpu.units(), r.memory.units(), r.gpu_count,
                     r.gpu_share.units(), r.gpu_memory.units(), fmt::join(r.gpu_models, "+"), r.mig_profile);
+    // What decides which GPUs a share may join: a shape that failed for its QoS or its MPS owner says
+    // nothing of a share of another kind or owner.
+    key += fmt::format(",{}{}{},{}:{}", r.nvlink ? 'n' : '-', r.guaranteed ? 'g' : '-', r.enforced_by,
+                       r.mps_owner.size(), r.mps_owner);
   }
   return key;
 }

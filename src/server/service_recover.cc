@@ -88,6 +88,7 @@ Status PoolService::Recover() {
     state->job.id = r.id;
     state->job.tenant = r.tenant;
     state->job.queue = r.queue;
+    SetMpsOwners(config_, state->job);
     state->demand = JobDemand(state->job);
     state->tasks.resize(static_cast<size_t>(state->job.task_count()));
     state->task_counts[static_cast<size_t>(TaskPhase::kPending)] = static_cast<int32_t>(state->tasks.size());

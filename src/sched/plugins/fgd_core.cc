@@ -164,7 +164,7 @@ int FgdCore::BestShareGpu(const Ledger& ledger, const NodeState& s, const Prepar
   for (size_t j = 0; j < free_.size(); ++j) {
     const int32_t g = free_[j];
     if (g < t.share) continue;
-    if (s.memory_short_gpus > 0 || t.gpu_memory > 0 || !t.QosFree(s)) {
+    if (s.memory_short_gpus > 0 || t.gpu_memory > 0 || !t.SharingFree(s)) {
       if (!t.FitsOn(s, s.gpus[static_cast<size_t>(index_[j])])) continue;
     }
     int64_t points = -1;

@@ -125,29 +125,42 @@ class GpuFitFilter final : public FilterPlugin {
 
 // Sharing a GPU under QoS (docs/jobspec.md#qos): a guaranteed share goes only on GPUs whose shares
 // are all held to their size (the CUDA limiter, MPS limits), and a share nothing holds on this node
-// never joins a GPU that holds a guaranteed one. A node passes when enough of its GPUs fit the task
-// and QoS lets it join them (gpu-fit has already seen to the fit alone).
+// never joins a GPU that holds a guaranteed one. And an MPS share goes only on GPUs without MPS
+// shares of another owner (MpsAllows: one MPS server per GPU at a time). A node passes when enough
+// of its GPUs fit the task and the sharing rules let it join them (gpu-fit has already seen to the
+// fit alone).
 class QosIsolationFilter final : public FilterPlugin {
  public:
   std::string_view name() const override { return "qos-isolation"; }
   std::vector<std::string> reasons() const override {
-    return {"GPUs with room hold shares not held to their size (a guaranteed share shares only with enforced ones)",
-            "GPUs with room hold a guaranteed share, and nothing on this node would hold the task to its share"};
+    return {
+        "GPUs with room hold shares not held to their size (a guaranteed share shares only with enforced "
+        "ones)",
+        "GPUs with room hold a guaranteed share, and nothing on this node would hold the task to its share",
+        "GPUs with room hold MPS shares of another tenant (a GPU's MPS server runs for one tenant at a "
+        "time)"};
   }
   void Filter(const ClusterView& view, const PreparedTask& task, std::vector<NodeIndex>& nodes, int base,
               ReasonCounter& counter) const override {
     if (!task.wants_gpu() || task.mig || task.share >= kWholeGpu.units()) return;
-    if (!task.guaranteed && view.ledger->guaranteed_gpus() == 0) return;  // nothing to keep apart
+    // Nothing to keep apart.
+    if (!task.guaranteed && view.ledger->guaranteed_gpus() == 0 &&
+        (!task.mps || view.ledger->mps_gpus() == 0))
+      return;
     const auto& states = view.ledger->states();
     KeepIf(nodes, base, counter, [&](NodeIndex n) {
       const NodeState& s = states[n];
-      if (task.QosFree(s)) return -1;
-      int fits = 0;
+      if (task.SharingFree(s)) return -1;
+      int fits = 0, qos_fits = 0;
       for (const GpuState& g : s.gpus) {
         if (!g.healthy || g.mig_enabled) continue;
         if (task.FitsOn(s, g)) ++fits;
+        if (g.free_share >= task.share && g.free_memory >= task.MemoryOn(g) &&
+            QosAllows(g, task.guaranteed, task.EnforcedOn(s)))
+          ++qos_fits;
       }
       if (fits >= task.gpu_count) return -1;
+      if (qos_fits >= task.gpu_count) return 2;  // only MPS owners stand in the way
       return task.guaranteed ? 0 : 1;
     });
   }
