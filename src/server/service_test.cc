@@ -1121,6 +1121,11 @@ TEST_F(ServiceTest, MemoryPressureOfAGuaranteedJobMovesItsBestEffortNeighbours) 
   auto bad = service_->Heartbeat("n1", {{"gpus", json::array({{{"index", 0}, {"memoryPressureJob", 7}}})}});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("gpus[0].memoryPressureJob"), std::string::npos) << bad.status().message();
+  for (const std::string& id : {std::string(), std::string(129, 'j')}) {  // empty, or past the bound
+    auto refused = service_->Heartbeat("n1", {{"gpus", json::array({{{"index", 0}, {"memoryPressureJob", id}}})}});
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << id.size();
+    EXPECT_NE(refused.status().message().find("1 to 128 characters"), std::string::npos) << refused.status().message();
+  }
   // Quiet for the cooldown: usable again.
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   beat(gpu, "");
