@@ -7,97 +7,9 @@
 #include <fstream>
 #include <unordered_map>
 
+#include "sim/csv.h"
+
 namespace gpupool {
-
-namespace {
-
-std::vector<std::string> SplitCsv(const std::string& line) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : line) {
-    if (c == ',') {
-      out.push_back(std::move(cur));
-      cur.clear();
-    } else if (c != '\r') {
-      cur += c;
-    }
-  }
-  out.push_back(std::move(cur));
-  return out;
-}
-
-Result<int64_t> ParseInt(const std::string& s, const char* column) {
-  int64_t v = 0;
-  const char* end = s.data() + s.size();
-  auto [ptr, ec] = std::from_chars(s.data(), end, v);
-  if (ec != std::errc() || ptr != end) {
-    return Status::InvalidArgument(fmt::format("column '{}' is not an integer: '{}'", column, s));
-  }
-  return v;
-}
-
-// Reads a CSV with a header; calls row(fields, column index) per data line.
-class CsvFile {
- public:
-  static Result<CsvFile> Open(const std::string& path, const std::vector<std::string>& required) {
-    CsvFile f;
-    f.path_ = path;
-    f.in_.open(path);
-    if (!f.in_) return Status::IoError(fmt::format("{}: cannot open", path));
-    std::string header;
-    if (!std::getline(f.in_, header))
-      return Status::InvalidArgument(fmt::format("{}: empty file, no header", path));
-    f.line_no_ = 1;
-    const auto names = SplitCsv(header);
-    for (const auto& r : required) {
-      auto it = std::find(names.begin(), names.end(), r);
-      if (it == names.end()) {
-        return Status::InvalidArgument(fmt::format("{}:1: header has no column '{}'", path, r));
-      }
-      f.index_[r] = static_cast<size_t>(it - names.begin());
-    }
-    for (size_t i = 0; i < names.size(); ++i) f.all_[names[i]] = i;
-    f.columns_ = names.size();
-    return f;
-  }
-  bool Next() {
-    while (std::getline(in_, line_)) {
-      ++line_no_;
-      if (!line_.empty() && line_ != "\r") {
-        fields_ = SplitCsv(line_);
-        return true;
-      }
-    }
-    return false;
-  }
-  Status RowError(const Status& s) const {
-    return Status(s.code(), fmt::format("{}:{}: {}", path_, line_no_, s.message()));
-  }
-  Status CheckWidth() const {
-    if (fields_.size() != columns_) {
-      return Status::InvalidArgument(
-          fmt::format("{}:{}: {} fields, header has {}", path_, line_no_, fields_.size(), columns_));
-    }
-    return Status::Ok();
-  }
-  const std::string& Get(const std::string& column) const { return fields_[index_.at(column)]; }
-  const std::string* GetOptional(const std::string& column) const {
-    auto it = all_.find(column);
-    return it == all_.end() ? nullptr : &fields_[it->second];
-  }
-
- private:
-  std::string path_;
-  std::ifstream in_;
-  std::string line_;
-  std::vector<std::string> fields_;
-  std::unordered_map<std::string, size_t> index_;
-  std::unordered_map<std::string, size_t> all_;
-  size_t columns_ = 0;
-  int line_no_ = 0;
-};
-
-}  // namespace
 
 Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuCatalog& catalog,
                                              int max_tasks) {
@@ -107,11 +19,11 @@ Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuC
     RETURN_IF_ERROR(f.CheckWidth());
     const std::string& name = f.Get("sn");
     if (name.empty()) return f.RowError(Status::InvalidArgument("empty node name (sn)"));
-    auto cpu = ParseInt(f.Get("cpu_milli"), "cpu_milli");
+    auto cpu = ParseCsvInt(f.Get("cpu_milli"), "cpu_milli");
     if (!cpu.ok()) return f.RowError(cpu.status());
-    auto mem = ParseInt(f.Get("memory_mib"), "memory_mib");
+    auto mem = ParseCsvInt(f.Get("memory_mib"), "memory_mib");
     if (!mem.ok()) return f.RowError(mem.status());
-    auto gpus = ParseInt(f.Get("gpu"), "gpu");
+    auto gpus = ParseCsvInt(f.Get("gpu"), "gpu");
     if (!gpus.ok()) return f.RowError(gpus.status());
     if (*cpu < 0 || *mem < 0 || *gpus < 0 || *gpus > 64) {
       return f.RowError(Status::InvalidArgument("cpu_milli, memory_mib must be >= 0 and gpu within 0..64"));
@@ -124,6 +36,7 @@ Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuC
     if (Status st = ValidateNodeSpec(spec, catalog); !st.ok()) return f.RowError(st);
     nodes.push_back(std::move(spec));
   }
+  RETURN_IF_ERROR(f.error());
   return nodes;
 }
 
@@ -136,13 +49,13 @@ Result<std::vector<TracePod>> ReadOpenbPods(const std::string& path) {
     TracePod p;
     p.name = f.Get("name");
     if (p.name.empty()) return f.RowError(Status::InvalidArgument("empty pod name"));
-    auto cpu = ParseInt(f.Get("cpu_milli"), "cpu_milli");
+    auto cpu = ParseCsvInt(f.Get("cpu_milli"), "cpu_milli");
     if (!cpu.ok()) return f.RowError(cpu.status());
-    auto mem = ParseInt(f.Get("memory_mib"), "memory_mib");
+    auto mem = ParseCsvInt(f.Get("memory_mib"), "memory_mib");
     if (!mem.ok()) return f.RowError(mem.status());
-    auto num_gpu = ParseInt(f.Get("num_gpu"), "num_gpu");
+    auto num_gpu = ParseCsvInt(f.Get("num_gpu"), "num_gpu");
     if (!num_gpu.ok()) return f.RowError(num_gpu.status());
-    auto milli = ParseInt(f.Get("gpu_milli"), "gpu_milli");
+    auto milli = ParseCsvInt(f.Get("gpu_milli"), "gpu_milli");
     if (!milli.ok()) return f.RowError(milli.status());
     if (*cpu < 0 || *mem < 0 || *num_gpu < 0) {
       return f.RowError(Status::InvalidArgument("cpu_milli, memory_mib and num_gpu must be >= 0"));
@@ -168,6 +81,7 @@ Result<std::vector<TracePod>> ReadOpenbPods(const std::string& path) {
     if (Status st = ValidateTaskRequest(p.request); !st.ok()) return f.RowError(st);
     pods.push_back(std::move(p));
   }
+  RETURN_IF_ERROR(f.error());
   return pods;
 }
 
