@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/replay_command.h"
 #include "config/profile_yaml.h"
 #include "sched/profile.h"
 #include "sim/compare.h"
@@ -128,6 +129,7 @@ struct TrainArgs {
 };
 
 struct SimState {
+  std::function<int()> replay;
   CLI::App* train = nullptr;
   TrainArgs train_args;
   CLI::App* run = nullptr;
@@ -374,7 +376,7 @@ int ReportCommand(const ReportArgs& a) {
 
 std::function<int()> AddSimCommands(CLI::App& app) {
   auto state = std::make_shared<SimState>();
-  auto* sim = app.add_subcommand("sim", "Trace-driven simulator: replay the FGD experiments");
+  auto* sim = app.add_subcommand("sim", "Trace-driven simulator: the FGD experiments, and replays over time");
   sim->require_subcommand(1);
 
   RunArgs& r = state->run_args;
@@ -470,8 +472,11 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->report->add_option("--out", p.out, "HTML file to write")->required();
   state->report->add_option("--trace", p.trace, "Only this trace (default: every trace in the input)");
 
+  state->replay = AddReplayCommand(*sim);
+
   return [state]() -> int {
     try {
+      if (int rc = state->replay(); rc >= 0) return rc;
       if (*state->train) {
         // The command as given, for the profile's header.
         std::string command = "gpupool sim train";

@@ -1,0 +1,145 @@
+#include "cli/replay_command.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "sim/replay.h"
+#include "sim/trace.h"
+
+namespace gpupool {
+
+namespace {
+
+struct ReplayArgs {
+  std::string trace;
+  std::string cluster = "8x56,2x32";
+  std::string model = "P100";
+  std::string nodes_csv;
+  std::string policy = "balanced";
+  std::string ordering = "hierarchical";
+  double load = 1.0;
+  int64_t sample_seconds = 900;
+  uint64_t seed = 1;
+  std::string series_csv;
+  std::string jobs_csv;
+  std::string json_out;
+};
+
+nlohmann::json DistributionJson(const Distribution& d) {
+  return {{"count", d.count}, {"mean", d.mean}, {"p50", d.p50}, {"p95", d.p95}, {"p99", d.p99}, {"max", d.max}};
+}
+
+int ReplayCommand(const ReplayArgs& a) {
+  const auto fail = [](const Status& st) {
+    std::cerr << "gpupool: " << st.ToString() << "\n";
+    return 1;
+  };
+  if (!(a.load > 0) || a.load > 1000) return fail(Status::InvalidArgument("--load must be in (0, 1000]"));
+  const GpuCatalog catalog = GpuCatalog::Builtin();
+  Result<std::vector<NodeSpec>> nodes =
+      a.nodes_csv.empty() ? ServerCluster(a.cluster, a.model, catalog) : ReadOpenbNodes(a.nodes_csv, catalog);
+  if (!nodes.ok()) return fail(nodes.status());
+  int max_gpus = 1;
+  for (const NodeSpec& n : *nodes) max_gpus = std::max(max_gpus, static_cast<int>(n.gpus.size()));
+  auto jobs = ReadPhillyJobs(a.trace, std::min(max_gpus, 64));
+  if (!jobs.ok()) return fail(jobs.status());
+  auto ordering = ParseOrderingPolicy(a.ordering);
+  if (!ordering.ok()) return fail(ordering.status());
+  ReplayOptions options;
+  options.policy = a.policy;
+  options.ordering = *ordering;
+  options.sample_seconds = a.sample_seconds;
+  options.seed = a.seed;
+  const std::vector<TimedJob> offered = ScaleLoad(std::move(*jobs), a.load);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = Replay(*nodes, offered, options, DefaultRegistry());
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.ok()) return fail(r.status());
+  const double days = static_cast<double>(r->makespan) / 86400.0;
+  fmt::print("{} jobs on {} nodes ({} GPUs), policy {}, {} order, load x{}: replayed in {:.2f} s\n", offered.size(),
+             nodes->size(), r->capacity_milli / 1000, a.policy, a.ordering, a.load, wall);
+  fmt::print("  started {} of {}; makespan {:.1f} days; GPUs allocated {:.1f} % of capacity over it\n", r->started,
+             offered.size(), days, 100.0 * r->utilisation);
+  fmt::print("  wait (s): mean {:.0f}, p50 {}, p95 {}, p99 {}, max {}\n", r->wait.mean, r->wait.p50, r->wait.p95,
+             r->wait.p99, r->wait.max);
+  fmt::print("  JCT (s):  mean {:.0f}, p50 {}, p95 {}, p99 {}\n", r->jct.mean, r->jct.p50, r->jct.p95, r->jct.p99);
+  fmt::print("  {} scheduling passes, {} gangs offered to placement, {} held nodes for\n", r->passes, r->attempts,
+             r->reservations);
+  if (!a.series_csv.empty()) {
+    std::ofstream out(a.series_csv, std::ios::binary | std::ios::trunc);
+    out << ReplaySeriesCsv(*r);
+    if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.series_csv)));
+    fmt::print("wrote {}\n", a.series_csv);
+  }
+  if (!a.jobs_csv.empty()) {
+    std::ofstream out(a.jobs_csv, std::ios::binary | std::ios::trunc);
+    out << "name,queue,gpus,arrival_s,start_s,end_s\n";
+    for (size_t i = 0; i < offered.size(); ++i) {
+      const ReplayJob& j = r->jobs[i];
+      out << fmt::format("{},{},{},{},{},{}\n", offered[i].name, offered[i].job.queue, j.gpus, j.arrival, j.start, j.end);
+    }
+    if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.jobs_csv)));
+    fmt::print("wrote {}\n", a.jobs_csv);
+  }
+  if (!a.json_out.empty()) {
+    nlohmann::json j = {{"trace", a.trace},
+                        {"jobs", offered.size()},
+                        {"nodes", nodes->size()},
+                        {"gpus", r->capacity_milli / 1000},
+                        {"policy", a.policy},
+                        {"ordering", a.ordering},
+                        {"load", a.load},
+                        {"started", r->started},
+                        {"reservations", r->reservations},
+                        {"makespanSeconds", r->makespan},
+                        {"utilisation", r->utilisation},
+                        {"wait", DistributionJson(r->wait)},
+                        {"jct", DistributionJson(r->jct)},
+                        {"wallSeconds", wall}};
+    nlohmann::json queues = nlohmann::json::object();
+    for (const auto& [q, d] : r->wait_by_queue) queues[q] = DistributionJson(d);
+    j["waitByQueue"] = std::move(queues);
+    std::ofstream out(a.json_out, std::ios::binary | std::ios::trunc);
+    out << j.dump(2) << "\n";
+    if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.json_out)));
+    fmt::print("wrote {}\n", a.json_out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> AddReplayCommand(CLI::App& sim) {
+  auto args = std::make_shared<ReplayArgs>();
+  CLI::App* cmd = sim.add_subcommand(
+      "replay", "Replay a job trace over time: queueing, waits, completion times, GPUs allocated (docs/replay.md)");
+  cmd->add_option("--trace", args->trace, "Job list with arrival and run time (traces/philly/philly.csv)")
+      ->required();
+  cmd->add_option("--cluster", args->cluster, "Servers as <GPUs>x<count>,... (ignored with --nodes)")
+      ->capture_default_str();
+  cmd->add_option("--model", args->model, "GPU model of those servers")->capture_default_str();
+  cmd->add_option("--nodes", args->nodes_csv, "Replay on this node list instead (openb_node_list_*.csv)");
+  cmd->add_option("--policy", args->policy, "Placement policy")->capture_default_str();
+  cmd->add_option("--ordering", args->ordering, "Queue order: fifo, priority, drf or hierarchical")
+      ->capture_default_str();
+  cmd->add_option("--load", args->load, "Arrivals compressed by this factor (2: twice the load)")
+      ->capture_default_str();
+  cmd->add_option("--sample", args->sample_seconds, "Step of the allocation series, seconds")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400 * 365}))
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Seed of the placement tie-breaks")->capture_default_str();
+  cmd->add_option("--series", args->series_csv, "Write the allocation series as CSV to this file");
+  cmd->add_option("--jobs", args->jobs_csv, "Write each job's arrival, start and end as CSV to this file");
+  cmd->add_option("--json", args->json_out, "Write the summary as JSON to this file");
+  return [cmd, args]() -> int {
+    if (!*cmd) return -1;
+    return ReplayCommand(*args);
+  };
+}
+
+}  // namespace gpupool

@@ -1,0 +1,289 @@
+#include "sim/replay.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <queue>
+#include <set>
+#include <unordered_map>
+
+#include "common/rng.h"
+#include "model/ledger.h"
+#include "sched/profile.h"
+#include "sched/reservation.h"
+#include "sched/scheduler.h"
+#include "sched/typical_pods.h"
+
+namespace gpupool {
+
+namespace {
+
+// The jobs' shape as far as placement sees it: a shape that failed cannot fit until something ends.
+std::string ShapeOf(const Job& job) {
+  std::string key;
+  for (const TaskGroup& g : job.groups) {
+    const TaskRequest& r = g.request;
+    key += fmt::format("{}x{}:{}:{}:{}:{};", g.replicas, r.gpu_count, r.gpu_share.units(), r.gpu_memory.units(),
+                       r.cpu.units(), r.memory.units());
+  }
+  return key;
+}
+
+struct End {
+  int64_t time;
+  size_t job;
+  bool operator>(const End& o) const { return time != o.time ? time > o.time : job > o.job; }
+};
+
+}  // namespace
+
+Distribution Summarize(std::vector<int64_t> values) {
+  Distribution d;
+  d.count = static_cast<int64_t>(values.size());
+  if (values.empty()) return d;
+  std::sort(values.begin(), values.end());
+  double sum = 0;
+  for (int64_t v : values) sum += static_cast<double>(v);
+  d.mean = sum / static_cast<double>(values.size());
+  const auto rank = [&](double q) {
+    const auto n = static_cast<double>(values.size());
+    const auto r = static_cast<size_t>(std::max(1.0, std::ceil(q * n)));
+    return values[std::min(r, values.size()) - 1];
+  };
+  d.p50 = rank(0.50);
+  d.p95 = rank(0.95);
+  d.p99 = rank(0.99);
+  d.max = values.back();
+  return d;
+}
+
+Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vector<TimedJob>& jobs,
+                            const ReplayOptions& options, const PluginRegistry& registry) {
+  if (options.sample_seconds <= 0)
+    return Status::InvalidArgument(fmt::format("sample step must be > 0 seconds, got {}", options.sample_seconds));
+  if (nodes.empty()) return Status::InvalidArgument("the cluster has no nodes");
+  Ledger ledger;
+  int max_node_gpus = 0;
+  for (const NodeSpec& n : nodes) {
+    RETURN_IF_ERROR(ledger.AddNode(n).status());
+    max_node_gpus = std::max(max_node_gpus, static_cast<int>(n.gpus.size()));
+  }
+  ReplayResult out;
+  out.capacity_milli = ledger.total_gpu_share();
+
+  // The queues, and the jobs checked: in order, and able to fit an empty cluster.
+  std::vector<QueueSpec> queues = options.queues;
+  std::set<std::string> named;
+  for (const QueueSpec& q : queues) named.insert(q.name);
+  std::vector<TaskRequest> tasks;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const TimedJob& t = jobs[i];
+    if (i > 0 && t.arrival < jobs[i - 1].arrival)
+      return Status::InvalidArgument(fmt::format("job {} ({}) arrives before the job listed before it", i, t.name));
+    if (t.arrival < 0 || t.duration < 1)
+      return Status::InvalidArgument(fmt::format("job {} ({}): arrival must be >= 0 and duration >= 1", i, t.name));
+    RETURN_IF_ERROR(ValidateJob(t.job).WithContext(fmt::format("job {} ({})", i, t.name)));
+    int64_t gpus = 0;
+    for (const TaskGroup& g : t.job.groups) {
+      if (g.request.gpu_count > max_node_gpus)
+        return Status::InvalidArgument(fmt::format("job {} ({}): a task of {} GPUs, and no node has more than {}", i,
+                                                   t.name, g.request.gpu_count, max_node_gpus));
+      gpus += static_cast<int64_t>(g.replicas) * g.request.total_gpu_share().units();
+      for (int r = 0; r < g.replicas; ++r) tasks.push_back(g.request);
+    }
+    if (gpus > out.capacity_milli)
+      return Status::InvalidArgument(fmt::format("job {} ({}) asks for {} GPUs, more than the cluster's {}", i,
+                                                 t.name, gpus / 1000.0, out.capacity_milli / 1000.0));
+    const std::string queue = t.job.queue.empty() ? "default" : t.job.queue;
+    if (options.queues.empty() && named.insert(queue).second) {
+      QueueSpec q;
+      q.name = queue;
+      queues.push_back(std::move(q));
+    }
+  }
+  QueueOrderOptions qo;
+  qo.policy = options.ordering;
+  qo.queues = std::move(queues);
+  ASSIGN_OR_RETURN(QueueOrder order, QueueOrder::Create(std::move(qo)));
+
+  ASSIGN_OR_RETURN(Profile profile, ProfileForPolicy(options.policy));
+  const std::vector<TypicalPod> typical = ComputeTypicalPods(tasks);
+  SeededRng rng(options.seed);
+  PluginInit init;
+  init.typical_pods = &typical;
+  ASSIGN_OR_RETURN(auto scheduler, Scheduler::Create(profile, registry, ledger, rng, init));
+
+  out.jobs.resize(jobs.size());
+  std::vector<Resources> demand(jobs.size());
+  // Per job: its shape, and its group: the jobs of one queue, tenant, priority and shape, which
+  // every queue order offers among themselves by arrival (seq).
+  std::vector<uint32_t> shape(jobs.size());
+  std::vector<uint32_t> group(jobs.size());
+  std::unordered_map<std::string, uint32_t> shape_ids, group_ids;
+  std::vector<std::vector<AllocationId>> held(jobs.size());
+  std::vector<uint64_t> failed_epoch(jobs.size(), ~uint64_t{0});
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    out.jobs[i].arrival = jobs[i].arrival;
+    demand[i] = JobDemand(jobs[i].job);
+    out.jobs[i].gpus = demand[i].gpu / 1000;
+    shape[i] = shape_ids.try_emplace(ShapeOf(jobs[i].job), static_cast<uint32_t>(shape_ids.size())).first->second;
+    const Job& job = jobs[i].job;
+    group[i] = group_ids
+                   .try_emplace(fmt::format("{}\x1f{}\x1f{}\x1f{}", job.queue, job.tenant, job.priority, shape[i]),
+                                static_cast<uint32_t>(group_ids.size()))
+                   .first->second;
+  }
+  std::vector<int64_t> offered_of_group(group_ids.size(), 0);
+  std::map<std::pair<std::string, std::string>, Resources> usage;
+  std::priority_queue<End, std::vector<End>, std::greater<End>> ends;
+  std::vector<size_t> pending;  // job indices, in arrival order
+  int64_t pending_milli = 0;
+  uint64_t epoch = 0;  // bumped whenever something ends: capacity grew
+  // The job nodes are held for (one at a time), and the mask the others see.
+  std::optional<size_t> reserved;
+  NodeMask held_mask;
+  held_mask.reasons = {"reserved for a waiting gang"};
+  const auto maybe_reserve = [&](size_t j, int64_t now) {
+    if (reserved || options.reserve_after_seconds < 0 || now - jobs[j].arrival < options.reserve_after_seconds)
+      return;
+    auto chosen = ChooseReservedNodes(ledger, jobs[j].job, demand[j], {});
+    if (!chosen) return;
+    reserved = j;
+    held_mask.reason = std::move(*chosen);
+    ++out.reservations;
+  };
+  size_t next_arrival = 0;
+  int64_t next_sample = 0;
+  int64_t last_time = 0;
+  Resources total{0, 0, out.capacity_milli};
+  for (const NodeSpec& n : nodes) {
+    total.cpu += n.cpu.units();
+    total.memory += n.memory.units();
+  }
+
+  while (next_arrival < jobs.size() || !ends.empty()) {
+    int64_t now = next_arrival < jobs.size() ? jobs[next_arrival].arrival : ends.top().time;
+    if (!ends.empty()) now = std::min(now, ends.top().time);
+    // The state is constant between events: the integral, and the samples that fall before `now`.
+    out.allocated_milli_seconds += ledger.used_gpu_share() * (now - last_time);
+    while (next_sample < now) {
+      out.samples.push_back({next_sample, ledger.used_gpu_share(), static_cast<int64_t>(ends.size()),
+                             static_cast<int64_t>(pending.size()), pending_milli});
+      next_sample += options.sample_seconds;
+    }
+    last_time = now;
+    while (!ends.empty() && ends.top().time == now) {
+      const size_t j = ends.top().job;
+      ends.pop();
+      for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
+      held[j].clear();
+      usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
+      ++epoch;
+    }
+    while (next_arrival < jobs.size() && jobs[next_arrival].arrival == now) {
+      pending.push_back(next_arrival);
+      pending_milli += demand[next_arrival].gpu;
+      ++next_arrival;
+    }
+    // One pass over the jobs that may fit now. Left out, because the pass could only skip them:
+    // - those that failed since the last end (capacity has only shrunk since);
+    // - in each group, past the first free/demand + 1: a pass places at most free/demand jobs of a
+    //   demand, so a later one of the group comes after one of its shape that failed. (The job
+    //   nodes are held for is always offered.)
+    // Not while the job nodes are held for may start in this pass: that frees the hold mid-pass,
+    // and the next job in the pass's order to be skipped may get it — which could be one left out.
+    const bool prune = options.prune_pass && !(reserved && failed_epoch[*reserved] != epoch);
+    const int64_t free_milli = out.capacity_milli - ledger.used_gpu_share();
+    std::vector<PendingEntry> entries;
+    std::vector<size_t> entry_job;
+    std::vector<uint32_t> touched;
+    for (size_t j : pending) {
+      if (failed_epoch[j] == epoch) continue;
+      if (prune && reserved != j && demand[j].gpu > 0) {
+        int64_t& n = offered_of_group[group[j]];
+        if (n == 0) touched.push_back(group[j]);
+        if (n > free_milli / demand[j].gpu) {
+          failed_epoch[j] = epoch;  // as the pass would have: skipped behind its shape's failure
+          continue;
+        }
+        ++n;
+      }
+      entries.push_back({j, jobs[j].job.tenant, jobs[j].job.queue, jobs[j].job.priority, demand[j]});
+      entry_job.push_back(j);
+    }
+    for (uint32_t g : touched) offered_of_group[g] = 0;
+    if (entries.empty()) continue;
+    ++out.passes;
+    std::vector<UsageEntry> used;
+    used.reserve(usage.size());
+    for (const auto& [key, r] : usage) used.push_back({key.first, key.second, r});
+    QueueOrder::Pass pass = order.Begin(entries, used, total);
+    std::set<uint32_t> failed_shapes;
+    bool placed_any = false;
+    while (auto next = pass.Next()) {
+      const size_t j = entry_job[*next];
+      const bool holder = reserved == j;  // sees the held nodes, and its own shape
+      if (!holder && failed_shapes.count(shape[j])) {
+        failed_epoch[j] = epoch;
+        pass.Skipped(*next);
+        maybe_reserve(j, now);
+        continue;
+      }
+      ++out.attempts;
+      scheduler->SetNodeMask(reserved && !holder ? &held_mask : nullptr);
+      JobResult r = scheduler->ScheduleJob(jobs[j].job);
+      if (!r.placed) {
+        if (!holder) failed_shapes.insert(shape[j]);
+        failed_epoch[j] = epoch;
+        pass.Skipped(*next);
+        maybe_reserve(j, now);
+        continue;
+      }
+      if (holder) reserved.reset();
+      pass.Placed(*next);
+      placed_any = true;
+      held[j] = std::move(r.allocations);
+      usage[{jobs[j].job.tenant, jobs[j].job.queue}] += demand[j];
+      out.jobs[j].start = now;
+      out.jobs[j].end = now + jobs[j].duration;
+      ends.push({out.jobs[j].end, j});
+      pending_milli -= demand[j].gpu;
+      ++out.started;
+    }
+    if (placed_any) {
+      std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
+    }
+  }
+  out.makespan = last_time;
+  out.samples.push_back({last_time, ledger.used_gpu_share(), 0, static_cast<int64_t>(pending.size()), pending_milli});
+  if (out.makespan > 0 && out.capacity_milli > 0)
+    out.utilisation = static_cast<double>(out.allocated_milli_seconds) /
+                      (static_cast<double>(out.capacity_milli) * static_cast<double>(out.makespan));
+  std::vector<int64_t> waits, jcts;
+  std::map<std::string, std::vector<int64_t>> by_queue;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const ReplayJob& r = out.jobs[i];
+    if (r.start < 0) continue;
+    waits.push_back(r.start - r.arrival);
+    jcts.push_back(r.end - r.arrival);
+    by_queue[jobs[i].job.queue].push_back(r.start - r.arrival);
+  }
+  out.wait = Summarize(std::move(waits));
+  out.jct = Summarize(std::move(jcts));
+  for (auto& [q, v] : by_queue) out.wait_by_queue[q] = Summarize(std::move(v));
+  return out;
+}
+
+std::string ReplaySeriesCsv(const ReplayResult& result) {
+  std::string out = "time_s,allocated_gpus,running_jobs,pending_jobs,pending_gpus\n";
+  for (const ReplaySample& s : result.samples) {
+    out += fmt::format("{},{:.3f},{},{},{:.3f}\n", s.time, s.allocated_milli / 1000.0, s.running_jobs,
+                       s.pending_jobs, s.pending_gpus_milli / 1000.0);
+  }
+  return out;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,96 @@
+// The time-based replay (`gpupool sim replay`): jobs arrive at their trace times, wait in the
+// server's queueing order (sched/queueing.h) until the same placement pipeline as the server's
+// (sched/scheduler.h, whole gangs) finds them room, run for their durations and leave. Nothing is
+// dropped: a job that does not fit waits. Unlike the FGD protocol (sim/experiment.h), time passes,
+// so it measures what an operator sees over days: GPUs allocated over time, how long jobs wait,
+// how long they take end to end.
+//
+// How a scheduling pass works, as in the server's cycle: after each instant at which jobs arrive
+// or end, one pass offers the pending jobs in queue order; each is placed whole or skipped, and a
+// later job may go ahead of one that does not fit (backfill). A job shape that failed is not tried
+// again until something ends. A job that has waited reserve_after_seconds gets nodes held for it
+// (sched/reservation.h, as the server's reserveAfterSeconds), one job at a time, until it starts, so
+// that backfill cannot starve a large gang. Not modelled yet: preemption, node failures, migration.
+//
+// No I/O here; deterministic for the same inputs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/node.h"
+#include "sched/queueing.h"
+#include "sched/registry.h"
+#include "sim/timeline.h"
+
+namespace gpupool {
+
+struct ReplayOptions {
+  std::string policy = "balanced";  // placement policy (sched/profile.h ProfileForPolicy)
+  OrderingPolicy ordering = OrderingPolicy::kFifo;
+  // The queues; empty: one per queue the jobs name, each weight 1, no guarantee, no limit.
+  std::vector<QueueSpec> queues;
+  int64_t sample_seconds = 900;  // the allocation series' step (> 0)
+  uint64_t seed = 1;             // the scheduler's tie-breaks
+  // After this long pending a job gets nodes held for it (the server's default); < 0: never.
+  int64_t reserve_after_seconds = 60;
+  // Leave out of each pass the jobs it could only skip (see replay.cc). Off offers
+  // every pending job, which decides the same, only slower:
+  // ReplayTest.PruningThePassNeverChangesADecision.
+  bool prune_pass = true;
+};
+
+// What happened to one job.
+struct ReplayJob {
+  int64_t arrival = 0;
+  int64_t start = -1;  // -1: never started
+  int64_t end = -1;
+  int64_t gpus = 0;  // whole GPUs over all its tasks
+};
+
+struct ReplaySample {
+  int64_t time = 0;              // seconds
+  int64_t allocated_milli = 0;   // GPU share allocated at that instant
+  int64_t running_jobs = 0;
+  int64_t pending_jobs = 0;
+  int64_t pending_gpus_milli = 0;  // what the waiting jobs ask for
+};
+
+struct Distribution {
+  int64_t count = 0;
+  double mean = 0;
+  int64_t p50 = 0, p95 = 0, p99 = 0, max = 0;
+};
+// Of `values` (seconds); the percentiles are nearest-rank.
+Distribution Summarize(std::vector<int64_t> values);
+
+struct ReplayResult {
+  std::vector<ReplayJob> jobs;  // in the input's order
+  std::vector<ReplaySample> samples;
+  int64_t capacity_milli = 0;  // GPU share of the cluster
+  int64_t makespan = 0;        // the last end (or the last arrival, when later)
+  // Allocated GPU-seconds (in milli-GPU-seconds) over [0, makespan], and as a share of capacity.
+  int64_t allocated_milli_seconds = 0;
+  double utilisation = 0;
+  Distribution wait;  // start - arrival, started jobs
+  Distribution jct;   // end - arrival, finished jobs
+  std::map<std::string, Distribution> wait_by_queue;
+  int64_t started = 0;
+  int64_t passes = 0;       // scheduling passes run
+  int64_t attempts = 0;     // gangs offered to the pipeline
+  int64_t reservations = 0; // jobs nodes were held for
+};
+
+// Replays `jobs` (sorted by arrival; each with its tenant and queue) on `nodes`. InvalidArgument
+// for jobs out of order, a job that could never fit the cluster (more GPUs than it has, or a task
+// larger than every node), or bad options.
+Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vector<TimedJob>& jobs,
+                            const ReplayOptions& options, const PluginRegistry& registry);
+
+// The series as CSV: time_s,allocated_gpus,running_jobs,pending_jobs,pending_gpus.
+std::string ReplaySeriesCsv(const ReplayResult& result);
+
+}  // namespace gpupool
