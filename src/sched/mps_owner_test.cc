@@ -15,10 +15,9 @@ namespace {
 
 using testutil::Task;
 using testutil::TestCluster;
-using testutil::Typical;
-
-constexpr const char* kPolicies[] = {"bestfit", "fgd", "balanced", "spread", "random", "topology",
-                                     "gpupacking", "dotprod", "gpuclustering", "binpack"};
+using testutil::BuildForShares;
+using testutil::DecideAndCommit;
+using testutil::kEveryPolicy;
 
 NodeIndex AddNode(TestCluster& c, const std::string& name, int gpus) {
   NodeSpec spec = MakeNode(name, MilliCpu(64000), MiB(256000), gpus, "T4", c.ledger().catalog());
@@ -27,27 +26,13 @@ NodeIndex AddNode(TestCluster& c, const std::string& name, int gpus) {
   return c.AddSpec(std::move(spec));
 }
 
-Scheduler& Build(TestCluster& c, const std::string& policy) {
-  c.SetTypicalPods({Typical(1000, 250, 1, 0.5), Typical(1000, 1000, 1, 0.5)});  // for fgd
-  return c.Build(policy);
-}
-
-Decision PlaceAndCommit(TestCluster& c, Scheduler& s, const TaskRequest& t) {
-  Decision d = s.Decide(t);
-  if (d.placed) {
-    auto id = c.ledger().Commit(d.placement);
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-  }
-  return d;
-}
-
 TEST(MpsOwner, AnotherTenantsMpsShareWaitsForAGpuOfItsOwn) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kEveryPolicy) {
     SCOPED_TRACE(policy);
     TestCluster c;
     const NodeIndex n = AddNode(c, "t4", 1);
-    Scheduler& s = Build(c, policy);
-    const Decision a = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("alice"));
+    Scheduler& s = BuildForShares(c, policy);
+    const Decision a = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("alice"));
     ASSERT_TRUE(a.placed);
     ASSERT_EQ(a.placement.mps_owner, "alice");
     EXPECT_EQ(c.ledger().state(n).gpus[0].mps_shares, 1);
@@ -59,8 +44,8 @@ TEST(MpsOwner, AnotherTenantsMpsShareWaitsForAGpuOfItsOwn) {
               "0/1 nodes fit: 1 GPUs with room hold MPS shares of another tenant (a GPU's MPS server runs for one "
               "tenant at a time)");
     // alice's next share, and shares that are not MPS, join it.
-    EXPECT_TRUE(PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("alice")).placed);
-    const Decision limited = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).EnforcedBy(kEnforceLimiter));
+    EXPECT_TRUE(DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("alice")).placed);
+    const Decision limited = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).EnforcedBy(kEnforceLimiter));
     ASSERT_TRUE(limited.placed);
     EXPECT_FALSE(limited.placement.mps_owner.has_value());
     EXPECT_EQ(c.ledger().state(n).gpus[0].mps_shares, 2);
@@ -71,7 +56,7 @@ TEST(MpsOwner, AnotherTenantsMpsShareWaitsForAGpuOfItsOwn) {
 TEST(MpsOwner, TheGpuIsAnyOwnersOnceItsLastMpsShareLeaves) {
   TestCluster c;
   const NodeIndex n = AddNode(c, "t4", 1);
-  Scheduler& s = Build(c, "bestfit");
+  Scheduler& s = BuildForShares(c, "bestfit");
   auto a = s.Place(Task().Cpu(1000).Gpus(1, 250).Mps("alice"));
   ASSERT_TRUE(a.ok());
   auto a2 = s.Place(Task().Cpu(1000).Gpus(1, 250).Mps("alice"));
@@ -89,14 +74,14 @@ TEST(MpsOwner, TheGpuIsAnyOwnersOnceItsLastMpsShareLeaves) {
 }
 
 TEST(MpsOwner, TheSchedulerPicksAnotherGpuOfTheNodeRatherThanRefuse) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kEveryPolicy) {
     SCOPED_TRACE(policy);
     TestCluster c;
     AddNode(c, "t4x2", 2);
-    Scheduler& s = Build(c, policy);
-    const Decision a = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("alice"));
+    Scheduler& s = BuildForShares(c, policy);
+    const Decision a = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("alice"));
     ASSERT_TRUE(a.placed);
-    const Decision b = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("bob"));
+    const Decision b = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).Mps("bob"));
     ASSERT_TRUE(b.placed) << b.diagnosis.ToString();
     EXPECT_NE(a.placement.gpus[0].gpu, b.placement.gpus[0].gpu);
     // A third owner finds no GPU of its own.
@@ -136,13 +121,13 @@ TEST(MpsOwner, TheLedgerRefusesAPlacementThatBreaksTheRule) {
 // placement names its owner, and the ledger's invariants hold. Not by placing nothing: one owner's
 // shares share GPUs, and a share is refused only where another owner is in the way.
 TEST(MpsOwner, PropertyNoGpuEverHoldsMpsSharesOfTwoOwners) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kEveryPolicy) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       SCOPED_TRACE(::testing::Message() << policy << " seed " << seed);
       SeededRng rng(seed * 104729);
       TestCluster c(seed);
       for (int i = 0; i < 4; ++i) AddNode(c, "n" + std::to_string(i), 1 + static_cast<int>(rng.Uniform(4)));
-      Scheduler& s = Build(c, policy);
+      Scheduler& s = BuildForShares(c, policy);
       s.SetBestNodeIndex(seed % 2 == 0);
       std::map<AllocationId, TaskRequest> live;
       int packed = 0, placed_mps = 0;

@@ -14,10 +14,9 @@ namespace {
 
 using testutil::Task;
 using testutil::TestCluster;
-using testutil::Typical;
-
-constexpr const char* kPolicies[] = {"bestfit", "fgd", "balanced", "spread", "random", "topology",
-                                     "gpupacking", "dotprod", "gpuclustering", "binpack"};
+using testutil::BuildForShares;
+using testutil::DecideAndCommit;
+using testutil::kEveryPolicy;
 
 // A node of `gpus` T4s whose agent offers `enforces` (kEnforce* bits) through its labels.
 NodeIndex AddNode(TestCluster& c, const std::string& name, int gpus, uint8_t enforces) {
@@ -25,20 +24,6 @@ NodeIndex AddNode(TestCluster& c, const std::string& name, int gpus, uint8_t enf
   for (uint8_t bit : kEnforceBits)
     if (enforces & bit) spec.labels[EnforceLabel(bit)] = "true";
   return c.AddSpec(std::move(spec));
-}
-
-Scheduler& Build(TestCluster& c, const std::string& policy) {
-  c.SetTypicalPods({Typical(1000, 250, 1, 0.5), Typical(1000, 1000, 1, 0.5)});  // for fgd
-  return c.Build(policy);
-}
-
-Decision PlaceAndCommit(TestCluster& c, Scheduler& s, const TaskRequest& t) {
-  Decision d = s.Decide(t);
-  if (d.placed) {
-    auto id = c.ledger().Commit(d.placement);
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-  }
-  return d;
 }
 
 TEST(QosIsolation, NodeLabelsSayWhatHoldsSharesThere) {
@@ -53,13 +38,13 @@ TEST(QosIsolation, NodeLabelsSayWhatHoldsSharesThere) {
 }
 
 TEST(QosIsolation, AGuaranteedShareIsNeverPlacedBesideAShareNothingHolds) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kEveryPolicy) {
     SCOPED_TRACE(policy);
     TestCluster c;
     const NodeIndex n = AddNode(c, "t4", 1, kEnforceLimiter);
-    Scheduler& s = Build(c, policy);
+    Scheduler& s = BuildForShares(c, policy);
     // A timeslice container share: the limiter is not in containers on this node.
-    const Decision loose = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).EnforcedBy(kEnforceLimiterContainer));
+    const Decision loose = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).EnforcedBy(kEnforceLimiterContainer));
     ASSERT_TRUE(loose.placed);
     EXPECT_FALSE(loose.placement.enforced);
     EXPECT_EQ(c.ledger().state(n).gpus[0].unlimited_shares, 1);
@@ -72,14 +57,14 @@ TEST(QosIsolation, AGuaranteedShareIsNeverPlacedBesideAShareNothingHolds) {
 }
 
 TEST(QosIsolation, AShareNothingHoldsNeverJoinsAGuaranteedOneButAnEnforcedShareDoes) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kEveryPolicy) {
     SCOPED_TRACE(policy);
     TestCluster c;
     const NodeIndex n = AddNode(c, "t4", 1, kEnforceLimiter);
-    Scheduler& s = Build(c, policy);
+    Scheduler& s = BuildForShares(c, policy);
     // Nothing holds an MPS share on this node (its agent sets no MPS limits), but QoS lets a
     // guaranteed share sit alone.
-    const Decision g = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 500).Guaranteed().EnforcedBy(kEnforceMps));
+    const Decision g = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 500).Guaranteed().EnforcedBy(kEnforceMps));
     ASSERT_TRUE(g.placed) << g.diagnosis.ToString();
     EXPECT_TRUE(g.placement.guaranteed);
     EXPECT_FALSE(g.placement.enforced);
@@ -90,7 +75,7 @@ TEST(QosIsolation, AShareNothingHoldsNeverJoinsAGuaranteedOneButAnEnforcedShareD
               "0/1 nodes fit: 1 GPUs with room hold a guaranteed share, and nothing on this node would hold "
               "the task to its share");
     // A timeslice process share: the limiter holds it here.
-    const Decision held = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).EnforcedBy(kEnforceLimiter));
+    const Decision held = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250).EnforcedBy(kEnforceLimiter));
     ASSERT_TRUE(held.placed) << held.diagnosis.ToString();
     EXPECT_TRUE(held.placement.enforced);
     // A second guaranteed share may not join: the first is held by nothing.
@@ -100,14 +85,14 @@ TEST(QosIsolation, AShareNothingHoldsNeverJoinsAGuaranteedOneButAnEnforcedShareD
 }
 
 TEST(QosIsolation, TheSchedulerPicksAnotherGpuOfTheNodeRatherThanRefuse) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kEveryPolicy) {
     SCOPED_TRACE(policy);
     TestCluster c;
     const NodeIndex n = AddNode(c, "t4x2", 2, kEnforceLimiter);
-    Scheduler& s = Build(c, policy);
-    const Decision g = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 500).Guaranteed().EnforcedBy(kEnforceLimiter));
+    Scheduler& s = BuildForShares(c, policy);
+    const Decision g = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 500).Guaranteed().EnforcedBy(kEnforceLimiter));
     ASSERT_TRUE(g.placed);
-    const Decision loose = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250));
+    const Decision loose = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 250));
     ASSERT_TRUE(loose.placed) << loose.diagnosis.ToString();
     EXPECT_NE(loose.placement.gpus[0].gpu, g.placement.gpus[0].gpu);
     EXPECT_EQ(c.ledger().state(n).gpus[static_cast<size_t>(g.placement.gpus[0].gpu)].tasks, 1);
@@ -117,10 +102,10 @@ TEST(QosIsolation, TheSchedulerPicksAnotherGpuOfTheNodeRatherThanRefuse) {
 TEST(QosIsolation, AWholeGpuIsNotAShare) {
   TestCluster c;
   const NodeIndex n = AddNode(c, "t4x2", 2, 0);
-  Scheduler& s = Build(c, "bestfit");
-  ASSERT_TRUE(PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 500).Guaranteed()).placed);
+  Scheduler& s = BuildForShares(c, "bestfit");
+  ASSERT_TRUE(DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 500).Guaranteed()).placed);
   // A whole GPU of an unlimited task shares nothing: it goes on the free GPU.
-  const Decision whole = PlaceAndCommit(c, s, Task().Cpu(1000).Gpus(1, 1000));
+  const Decision whole = DecideAndCommit(c, s, Task().Cpu(1000).Gpus(1, 1000));
   ASSERT_TRUE(whole.placed) << whole.diagnosis.ToString();
   EXPECT_EQ(c.ledger().state(n).gpus[static_cast<size_t>(whole.placement.gpus[0].gpu)].unlimited_shares, 0);
 }
@@ -152,7 +137,7 @@ TEST(QosIsolation, TheLedgerRefusesAPlacementThatBreaksTheRule) {
 // every step no GPU has a guaranteed share beside another task's share that nothing holds, each
 // placement says truly whether its node holds it, and the ledger's invariants hold.
 TEST(QosIsolation, PropertyNoGuaranteedShareEverSharesAGpuWithAnUnlimitedOne) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kEveryPolicy) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       SCOPED_TRACE(::testing::Message() << policy << " seed " << seed);
       SeededRng rng(seed * 7919);
@@ -163,7 +148,7 @@ TEST(QosIsolation, PropertyNoGuaranteedShareEverSharesAGpuWithAnUnlimitedOne) {
         node_bits.push_back(bits);
         AddNode(c, "n" + std::to_string(i), 1 + static_cast<int>(rng.Uniform(4)), bits);
       }
-      Scheduler& s = Build(c, policy);
+      Scheduler& s = BuildForShares(c, policy);
       std::map<AllocationId, TaskRequest> live;
       int placed_guaranteed = 0, beside_guaranteed = 0;
       for (int step = 0; step < 300; ++step) {

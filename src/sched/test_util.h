@@ -224,4 +224,24 @@ inline void ExpectPlaced(Scheduler& s, const TaskRequest& task, NodeIndex node, 
   EXPECT_EQ(GpuIndices(d.placement), gpus);
 }
 
+// Every built-in placement policy.
+inline constexpr const char* kEveryPolicy[] = {"bestfit", "fgd",        "balanced",      "spread",  "random",
+                                               "topology", "gpupacking", "dotprod", "gpuclustering", "binpack"};
+
+// Builds `policy`, with FGD's typical workload a quarter GPU and a whole one (for fgd).
+inline Scheduler& BuildForShares(TestCluster& c, const std::string& policy) {
+  c.SetTypicalPods({Typical(1000, 250, 1, 0.5), Typical(1000, 1000, 1, 0.5)});
+  return c.Build(policy);
+}
+
+// Decides `t` and commits the placement when it was placed.
+inline Decision DecideAndCommit(TestCluster& c, Scheduler& s, const TaskRequest& t) {
+  Decision d = s.Decide(t);
+  if (d.placed) {
+    auto id = c.ledger().Commit(d.placement);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+  }
+  return d;
+}
+
 }  // namespace gpupool::testutil
