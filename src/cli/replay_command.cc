@@ -17,6 +17,7 @@ namespace {
 
 struct ReplayArgs {
   std::string trace;
+  std::string format = "philly";
   std::string cluster = "8x56,2x32";
   std::string model = "P100";
   std::string nodes_csv;
@@ -46,7 +47,7 @@ int ReplayCommand(const ReplayArgs& a) {
   if (!nodes.ok()) return fail(nodes.status());
   int max_gpus = 1;
   for (const NodeSpec& n : *nodes) max_gpus = std::max(max_gpus, static_cast<int>(n.gpus.size()));
-  auto jobs = ReadPhillyJobs(a.trace, std::min(max_gpus, 64));
+  auto jobs = a.format == "openb" ? ReadOpenbTimedPods(a.trace) : ReadPhillyJobs(a.trace, std::min(max_gpus, 64));
   if (!jobs.ok()) return fail(jobs.status());
   auto ordering = ParseOrderingPolicy(a.ordering);
   if (!ordering.ok()) return fail(ordering.status());
@@ -120,6 +121,9 @@ std::function<int()> AddReplayCommand(CLI::App& sim) {
       "replay", "Replay a job trace over time: queueing, waits, completion times, GPUs allocated (docs/replay.md)");
   cmd->add_option("--trace", args->trace, "Job list with arrival and run time (traces/philly/philly.csv)")
       ->required();
+  cmd->add_option("--format", args->format, "philly (the Philly job list) or openb (a pod list with its times)")
+      ->check(CLI::IsMember({"philly", "openb"}))
+      ->capture_default_str();
   cmd->add_option("--cluster", args->cluster, "Servers as <GPUs>x<count>,... (ignored with --nodes)")
       ->capture_default_str();
   cmd->add_option("--model", args->model, "GPU model of those servers")->capture_default_str();

@@ -127,6 +127,28 @@ TEST(ReplayTest, AReservationKeepsBackfillFromStarvingAGang) {
   EXPECT_EQ(held.started, static_cast<int64_t>(jobs.size()));
 }
 
+// Shares of a GPU run side by side; in exclusive form (whole GPUs) the same jobs take turns.
+TEST(ReplayTest, SharesOfAGpuRunTogether) {
+  std::vector<TimedJob> jobs;
+  for (int i = 0; i < 4; ++i) {
+    TimedJob t = MakeJob("quarter" + std::to_string(i), 0, 100, 1);
+    t.job.groups[0].request.gpu_share = MilliGpu(250);
+    t.job.groups[0].exec.isolation = IsolationMode::kTimeslice;
+    jobs.push_back(t);
+  }
+  const ReplayResult shared = MustReplay(Cluster("1x1"), jobs);
+  EXPECT_EQ(shared.makespan, 100);
+  EXPECT_EQ(shared.wait.max, 0);
+  EXPECT_DOUBLE_EQ(shared.utilisation, 1.0);
+  for (TimedJob& t : jobs) {
+    t.job.groups[0].request.gpu_share = kWholeGpu;
+    t.job.groups[0].exec.isolation = IsolationMode::kExclusive;
+  }
+  const ReplayResult whole = MustReplay(Cluster("1x1"), jobs);
+  EXPECT_EQ(whole.makespan, 400);
+  EXPECT_EQ(whole.wait.max, 300);
+}
+
 TEST(ReplayTest, BadInputsAreRefusedNamingTheJob) {
   const auto nodes = Cluster("8x1");
   auto too_big = Replay(nodes, {MakeJob("big", 0, 1, 16)}, {}, DefaultRegistry());

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <utility>
 
 #include "sim/csv.h"
+#include "sim/trace.h"
 
 namespace gpupool {
 
@@ -44,6 +46,22 @@ bool ValidClusterName(const std::string& s) {
   });
 }
 
+// Jobs with their absolute arrival times, in file order: sorted by arrival (ties keep file
+// order), times made relative to the first.
+using TimedRow = std::pair<int64_t, TimedJob>;
+Result<std::vector<TimedJob>> FinishTimeline(std::vector<TimedRow> rows, const std::string& path) {
+  if (rows.empty()) return Status::InvalidArgument(fmt::format("{}: no jobs", path));
+  std::stable_sort(rows.begin(), rows.end(), [](const TimedRow& a, const TimedRow& b) { return a.first < b.first; });
+  const int64_t first = rows.front().first;
+  std::vector<TimedJob> out;
+  out.reserve(rows.size());
+  for (TimedRow& r : rows) {
+    r.second.arrival = r.first - first;
+    out.push_back(std::move(r.second));
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<int64_t> ParseUtcTimestamp(const std::string& text) {
@@ -75,12 +93,7 @@ Result<std::vector<TimedJob>> ReadPhillyJobs(const std::string& path, int gpus_p
   if (gpus_per_task < 1 || gpus_per_task > 64)
     return Status::InvalidArgument(fmt::format("GPUs per task must be 1..64, got {}", gpus_per_task));
   ASSIGN_OR_RETURN(CsvFile f, CsvFile::Open(path, {"timestamp", "duration", "num_gpus", "cluster"}));
-  struct Row {
-    int64_t at;
-    int line;
-    TimedJob job;
-  };
-  std::vector<Row> rows;
+  std::vector<TimedRow> rows;
   while (f.Next()) {
     RETURN_IF_ERROR(f.CheckWidth());
     if (rows.size() >= limits.max_jobs)
@@ -107,8 +120,8 @@ Result<std::vector<TimedJob>> ReadPhillyJobs(const std::string& path, int gpus_p
     if (!ValidClusterName(cluster))
       return f.RowError(Status::InvalidArgument(
           fmt::format("cluster '{}' is not 1..63 characters of [A-Za-z0-9_-]", cluster.substr(0, 64))));
-    Row row{*at, f.line_no(), {}};
-    TimedJob& t = row.job;
+    TimedRow row{*at, {}};
+    TimedJob& t = row.second;
     t.name = fmt::format("philly-{}", f.line_no());
     t.duration = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(*seconds)));
     t.job.name = t.name;
@@ -133,16 +146,45 @@ Result<std::vector<TimedJob>> ReadPhillyJobs(const std::string& path, int gpus_p
     rows.push_back(std::move(row));
   }
   RETURN_IF_ERROR(f.error());
-  if (rows.empty()) return Status::InvalidArgument(fmt::format("{}: no jobs", path));
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.at < b.at; });
-  const int64_t first = rows.front().at;
-  std::vector<TimedJob> out;
-  out.reserve(rows.size());
-  for (Row& r : rows) {
-    r.job.arrival = r.at - first;
-    out.push_back(std::move(r.job));
+  return FinishTimeline(std::move(rows), path);
+}
+
+Result<std::vector<TimedJob>> ReadOpenbTimedPods(const std::string& path, const TimedTraceLimits& limits) {
+  ASSIGN_OR_RETURN(CsvFile f, CsvFile::Open(path, {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli",
+                                                   "creation_time", "deletion_time"}));
+  std::vector<TimedRow> rows;
+  while (f.Next()) {
+    if (rows.size() >= limits.max_jobs)
+      return f.RowError(Status::ResourceExhausted(fmt::format("more than {} pods", limits.max_jobs)));
+    ASSIGN_OR_RETURN(TracePod pod, ReadOpenbPodRow(f));
+    auto created = ParseCsvInt(f.Get("creation_time"), "creation_time");
+    if (!created.ok()) return f.RowError(created.status());
+    auto deleted = ParseCsvInt(f.Get("deletion_time"), "deletion_time");
+    if (!deleted.ok()) return f.RowError(deleted.status());
+    if (*created < 0 || *created > limits.max_duration || *deleted < *created ||
+        *deleted - *created > limits.max_duration)
+      return f.RowError(Status::InvalidArgument(fmt::format(
+          "creation_time {} and deletion_time {}: need 0 <= creation <= deletion, both within {} s", *created,
+          *deleted, limits.max_duration)));
+    if (pod.request.gpu_count > limits.max_gpus)
+      return f.RowError(Status::InvalidArgument(fmt::format("num_gpu must be at most {}", limits.max_gpus)));
+    TimedRow row{*created, {}};
+    TimedJob& t = row.second;
+    t.name = pod.name;
+    t.duration = std::max<int64_t>(1, *deleted - *created);
+    t.job.name = pod.name;
+    t.job.tenant = "default";
+    t.job.queue = "default";
+    TaskGroup g;
+    g.name = "pod";
+    g.request = std::move(pod.request);
+    g.exec.isolation = g.request.wants_gpu() && g.request.gpu_share < kWholeGpu ? IsolationMode::kTimeslice
+                                                                               : IsolationMode::kExclusive;
+    t.job.groups.push_back(std::move(g));
+    rows.push_back(std::move(row));
   }
-  return out;
+  RETURN_IF_ERROR(f.error());
+  return FinishTimeline(std::move(rows), path);
 }
 
 std::vector<TimedJob> ScaleLoad(std::vector<TimedJob> jobs, double load) {

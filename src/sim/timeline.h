@@ -38,6 +38,13 @@ struct TimedTraceLimits {
 Result<std::vector<TimedJob>> ReadPhillyJobs(const std::string& path, int gpus_per_task = 8,
                                              const TimedTraceLimits& limits = {});
 
+// An openb pod list with its time columns (traces/alibaba-gpu-v2023/openb_pod_list_*.csv, as
+// ReadOpenbPods reads the rest): each pod a job of one task, arriving at creation_time (seconds,
+// made relative to the first arrival) and running deletion_time − creation_time seconds (at least
+// 1; deletion before creation is an error). The trace names no tenants or queues: every job is in
+// "default". qos, pod_phase and scheduled_time are not read. Sorted by arrival, then by line.
+Result<std::vector<TimedJob>> ReadOpenbTimedPods(const std::string& path, const TimedTraceLimits& limits = {});
+
 // Seconds since 1970-01-01 of "YYYY-MM-DD HH:MM:SS" (UTC; years 1970..9999); InvalidArgument otherwise.
 Result<int64_t> ParseUtcTimestamp(const std::string& text);
 

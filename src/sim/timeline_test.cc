@@ -101,6 +101,45 @@ TEST(TimelineTest, HostileRowsAreRefusedNamingLineAndReason) {
   EXPECT_EQ(ReadPhillyJobs(two.path(), 8, few).status().code(), StatusCode::kResourceExhausted);
 }
 
+TEST(TimelineTest, ReadsOpenbPodsWithTheirTimes) {
+  TempFile f("pods.csv",
+             "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+             "scheduled_time\n"
+             "p0,12000,16384,1,1000,,LS,Running,100,1100,100\n"
+             "p1,6000,12288,1,460,V100M16|V100M32,BE,Failed,50,50,\n"
+             "p2,4000,8192,2,500,,BE,Pending,70,170,\n"
+             "p3,1000,1024,0,0,,BE,Running,60,90,60\n");
+  auto jobs = ReadOpenbTimedPods(f.path());
+  ASSERT_TRUE(jobs.ok()) << jobs.status().ToString();
+  ASSERT_EQ(jobs->size(), 4u);
+  EXPECT_EQ((*jobs)[0].name, "p1");
+  EXPECT_EQ((*jobs)[0].arrival, 0);
+  EXPECT_EQ((*jobs)[0].duration, 1);  // deleted at once: at least a second
+  const TaskRequest& r = (*jobs)[0].job.groups[0].request;
+  EXPECT_EQ(r.gpu_share.units(), 460);
+  EXPECT_EQ(r.gpu_models, (std::vector<std::string>{"V100M16", "V100M32"}));
+  EXPECT_EQ((*jobs)[0].job.groups[0].exec.isolation, IsolationMode::kTimeslice);
+  EXPECT_EQ((*jobs)[1].name, "p3");
+  EXPECT_EQ((*jobs)[1].job.groups[0].exec.isolation, IsolationMode::kExclusive);
+  EXPECT_EQ((*jobs)[2].name, "p2");
+  EXPECT_EQ((*jobs)[2].job.groups[0].exec.isolation, IsolationMode::kTimeslice);  // 2 x half GPUs
+  EXPECT_EQ((*jobs)[3].arrival, 50);
+  EXPECT_EQ((*jobs)[3].duration, 1000);
+  EXPECT_EQ((*jobs)[3].job.queue, "default");
+  for (const TimedJob& j : *jobs) EXPECT_TRUE(ValidateJob(j.job).ok()) << j.name;
+  const std::string header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\n";
+  for (const auto& [row, error] : std::vector<std::pair<std::string, std::string>>{
+           {"p,1,1,1,500,100,99\n", ":2: creation_time 100 and deletion_time 99"},
+           {"p,1,1,1,500,-1,99\n", ":2: creation_time -1"},
+           {"p,1,1,1,500,x,99\n", ":2: column 'creation_time' is not an integer"},
+           {"p,1,1,4294967297,500,1,2\n", ":2: cpu_milli and memory_mib must be 0..2^40 and num_gpu 0..1024"}}) {
+    TempFile bad("badpods.csv", header + row);
+    auto refused = ReadOpenbTimedPods(bad.path());
+    ASSERT_FALSE(refused.ok()) << row;
+    EXPECT_NE(refused.status().message().find(error), std::string::npos) << refused.status().message();
+  }
+}
+
 TEST(TimelineTest, ScaleLoadCompressesArrivalsOnly) {
   std::vector<TimedJob> jobs(2);
   jobs[0].arrival = 0;

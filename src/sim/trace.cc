@@ -40,45 +40,53 @@ Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuC
   return nodes;
 }
 
+Result<TracePod> ReadOpenbPodRow(const CsvFile& f) {
+  RETURN_IF_ERROR(f.CheckWidth());
+  TracePod p;
+  p.name = f.Get("name");
+  if (p.name.empty()) return f.RowError(Status::InvalidArgument("empty pod name"));
+  auto cpu = ParseCsvInt(f.Get("cpu_milli"), "cpu_milli");
+  if (!cpu.ok()) return f.RowError(cpu.status());
+  auto mem = ParseCsvInt(f.Get("memory_mib"), "memory_mib");
+  if (!mem.ok()) return f.RowError(mem.status());
+  auto num_gpu = ParseCsvInt(f.Get("num_gpu"), "num_gpu");
+  if (!num_gpu.ok()) return f.RowError(num_gpu.status());
+  auto milli = ParseCsvInt(f.Get("gpu_milli"), "gpu_milli");
+  if (!milli.ok()) return f.RowError(milli.status());
+  // Far above any node, far below any overflow of a sum over a million pods.
+  constexpr int64_t kMaxAmount = int64_t{1} << 40;
+  if (*cpu < 0 || *mem < 0 || *num_gpu < 0 || *cpu > kMaxAmount || *mem > kMaxAmount || *num_gpu > 1024) {
+    return f.RowError(
+        Status::InvalidArgument("cpu_milli and memory_mib must be 0..2^40 and num_gpu 0..1024"));
+  }
+  p.request.cpu = MilliCpu(*cpu);
+  p.request.memory = MiB(*mem);
+  if (*num_gpu == 0) {
+    if (*milli != 0) return f.RowError(Status::InvalidArgument("a pod with num_gpu 0 has gpu_milli set"));
+  } else {
+    if (*milli <= 0) return f.RowError(Status::InvalidArgument("a GPU pod needs gpu_milli > 0"));
+    p.request.gpu_count = static_cast<int>(*num_gpu);
+    p.request.gpu_share = MilliGpu(std::min<int64_t>(*milli, 1000));
+    if (const std::string* spec = f.GetOptional("gpu_spec")) {
+      size_t start = 0;
+      while (start <= spec->size()) {
+        size_t bar = spec->find('|', start);
+        if (bar == std::string::npos) bar = spec->size();
+        if (bar > start) p.request.gpu_models.push_back(spec->substr(start, bar - start));
+        start = bar + 1;
+      }
+    }
+  }
+  if (Status st = ValidateTaskRequest(p.request); !st.ok()) return f.RowError(st);
+  return p;
+}
+
 Result<std::vector<TracePod>> ReadOpenbPods(const std::string& path) {
   ASSIGN_OR_RETURN(CsvFile f,
                    CsvFile::Open(path, {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}));
   std::vector<TracePod> pods;
   while (f.Next()) {
-    RETURN_IF_ERROR(f.CheckWidth());
-    TracePod p;
-    p.name = f.Get("name");
-    if (p.name.empty()) return f.RowError(Status::InvalidArgument("empty pod name"));
-    auto cpu = ParseCsvInt(f.Get("cpu_milli"), "cpu_milli");
-    if (!cpu.ok()) return f.RowError(cpu.status());
-    auto mem = ParseCsvInt(f.Get("memory_mib"), "memory_mib");
-    if (!mem.ok()) return f.RowError(mem.status());
-    auto num_gpu = ParseCsvInt(f.Get("num_gpu"), "num_gpu");
-    if (!num_gpu.ok()) return f.RowError(num_gpu.status());
-    auto milli = ParseCsvInt(f.Get("gpu_milli"), "gpu_milli");
-    if (!milli.ok()) return f.RowError(milli.status());
-    if (*cpu < 0 || *mem < 0 || *num_gpu < 0) {
-      return f.RowError(Status::InvalidArgument("cpu_milli, memory_mib and num_gpu must be >= 0"));
-    }
-    p.request.cpu = MilliCpu(*cpu);
-    p.request.memory = MiB(*mem);
-    if (*num_gpu == 0) {
-      if (*milli != 0) return f.RowError(Status::InvalidArgument("a pod with num_gpu 0 has gpu_milli set"));
-    } else {
-      if (*milli <= 0) return f.RowError(Status::InvalidArgument("a GPU pod needs gpu_milli > 0"));
-      p.request.gpu_count = static_cast<int>(*num_gpu);
-      p.request.gpu_share = MilliGpu(std::min<int64_t>(*milli, 1000));
-      if (const std::string* spec = f.GetOptional("gpu_spec")) {
-        size_t start = 0;
-        while (start <= spec->size()) {
-          size_t bar = spec->find('|', start);
-          if (bar == std::string::npos) bar = spec->size();
-          if (bar > start) p.request.gpu_models.push_back(spec->substr(start, bar - start));
-          start = bar + 1;
-        }
-      }
-    }
-    if (Status st = ValidateTaskRequest(p.request); !st.ok()) return f.RowError(st);
+    ASSIGN_OR_RETURN(TracePod p, ReadOpenbPodRow(f));
     pods.push_back(std::move(p));
   }
   RETURN_IF_ERROR(f.error());

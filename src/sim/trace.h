@@ -29,6 +29,10 @@ Result<std::vector<NodeSpec>> ReadOpenbNodes(const std::string& path, const GpuC
 //   gpu_spec split on '|' with empty tokens dropped.
 Result<std::vector<TracePod>> ReadOpenbPods(const std::string& path);
 
+class CsvFile;
+// One row of a pod list as ReadOpenbPods reads it (the errors name file and line).
+Result<TracePod> ReadOpenbPodRow(const CsvFile& f);
+
 // GPU demand of a pod list in milli-GPU: sum of gpu_count * share.
 int64_t GpuDemand(const std::vector<TracePod>& pods);
 

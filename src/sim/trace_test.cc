@@ -72,7 +72,12 @@ TEST(TraceTest, BadRowsNameFileLineAndReason) {
       {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,0,500\n",
        "pods.csv:2: a pod with num_gpu 0 has gpu_milli set"},
       {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,-5,10,1,500\n",
-       "pods.csv:2: cpu_milli, memory_mib and num_gpu must be >= 0"},
+       "pods.csv:2: cpu_milli and memory_mib must be 0..2^40 and num_gpu 0..1024"},
+      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,4294967297,500\n",
+       "pods.csv:2: cpu_milli and memory_mib must be 0..2^40 and num_gpu 0..1024"},
+      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,9223372036854775807,10,1,500\n",
+       "pods.csv:2: cpu_milli and memory_mib must be 0..2^40"},
+      {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500,,,,\n", "pods.csv:2: 9 fields, header has 5"},
       {"name,cpu_milli,memory_mib,num_gpu\np0,1000,10,1\n", "pods.csv:1: header has no column 'gpu_milli'"},
       {"", "empty file"},
   };
