@@ -69,8 +69,9 @@ int ReplayCommand(const ReplayArgs& a) {
   fmt::print("  wait (s): mean {:.0f}, p50 {}, p95 {}, p99 {}, max {}\n", r->wait.mean, r->wait.p50, r->wait.p95,
              r->wait.p99, r->wait.max);
   fmt::print("  JCT (s):  mean {:.0f}, p50 {}, p95 {}, p99 {}\n", r->jct.mean, r->jct.p50, r->jct.p95, r->jct.p99);
-  fmt::print("  {} scheduling passes, {} gangs offered to placement, {} held nodes for\n", r->passes, r->attempts,
-             r->reservations);
+  fmt::print("  {} scheduling passes ({} pruned ones run again in full), {} gangs offered to placement, {} held nodes "
+             "for\n",
+             r->passes, r->redone_passes, r->attempts, r->reservations);
   if (!a.series_csv.empty()) {
     std::ofstream out(a.series_csv, std::ios::binary | std::ios::trunc);
     out << ReplaySeriesCsv(*r);

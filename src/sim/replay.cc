@@ -190,71 +190,106 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     }
     // One pass over the jobs that may fit now. Left out, because the pass could only skip them:
     // - those that failed since the last end (capacity has only shrunk since);
-    // - in each group, past the first free/demand + 1: a pass places at most free/demand jobs of a
-    //   demand, so a later one of the group comes after one of its shape that failed. (The job
-    //   nodes are held for is always offered.)
-    // Not while the job nodes are held for may start in this pass: that frees the hold mid-pass,
-    // and the next job in the pass's order to be skipped may get it — which could be one left out.
-    const bool prune = options.prune_pass && !(reserved && failed_epoch[*reserved] != epoch);
-    const int64_t free_milli = out.capacity_milli - ledger.used_gpu_share();
-    std::vector<PendingEntry> entries;
-    std::vector<size_t> entry_job;
-    std::vector<uint32_t> touched;
-    for (size_t j : pending) {
-      if (failed_epoch[j] == epoch) continue;
-      if (prune && reserved != j && demand[j].gpu > 0) {
-        int64_t& n = offered_of_group[group[j]];
-        if (n == 0) touched.push_back(group[j]);
-        if (n > free_milli / demand[j].gpu) {
-          failed_epoch[j] = epoch;  // as the pass would have: skipped behind its shape's failure
+    // - when pruning, in each group, past the first free/demand + 1: a pass places at most
+    //   free/demand jobs of a demand, so a later one of the group comes after one of its shape that
+    //   failed, and is skipped. (The job nodes are held for is always offered.)
+    // One case breaks the second rule: when the job nodes are held for starts, the hold is free
+    // mid-pass, and the next job in the pass's order to be skipped takes it, which could be one
+    // left out. Then the pass is undone and run again offering every job.
+    const SeededRng rng_before = rng;
+    const std::optional<size_t> reserved_before = reserved;
+    const std::vector<uint8_t> mask_before = held_mask.reason;
+    const int64_t reservations_before = out.reservations, attempts_before = out.attempts;
+    for (bool prune : {options.prune_pass, false}) {
+      const int64_t free_milli = out.capacity_milli - ledger.used_gpu_share();
+      std::vector<PendingEntry> entries;
+      std::vector<size_t> entry_job;
+      std::vector<uint32_t> touched;
+      std::vector<std::pair<size_t, uint64_t>> epoch_undo;
+      bool left_out_may_hold = false;  // a job left out has waited long enough to get a hold
+      for (size_t j : pending) {
+        if (failed_epoch[j] == epoch) continue;
+        if (prune && reserved != j && demand[j].gpu > 0) {
+          int64_t& n = offered_of_group[group[j]];
+          if (n == 0) touched.push_back(group[j]);
+          if (n > free_milli / demand[j].gpu) {
+            epoch_undo.emplace_back(j, failed_epoch[j]);
+            failed_epoch[j] = epoch;  // as the pass would have: skipped behind its shape's failure
+            left_out_may_hold |=
+                options.reserve_after_seconds >= 0 && now - jobs[j].arrival >= options.reserve_after_seconds;
+            continue;
+          }
+          ++n;
+        }
+        entries.push_back({j, jobs[j].job.tenant, jobs[j].job.queue, jobs[j].job.priority, demand[j]});
+        entry_job.push_back(j);
+      }
+      for (uint32_t g : touched) offered_of_group[g] = 0;
+      if (entries.empty()) break;
+      std::vector<UsageEntry> used;
+      used.reserve(usage.size());
+      for (const auto& [key, r] : usage) used.push_back({key.first, key.second, r});
+      QueueOrder::Pass pass = order.Begin(entries, used, total);
+      std::set<uint32_t> failed_shapes;
+      std::vector<size_t> placed;
+      bool holder_started = false;
+      while (auto next = pass.Next()) {
+        const size_t j = entry_job[*next];
+        const bool holder = reserved == j;  // sees the held nodes, and its own shape
+        if (!holder && failed_shapes.count(shape[j])) {
+          epoch_undo.emplace_back(j, failed_epoch[j]);
+          failed_epoch[j] = epoch;
+          pass.Skipped(*next);
+          maybe_reserve(j, now);
           continue;
         }
-        ++n;
+        ++out.attempts;
+        scheduler->SetNodeMask(reserved && !holder ? &held_mask : nullptr);
+        JobResult r = scheduler->ScheduleJob(jobs[j].job);
+        if (!r.placed) {
+          if (!holder) failed_shapes.insert(shape[j]);
+          epoch_undo.emplace_back(j, failed_epoch[j]);
+          failed_epoch[j] = epoch;
+          pass.Skipped(*next);
+          maybe_reserve(j, now);
+          continue;
+        }
+        if (holder) {
+          reserved.reset();
+          holder_started = true;
+        }
+        pass.Placed(*next);
+        placed.push_back(j);
+        held[j] = std::move(r.allocations);
+        usage[{jobs[j].job.tenant, jobs[j].job.queue}] += demand[j];
+        pending_milli -= demand[j].gpu;
       }
-      entries.push_back({j, jobs[j].job.tenant, jobs[j].job.queue, jobs[j].job.priority, demand[j]});
-      entry_job.push_back(j);
-    }
-    for (uint32_t g : touched) offered_of_group[g] = 0;
-    if (entries.empty()) continue;
-    ++out.passes;
-    std::vector<UsageEntry> used;
-    used.reserve(usage.size());
-    for (const auto& [key, r] : usage) used.push_back({key.first, key.second, r});
-    QueueOrder::Pass pass = order.Begin(entries, used, total);
-    std::set<uint32_t> failed_shapes;
-    bool placed_any = false;
-    while (auto next = pass.Next()) {
-      const size_t j = entry_job[*next];
-      const bool holder = reserved == j;  // sees the held nodes, and its own shape
-      if (!holder && failed_shapes.count(shape[j])) {
-        failed_epoch[j] = epoch;
-        pass.Skipped(*next);
-        maybe_reserve(j, now);
+      scheduler->SetNodeMask(nullptr);
+      if (prune && holder_started && left_out_may_hold) {  // undo, and offer every job
+        for (size_t j : placed) {
+          for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
+          held[j].clear();
+          usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
+          pending_milli += demand[j].gpu;
+        }
+        for (auto it = epoch_undo.rbegin(); it != epoch_undo.rend(); ++it) failed_epoch[it->first] = it->second;
+        rng = rng_before;
+        reserved = reserved_before;
+        held_mask.reason = mask_before;
+        out.reservations = reservations_before;
+        out.attempts = attempts_before;
+        ++out.redone_passes;
         continue;
       }
-      ++out.attempts;
-      scheduler->SetNodeMask(reserved && !holder ? &held_mask : nullptr);
-      JobResult r = scheduler->ScheduleJob(jobs[j].job);
-      if (!r.placed) {
-        if (!holder) failed_shapes.insert(shape[j]);
-        failed_epoch[j] = epoch;
-        pass.Skipped(*next);
-        maybe_reserve(j, now);
-        continue;
+      ++out.passes;
+      for (size_t j : placed) {
+        out.jobs[j].start = now;
+        out.jobs[j].end = now + jobs[j].duration;
+        ends.push({out.jobs[j].end, j});
+        ++out.started;
       }
-      if (holder) reserved.reset();
-      pass.Placed(*next);
-      placed_any = true;
-      held[j] = std::move(r.allocations);
-      usage[{jobs[j].job.tenant, jobs[j].job.queue}] += demand[j];
-      out.jobs[j].start = now;
-      out.jobs[j].end = now + jobs[j].duration;
-      ends.push({out.jobs[j].end, j});
-      pending_milli -= demand[j].gpu;
-      ++out.started;
-    }
-    if (placed_any) {
-      std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
+      if (!placed.empty()) std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
+      break;
     }
   }
   out.makespan = last_time;

@@ -37,9 +37,9 @@ struct ReplayOptions {
   uint64_t seed = 1;             // the scheduler's tie-breaks
   // After this long pending a job gets nodes held for it (the server's default); < 0: never.
   int64_t reserve_after_seconds = 60;
-  // Leave out of each pass the jobs it could only skip (see replay.cc). Off offers
-  // every pending job, which decides the same, only slower:
-  // ReplayTest.PruningThePassNeverChangesADecision.
+  // Leave out of each pass the jobs it could only skip (see replay.cc; a pass where that could
+  // matter is undone and run again in full). Off offers every pending job, which decides the same,
+  // only slower: ReplayTest.PruningThePassNeverChangesADecision.
   bool prune_pass = true;
 };
 
@@ -82,6 +82,7 @@ struct ReplayResult {
   int64_t passes = 0;       // scheduling passes run
   int64_t attempts = 0;     // gangs offered to the pipeline
   int64_t reservations = 0; // jobs nodes were held for
+  int64_t redone_passes = 0; // pruned passes undone and run again in full (see replay.cc)
 };
 
 // Replays `jobs` (sorted by arrival; each with its tenant and queue) on `nodes`. InvalidArgument
