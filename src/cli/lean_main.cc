@@ -30,7 +30,7 @@ constexpr CoreCommand kCoreCommands[] = {
     {"demo", "Schedule the bundled Alibaba cluster under each placement policy"},
     {"policies", "List placement policies and plugins"},
     {"profile", "Scheduling profiles"},
-    {"sim", "Trace-driven simulator: replay the FGD experiments"},
+    {"sim", "Trace-driven simulator: the FGD experiments, and replays over time"},
     {"server", "Run the control plane: REST API, job store and scheduling loop"},
     {"agent", "Run a node agent: discover GPUs, run the tasks the server assigns"},
     {"up", "Server and local agent(s) in one process: the pool on this machine"},
