@@ -83,7 +83,8 @@ int ReplayCommand(const ReplayArgs& a) {
     out << "name,queue,gpus,arrival_s,start_s,end_s\n";
     for (size_t i = 0; i < offered.size(); ++i) {
       const ReplayJob& j = r->jobs[i];
-      out << fmt::format("{},{},{},{},{},{}\n", offered[i].name, offered[i].job.queue, j.gpus, j.arrival, j.start, j.end);
+      out << fmt::format("{},{},{:.3f},{},{},{}\n", offered[i].name, offered[i].job.queue, j.gpu_milli / 1000.0,
+                         j.arrival, j.start, j.end);
     }
     if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.jobs_csv)));
     fmt::print("wrote {}\n", a.jobs_csv);

@@ -128,7 +128,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   for (size_t i = 0; i < jobs.size(); ++i) {
     out.jobs[i].arrival = jobs[i].arrival;
     demand[i] = JobDemand(jobs[i].job);
-    out.jobs[i].gpus = demand[i].gpu / 1000;
+    out.jobs[i].gpu_milli = demand[i].gpu;
     shape[i] = shape_ids.try_emplace(ShapeOf(jobs[i].job), static_cast<uint32_t>(shape_ids.size())).first->second;
     const Job& job = jobs[i].job;
     group[i] = group_ids

@@ -48,7 +48,7 @@ struct ReplayJob {
   int64_t arrival = 0;
   int64_t start = -1;  // -1: never started
   int64_t end = -1;
-  int64_t gpus = 0;  // whole GPUs over all its tasks
+  int64_t gpu_milli = 0;  // GPU share over all its tasks (1000: one whole GPU)
 };
 
 struct ReplaySample {

@@ -197,7 +197,7 @@ TEST(ReplayTest, PropertyAccountingHoldsUnderEveryPolicy) {
     for (size_t i = 0; i < jobs.size(); ++i) {
       ASSERT_GE(r.jobs[i].start, jobs[i].arrival) << jobs[i].name;
       ASSERT_EQ(r.jobs[i].end, r.jobs[i].start + jobs[i].duration);
-      gpu_seconds += r.jobs[i].gpus * 1000 * jobs[i].duration;
+      gpu_seconds += r.jobs[i].gpu_milli * jobs[i].duration;
     }
     EXPECT_EQ(r.started, 300);
     EXPECT_EQ(r.allocated_milli_seconds, gpu_seconds);
