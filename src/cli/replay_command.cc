@@ -27,6 +27,7 @@ struct ReplayArgs {
   int64_t sample_seconds = 900;
   uint64_t seed = 1;
   std::string series_csv;
+  std::string queue_series_csv;
   std::string jobs_csv;
   std::string json_out;
 };
@@ -77,6 +78,12 @@ int ReplayCommand(const ReplayArgs& a) {
     out << ReplaySeriesCsv(*r);
     if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.series_csv)));
     fmt::print("wrote {}\n", a.series_csv);
+  }
+  if (!a.queue_series_csv.empty()) {
+    std::ofstream out(a.queue_series_csv, std::ios::binary | std::ios::trunc);
+    out << ReplayQueueSeriesCsv(*r, a.sample_seconds);
+    if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.queue_series_csv)));
+    fmt::print("wrote {}\n", a.queue_series_csv);
   }
   if (!a.jobs_csv.empty()) {
     std::ofstream out(a.jobs_csv, std::ios::binary | std::ios::trunc);
@@ -140,6 +147,8 @@ std::function<int()> AddReplayCommand(CLI::App& sim) {
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the placement tie-breaks")->capture_default_str();
   cmd->add_option("--series", args->series_csv, "Write the allocation series as CSV to this file");
+  cmd->add_option("--queue-series", args->queue_series_csv,
+                  "Write per queue and step what its jobs asked for and held (mean GPUs) as CSV to this file");
   cmd->add_option("--jobs", args->jobs_csv, "Write each job's arrival, start and end as CSV to this file");
   cmd->add_option("--json", args->json_out, "Write the summary as JSON to this file");
   return [cmd, args]() -> int {

@@ -163,13 +163,49 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     total.cpu += n.cpu.units();
     total.memory += n.memory.units();
   }
+  // The per-queue series: what each queue's jobs ask for (waiting or running) and hold, integrated
+  // exactly into steps of sample_seconds.
+  std::map<std::string, size_t> queue_index;
+  for (const TimedJob& t : jobs) queue_index.emplace(t.job.queue, 0);
+  for (auto& [name, index] : queue_index) {
+    index = out.queue_names.size();
+    out.queue_names.push_back(name);
+  }
+  std::vector<size_t> queue_of(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) queue_of[i] = queue_index.at(jobs[i].job.queue);
+  std::vector<int64_t> asked_milli(out.queue_names.size(), 0), held_milli(out.queue_names.size(), 0);
+  const auto integrate = [&](int64_t from, int64_t to) -> Status {
+    const int64_t step = options.sample_seconds;
+    while (from < to) {
+      const auto bucket = static_cast<size_t>(from / step);
+      const int64_t until = std::min(to, (from / step + 1) * step);
+      if (bucket >= out.queue_steps.size()) {
+        if ((bucket + 1) * out.queue_names.size() > kMaxSeriesCells)
+          return Status::ResourceExhausted(fmt::format(
+              "the per-queue series would pass {} cells at {} s: choose a longer sample step than {} s",
+              kMaxSeriesCells, from, step));
+        out.queue_steps.resize(bucket + 1, std::vector<QueueStep>(out.queue_names.size()));
+      }
+      for (size_t q = 0; q < out.queue_names.size(); ++q) {
+        out.queue_steps[bucket][q].asked_milli_seconds += asked_milli[q] * (until - from);
+        out.queue_steps[bucket][q].held_milli_seconds += held_milli[q] * (until - from);
+      }
+      from = until;
+    }
+    return Status::Ok();
+  };
 
   while (next_arrival < jobs.size() || !ends.empty()) {
     int64_t now = next_arrival < jobs.size() ? jobs[next_arrival].arrival : ends.top().time;
     if (!ends.empty()) now = std::min(now, ends.top().time);
     // The state is constant between events: the integral, and the samples that fall before `now`.
     out.allocated_milli_seconds += ledger.used_gpu_share() * (now - last_time);
+    RETURN_IF_ERROR(integrate(last_time, now));
     while (next_sample < now) {
+      if (out.samples.size() >= kMaxSeriesCells)
+        return Status::ResourceExhausted(fmt::format(
+            "the series would pass {} samples at {} s: choose a longer sample step than {} s", kMaxSeriesCells,
+            next_sample, options.sample_seconds));
       out.samples.push_back({next_sample, ledger.used_gpu_share(), static_cast<int64_t>(ends.size()),
                              static_cast<int64_t>(pending.size()), pending_milli});
       next_sample += options.sample_seconds;
@@ -181,11 +217,14 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
       for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
       held[j].clear();
       usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
+      asked_milli[queue_of[j]] -= demand[j].gpu;
+      held_milli[queue_of[j]] -= demand[j].gpu;
       ++epoch;
     }
     while (next_arrival < jobs.size() && jobs[next_arrival].arrival == now) {
       pending.push_back(next_arrival);
       pending_milli += demand[next_arrival].gpu;
+      asked_milli[queue_of[next_arrival]] += demand[next_arrival].gpu;
       ++next_arrival;
     }
     // One pass over the jobs that may fit now. Left out, because the pass could only skip them:
@@ -286,6 +325,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
         out.jobs[j].start = now;
         out.jobs[j].end = now + jobs[j].duration;
         ends.push({out.jobs[j].end, j});
+        held_milli[queue_of[j]] += demand[j].gpu;
         ++out.started;
       }
       if (!placed.empty()) std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
@@ -309,6 +349,20 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   out.wait = Summarize(std::move(waits));
   out.jct = Summarize(std::move(jcts));
   for (auto& [q, v] : by_queue) out.wait_by_queue[q] = Summarize(std::move(v));
+  return out;
+}
+
+std::string ReplayQueueSeriesCsv(const ReplayResult& result, int64_t step_seconds) {
+  std::string out = "time_s,queue,asked_gpus,allocated_gpus\n";
+  const auto step = static_cast<double>(step_seconds);
+  for (size_t b = 0; b < result.queue_steps.size(); ++b) {
+    for (size_t q = 0; q < result.queue_names.size(); ++q) {
+      const QueueStep& s = result.queue_steps[b][q];
+      out += fmt::format("{},{},{:.3f},{:.3f}\n", static_cast<int64_t>(b) * step_seconds, result.queue_names[q],
+                         static_cast<double>(s.asked_milli_seconds) / 1000.0 / step,
+                         static_cast<double>(s.held_milli_seconds) / 1000.0 / step);
+    }
+  }
   return out;
 }
 

@@ -59,6 +59,17 @@ struct ReplaySample {
   int64_t pending_gpus_milli = 0;  // what the waiting jobs ask for
 };
 
+// One step of one queue's series: GPU-seconds (in milli-GPU-seconds) its jobs asked for, waiting
+// or running, and held.
+struct QueueStep {
+  int64_t asked_milli_seconds = 0;
+  int64_t held_milli_seconds = 0;
+};
+
+// The most samples, and per-queue steps × queues, a replay keeps (a short step over a long trace
+// is refused, not allowed to take the memory).
+inline constexpr size_t kMaxSeriesCells = 20'000'000;
+
 struct Distribution {
   int64_t count = 0;
   double mean = 0;
@@ -70,6 +81,10 @@ Distribution Summarize(std::vector<int64_t> values);
 struct ReplayResult {
   std::vector<ReplayJob> jobs;  // in the input's order
   std::vector<ReplaySample> samples;
+  // Per queue (sorted by name), per step of sample_seconds from 0 to the makespan: what its jobs
+  // asked for and held. The demand series a forecaster learns from.
+  std::vector<std::string> queue_names;
+  std::vector<std::vector<QueueStep>> queue_steps;  // [step][queue]
   int64_t capacity_milli = 0;  // GPU share of the cluster
   int64_t makespan = 0;        // the last end (or the last arrival, when later)
   // Allocated GPU-seconds (in milli-GPU-seconds) over [0, makespan], and as a share of capacity.
@@ -87,11 +102,14 @@ struct ReplayResult {
 
 // Replays `jobs` (sorted by arrival; each with its tenant and queue) on `nodes`. InvalidArgument
 // for jobs out of order, a job that could never fit the cluster (more GPUs than it has, or a task
-// larger than every node), or bad options.
+// larger than every node), or bad options; ResourceExhausted when a series would pass
+// kMaxSeriesCells.
 Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vector<TimedJob>& jobs,
                             const ReplayOptions& options, const PluginRegistry& registry);
 
 // The series as CSV: time_s,allocated_gpus,running_jobs,pending_jobs,pending_gpus.
 std::string ReplaySeriesCsv(const ReplayResult& result);
+// The per-queue series as CSV, means over each step: time_s,queue,asked_gpus,allocated_gpus.
+std::string ReplayQueueSeriesCsv(const ReplayResult& result, int64_t step_seconds);
 
 }  // namespace gpupool

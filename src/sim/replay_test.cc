@@ -74,6 +74,23 @@ TEST(ReplayTest, AHandWorkedTraceWaitsBackfillsAndAccounts) {
             "5,1.000,1,1,2.000\n"
             "10,2.000,1,0,0.000\n"
             "15,0.000,0,0,0.000\n");
+  // Per queue, means over each 5 s: asked A+B+C over [0,5) is 5+10+3 GPU-seconds, held A+C 5+3.
+  EXPECT_EQ(ReplayQueueSeriesCsv(r, 5),
+            "time_s,queue,asked_gpus,allocated_gpus\n"
+            "0,q,3.600,1.600\n"
+            "5,q,3.000,1.000\n"
+            "10,q,2.000,2.000\n");
+}
+
+// A step so short over so long a trace that the series would take gigabytes: refused, saying so.
+TEST(ReplayTest, ASeriesPastItsBoundIsRefused) {
+  ReplayOptions fine;
+  fine.sample_seconds = 1;
+  auto r = Replay(Cluster("1x1"), {MakeJob("long", 0, 100'000'000, 1)}, fine, DefaultRegistry());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("choose a longer sample step than 1 s"), std::string::npos)
+      << r.status().message();
 }
 
 // Hand-worked: two GPUs; a1 (long) and a2 take them at 0; a3 (queue a) and b1 (queue b, at 1)
