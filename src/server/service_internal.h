@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "sched/job_shape.h"
 #include "server/node_credentials.h"
 #include "server/service.h"
 
@@ -77,24 +78,6 @@ inline bool LabelsMatch(const std::map<std::string, std::string>& term,
     if (it == labels.end() || it->second != v) return false;
   }
   return true;
-}
-
-// What decides whether a job fits, as a string: every group's request and replicas, and the gang
-// size. Empty for jobs with affinity (their fit depends on other jobs' places) — never shared.
-inline std::string JobShapeKey(const Job& job) {
-  if (!job.affinity.empty()) return "";
-  std::string key = fmt::format("g{}", job.gang_size());
-  for (const auto& g : job.groups) {
-    const TaskRequest& r = g.request;
-    key +=
-        fmt::format("|{}x{},{},{},{},{},{},{}", g.replicas, r.cpu.units(), r.memory.units(), r.gpu_count,
-                    r.gpu_share.units(), r.gpu_memory.units(), fmt::join(r.gpu_models, "+"), r.mig_profile);
-    // What decides which GPUs a share may join: a shape that failed for its QoS or its MPS owner says
-    // nothing of a share of another kind or owner.
-    key += fmt::format(",{}{}{},{}:{}", r.nvlink ? 'n' : '-', r.guaranteed ? 'g' : '-', r.enforced_by,
-                       r.mps_owner.size(), r.mps_owner);
-  }
-  return key;
 }
 
 [[noreturn]] inline void FailStop(const Status& st) {

@@ -12,6 +12,7 @@
 
 #include "common/rng.h"
 #include "model/ledger.h"
+#include "sched/job_shape.h"
 #include "sched/profile.h"
 #include "sched/reservation.h"
 #include "sched/scheduler.h"
@@ -20,17 +21,6 @@
 namespace gpupool {
 
 namespace {
-
-// The jobs' shape as far as placement sees it: a shape that failed cannot fit until something ends.
-std::string ShapeOf(const Job& job) {
-  std::string key;
-  for (const TaskGroup& g : job.groups) {
-    const TaskRequest& r = g.request;
-    key += fmt::format("{}x{}:{}:{}:{}:{};", g.replicas, r.gpu_count, r.gpu_share.units(), r.gpu_memory.units(),
-                       r.cpu.units(), r.memory.units());
-  }
-  return key;
-}
 
 struct End {
   int64_t time;
@@ -129,7 +119,10 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     out.jobs[i].arrival = jobs[i].arrival;
     demand[i] = JobDemand(jobs[i].job);
     out.jobs[i].gpu_milli = demand[i].gpu;
-    shape[i] = shape_ids.try_emplace(ShapeOf(jobs[i].job), static_cast<uint32_t>(shape_ids.size())).first->second;
+    // A job of no shared shape (affinity) gets one of its own.
+    std::string key = JobShapeKey(jobs[i].job);
+    if (key.empty()) key = fmt::format("job {}", i);
+    shape[i] = shape_ids.try_emplace(std::move(key), static_cast<uint32_t>(shape_ids.size())).first->second;
     const Job& job = jobs[i].job;
     group[i] = group_ids
                    .try_emplace(fmt::format("{}\x1f{}\x1f{}\x1f{}", job.queue, job.tenant, job.priority, shape[i]),

@@ -166,6 +166,16 @@ TEST(ReplayTest, SharesOfAGpuRunTogether) {
   EXPECT_EQ(whole.wait.max, 300);
 }
 
+// The shape a failure makes others skip is the server's (sched/job_shape.h): GPU models are in it,
+// so a job that asks for a model the cluster lacks does not hold back one of the same size.
+TEST(ReplayTest, AFailedShapeIsTheServersShape) {
+  TimedJob picky = MakeJob("picky", 0, 10, 1);
+  picky.job.groups[0].request.gpu_models = {"A100-80GB"};
+  const ReplayResult r = MustReplay(Cluster("1x1"), {picky, MakeJob("any", 0, 10, 1)});
+  EXPECT_EQ(r.jobs[0].start, -1);
+  EXPECT_EQ(r.jobs[1].start, 0);
+}
+
 TEST(ReplayTest, BadInputsAreRefusedNamingTheJob) {
   const auto nodes = Cluster("8x1");
   auto too_big = Replay(nodes, {MakeJob("big", 0, 1, 16)}, {}, DefaultRegistry());
