@@ -77,6 +77,9 @@ struct RunArgs {
   std::string json_out;
   std::string trace;
   bool repack = false;
+  int migrate = 0;
+  int migrate_per_pod = 1;
+  bool migrate_whole_only = false;
 };
 
 struct SweepArgs {
@@ -153,6 +156,9 @@ int RunCommand(const RunArgs& a) {
   if (!a.arrival_order_dir.empty()) options.arrival_order_dir = a.arrival_order_dir;
   options.exclusive = a.exclusive;
   options.repack = a.repack;
+  options.migrate_moves = a.migrate;
+  options.migrate_per_pod = a.migrate_per_pod;
+  options.migrate_whole_only = a.migrate_whole_only;
   if (a.repack && (a.policy == "bound" || a.policy == "bound-relaxed")) {
     return Fail(
         Status::InvalidArgument("--repack needs a placement policy; '" + a.policy + "' places no pods"));
@@ -167,6 +173,14 @@ int RunCommand(const RunArgs& a) {
   fmt::print("fragmentation at 130%: {:.2f}% of all GPUs ({:.2f}% of idle GPU)\n", r.frag[130],
              r.frag_ratio[130]);
   fmt::print("time: {:.3f} s ({} GPUs)\n", r.seconds, r.total_gpus);
+  if (a.migrate > 0) {
+    const double idle = static_cast<double>(int64_t{r.total_gpus} * 1000 - r.used_gpu_milli) / 1000.0;
+    fmt::print(
+        "migration: {} of {} pods that fit nowhere were placed by moving others; {} moves carrying {:.1f} GPUs' "
+        "worth; idle at the end {:.1f} GPUs ({:.2f}%)\n",
+        r.consolidated, r.consolidation_attempts, r.migrations, static_cast<double>(r.migrated_gpu_milli) / 1000.0,
+        idle, 100.0 * idle / r.total_gpus);
+  }
   if (r.repack) {
     const RepackResult& p = *r.repack;
     const double held = static_cast<double>(p.share_milli) / 1000.0;
@@ -398,6 +412,17 @@ std::function<int()> AddSimCommands(CLI::App& app) {
   state->run->add_flag(
       "--repack", r.repack,
       "After the run, the fewest GPUs its GPU-sharing pods could be packed on (sim/repack.h)");
+  state->run
+      ->add_option("--migrate", r.migrate,
+                   "A pod that fits nowhere may get room by moving up to this many placed single-GPU pods "
+                   "(sched/consolidation.h); 0: never")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  state->run->add_option("--migrate-per-pod", r.migrate_per_pod, "How often one pod may move")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  state->run->add_flag("--migrate-whole-only", r.migrate_whole_only,
+                       "Make room only for pods of whole GPUs (a share pod that fits nowhere still fails)");
 
   SweepArgs& s = state->sweep_args;
   state->sweep = sim->add_subcommand("sweep", "Run a grid of traces x policies x seeds in parallel");

@@ -13,6 +13,7 @@
 
 #include "common/rng.h"
 #include "model/ledger.h"
+#include "sched/consolidation.h"
 #include "sched/registry.h"
 #include "sched/scheduler.h"
 #include "sched/typical_pods.h"
@@ -278,6 +279,22 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
   std::vector<MetricsRow> rows;
   rows.reserve(arrivals.size());
 
+  if (options.migrate_moves < 0 || options.migrate_moves > 64 || options.migrate_per_pod < 1 ||
+      options.migrate_candidates < 1 || options.migrate_candidates > 4096)
+    return Status::InvalidArgument(fmt::format(
+        "migration needs 0..64 moves a plan, at least 1 move a pod and 1..4096 candidate nodes; got {}, {}, {}",
+        options.migrate_moves, options.migrate_per_pod, options.migrate_candidates));
+  // With migration: what each placed pod asked for and how often it has moved.
+  struct Held {
+    const TaskRequest* request;
+    int moves;
+  };
+  std::unordered_map<AllocationId, Held> held;
+  std::vector<MovableTask> movable;
+  ConsolidationOptions consolidation;
+  consolidation.max_moves = std::max(1, options.migrate_moves);
+  consolidation.max_candidates = options.migrate_candidates;
+
   const auto start = std::chrono::steady_clock::now();
   int64_t arrived = 0;
   for (size_t i = 0; i < arrivals.size(); ++i) {
@@ -288,6 +305,37 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
     scheduler->Observe(*task);
     Decision d;
     auto placed = scheduler->Place(*task, &d);
+    if (!placed.ok() && placed.status().code() == StatusCode::kUnschedulable && options.migrate_moves > 0 &&
+        !task->wants_mig() && task->wants_gpu() && (!options.migrate_whole_only || !task->is_share())) {
+      ++r.consolidation_attempts;
+      movable.clear();
+      for (const auto& [id, h] : held) {
+        if (h.moves < options.migrate_per_pod) movable.push_back({id, h.request});
+      }
+      ConsolidationResult c = Consolidate(*scheduler, *task, movable, consolidation);
+      if (!c.error.ok()) return c.error;
+      for (const auto& [from, to] : c.renamed) {
+        auto node = held.extract(from);
+        node.key() = to;
+        held.insert(std::move(node));
+      }
+      if (c.placed) {
+        for (const TaskMove& m : c.moves) {
+          auto node = held.extract(m.from);
+          node.key() = m.to;
+          ++node.mapped().moves;
+          held.insert(std::move(node));
+          ++r.migrations;
+          r.migrated_gpu_milli += m.before.gpus.front().share.units();
+          node_frag[m.before.node] = frag_model.NodeFragment(ledger, m.before.node);
+          node_frag[m.after.node] = frag_model.NodeFragment(ledger, m.after.node);
+        }
+        ++r.consolidated;
+        d.placement = c.placement;
+        placed = c.allocation;
+      }
+    }
+    if (placed.ok() && options.migrate_moves > 0) held[*placed] = {task, 0};
     ShareAdmission* share = task->is_share() ? &r.share_admission[task->gpu_share.units()] : nullptr;
     if (share != nullptr) ++share->arrived;
     if (placed.ok()) {
@@ -347,6 +395,12 @@ Status WriteExperimentJson(const ExperimentResult& r, const std::string& path) {
     j["used_gpu_milli"] = r.used_gpu_milli;
     j["seconds"] = r.seconds;
     j["failed_whole_gpus"] = r.failed_whole_gpus;
+    if (r.consolidation_attempts > 0) {
+      j["migration"] = {{"attempts", r.consolidation_attempts},
+                        {"consolidated", r.consolidated},
+                        {"moves", r.migrations},
+                        {"moved_gpu_milli", r.migrated_gpu_milli}};
+    }
     if (r.repack) {
       j["repack"] = {{"share_pods", r.repack->share_pods},   {"share_gpus", r.repack->share_gpus},
                      {"share_milli", r.repack->share_milli}, {"min_gpus", r.repack->min_gpus},

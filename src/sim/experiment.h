@@ -38,6 +38,15 @@ struct ExperimentOptions {
   // After the run, pack its GPU-sharing pods as tightly as possible (sim/repack.h): how much of the
   // stranding the placement caused.
   bool repack = false;
+  // Defragmentation by migration (sched/consolidation.h): a pod that fits nowhere may get room by
+  // moving up to this many placed single-GPU pods elsewhere, every one of them placed again or
+  // none moved; 0: never. The trace says nothing of checkpoints, so every placed single-GPU pod
+  // is taken as one that can move; each moves at most migrate_per_pod times.
+  int migrate_moves = 0;
+  int migrate_per_pod = 1;
+  int migrate_candidates = 16;  // nodes tried per plan (ConsolidationOptions::max_candidates)
+  // Only pods of whole GPUs may have room made for them (a share pod still fails where it fails).
+  bool migrate_whole_only = false;
 };
 
 // One metrics row, logged after every pod (placed or failed).
@@ -78,6 +87,12 @@ struct ExperimentResult {
   // and were placed. Which shares a run admits decides what even a perfect repack can reach: a placed
   // 0.81-GPU pod leaves a 0.19-GPU remainder that only smaller pods can use.
   std::map<int64_t, ShareAdmission> share_admission;
+  // With migrate_moves: pods placed after a consolidation, the pods they moved (each move counted),
+  // the GPU share those moves carried (milli-GPU), and failing pods a plan was sought for.
+  int64_t consolidated = 0;
+  int64_t migrations = 0;
+  int64_t migrated_gpu_milli = 0;
+  int64_t consolidation_attempts = 0;
 };
 
 // Inputs shared by many experiments on one trace (read once).
