@@ -176,10 +176,11 @@ int RunCommand(const RunArgs& a) {
   if (a.migrate > 0) {
     const double idle = static_cast<double>(int64_t{r.total_gpus} * 1000 - r.used_gpu_milli) / 1000.0;
     fmt::print(
-        "migration: {} of {} pods that fit nowhere were placed by moving others; {} moves carrying {:.1f} GPUs' "
-        "worth; idle at the end {:.1f} GPUs ({:.2f}%)\n",
-        r.consolidated, r.consolidation_attempts, r.migrations, static_cast<double>(r.migrated_gpu_milli) / 1000.0,
-        idle, 100.0 * idle / r.total_gpus);
+        "migration: {} of {} pods that fit nowhere were placed by moving others ({} had no node where movers with "
+        "room elsewhere could make room); {} moves carrying {:.1f} GPUs' worth; idle at the end {:.1f} GPUs "
+        "({:.2f}%)\n",
+        r.consolidated, r.consolidation_attempts, r.consolidation_no_candidate, r.migrations,
+        static_cast<double>(r.migrated_gpu_milli) / 1000.0, idle, 100.0 * idle / r.total_gpus);
   }
   if (r.repack) {
     const RepackResult& p = *r.repack;

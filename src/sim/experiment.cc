@@ -314,6 +314,7 @@ Result<ExperimentResult> RunExperiment(const ExperimentInputs& inputs, const Exp
       }
       ConsolidationResult c = Consolidate(*scheduler, *task, movable, consolidation);
       if (!c.error.ok()) return c.error;
+      if (c.candidates == 0) ++r.consolidation_no_candidate;
       for (const auto& [from, to] : c.renamed) {
         auto node = held.extract(from);
         node.key() = to;
@@ -398,6 +399,7 @@ Status WriteExperimentJson(const ExperimentResult& r, const std::string& path) {
     if (r.consolidation_attempts > 0) {
       j["migration"] = {{"attempts", r.consolidation_attempts},
                         {"consolidated", r.consolidated},
+                        {"no_candidate", r.consolidation_no_candidate},
                         {"moves", r.migrations},
                         {"moved_gpu_milli", r.migrated_gpu_milli}};
     }

@@ -93,6 +93,7 @@ struct ExperimentResult {
   int64_t migrations = 0;
   int64_t migrated_gpu_milli = 0;
   int64_t consolidation_attempts = 0;
+  int64_t consolidation_no_candidate = 0;  // attempts where no node's estimate allowed a plan
 };
 
 // Inputs shared by many experiments on one trace (read once).

@@ -5,14 +5,26 @@
 
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <vector>
 
 namespace gpupool {
 namespace {
 
 // Each test runs in a process of its own (ctest, in parallel): the pid keeps their files apart.
+// They are removed when the process ends.
+struct TempFiles {
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    for (const std::string& p : paths) std::remove(p.c_str());
+  }
+};
+TempFiles temp_files;
+
 std::string WriteTemp(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + std::to_string(::getpid()) + "-" + name;
   std::ofstream(path) << text;
+  temp_files.paths.push_back(path);
   return path;
 }
 
