@@ -1,9 +1,10 @@
 // Readers of the job histories users export from their own clusters, for the time-based replay
-// (sim/replay.h): Slurm's accounting (`sacct --parsable2`). docs/replay.md gives the commands and
-// the rules. As the trace readers (sim/timeline.h): a malformed record is an error naming the file,
-// the line and what is wrong, and every size is bounded. A record the GPU replay cannot use (a job
-// step, a job that never started or still runs, one without GPUs) is not an error: it is counted,
-// by reason, in ExportRead::skipped, which the caller shows; nothing is left out silently.
+// (sim/replay.h): Slurm's accounting (`sacct --parsable2`) and Kubernetes' pod list (`kubectl get
+// pods -A -o json`). docs/replay.md gives the commands and the rules. As the trace readers
+// (sim/timeline.h): a malformed record is an error naming the file, the line or pod and what is
+// wrong, and every size is bounded. A record the GPU replay cannot use (a job step, a job that never
+// started or still runs, one without GPUs) is not an error: it is counted, by reason, in
+// ExportRead::skipped, which the caller shows; nothing is left out silently.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@ namespace gpupool {
 
 struct ExportLimits : TimedTraceLimits {
   uint64_t max_file_bytes = uint64_t{1} << 30;  // refused before reading past this
+  int max_json_depth = 64;                      // nesting levels of the pod list
+  size_t max_string_bytes = 64 * 1024;          // any key or string of the pod list
 };
 
 // The skip reasons (keys of ExportRead::skipped).
@@ -25,6 +28,7 @@ inline constexpr const char* kSkipStep = "job step";  // sacct: its allocation i
 inline constexpr const char* kSkipNeverStarted = "never started";
 inline constexpr const char* kSkipStillRunning = "still running";
 inline constexpr const char* kSkipNoGpus = "no GPUs";
+inline constexpr const char* kSkipNoFinish = "ended without a finish time";  // kubectl
 
 struct ExportRead {
   std::vector<TimedJob> jobs;              // sorted by arrival, then by place in the file
@@ -56,6 +60,19 @@ std::string DescribeSkipped(const std::map<std::string, int64_t>& skipped);
 Result<ExportRead> ReadSacctJobs(const std::string& path, int gpus_per_task = 8,
                                  const ExportLimits& limits = {});
 
+// `kubectl get pods -A -o json`: a List (or PodList) of pods, or one Pod. Each pod is a job of one
+// task named <namespace>/<name>, its queue and tenant the namespace. Arrival:
+// metadata.creationTimestamp; run time: the latest state.terminated.finishedAt of
+// status.containerStatuses minus status.startTime (at least 1 s). Skipped, by reason: no GPUs;
+// no startTime (never started); a pod not Succeeded or Failed with a container not terminated
+// (still running); a Succeeded or Failed pod with no finishedAt at all. GPUs: each container's
+// resources.limits (else requests) "nvidia.com/gpu", whole; CPU and memory: requests (else limits).
+// The pod's request is Kubernetes' effective one: the larger of the containers' sum (plus sidecar
+// init containers, restartPolicy Always) and the largest init container (plus the sidecars started
+// before it). Only the fields read are kept while parsing; a wrong type is an error naming the pod
+// (items[i]) and the field.
+Result<ExportRead> ReadKubectlPods(const std::string& path, const ExportLimits& limits = {});
+
 // "YYYY-MM-DDTHH:MM:SS" as sacct prints it: seconds since 1970-01-01 taking it as UTC.
 Result<int64_t> ParseSlurmTimestamp(const std::string& text);
 // sacct's Elapsed, [D-]HH:MM:SS or MM:SS[.fff]: seconds, a fraction rounded up.
@@ -63,5 +80,8 @@ Result<int64_t> ParseSlurmElapsed(const std::string& text);
 // GPUs of a TRES list ("billing=2,cpu=2,gres/gpu:a100=2,gres/gpu=2,mem=500M,node=1"): the gres/gpu
 // item, else the sum of the typed gres/gpu:<type> items, else 0.
 Result<int64_t> SlurmTresGpus(const std::string& tres);
+// RFC 3339 ("2024-01-02T03:04:05Z", "...05.123456Z", "...05+05:30"): milliseconds since
+// 1970-01-01 UTC, digits past the millisecond dropped.
+Result<int64_t> ParseRfc3339Millis(const std::string& text);
 
 }  // namespace gpupool
