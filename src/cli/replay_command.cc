@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "sim/job_exports.h"
 #include "sim/replay.h"
 #include "sim/trace.h"
 
@@ -48,8 +49,23 @@ int ReplayCommand(const ReplayArgs& a) {
   if (!nodes.ok()) return fail(nodes.status());
   int max_gpus = 1;
   for (const NodeSpec& n : *nodes) max_gpus = std::max(max_gpus, static_cast<int>(n.gpus.size()));
-  auto jobs = a.format == "openb" ? ReadOpenbTimedPods(a.trace) : ReadPhillyJobs(a.trace, std::min(max_gpus, 64));
-  if (!jobs.ok()) return fail(jobs.status());
+  const int gpus_per_task = std::min(max_gpus, 64);
+  Result<ExportRead> read = ExportRead{};
+  if (a.format == "sacct") {
+    read = ReadSacctJobs(a.trace, gpus_per_task);
+  } else if (a.format == "kubectl") {
+    read = ReadKubectlPods(a.trace);
+  } else {
+    auto jobs = a.format == "openb" ? ReadOpenbTimedPods(a.trace) : ReadPhillyJobs(a.trace, gpus_per_task);
+    if (!jobs.ok()) return fail(jobs.status());
+    read->jobs = std::move(*jobs);
+  }
+  if (!read.ok()) return fail(read.status());
+  if (!read->skipped.empty()) {
+    int64_t total = 0;
+    for (const auto& [reason, n] : read->skipped) total += n;
+    fmt::print("{}: skipped {} records: {}\n", a.trace, total, DescribeSkipped(read->skipped));
+  }
   auto ordering = ParseOrderingPolicy(a.ordering);
   if (!ordering.ok()) return fail(ordering.status());
   ReplayOptions options;
@@ -57,7 +73,7 @@ int ReplayCommand(const ReplayArgs& a) {
   options.ordering = *ordering;
   options.sample_seconds = a.sample_seconds;
   options.seed = a.seed;
-  const std::vector<TimedJob> offered = ScaleLoad(std::move(*jobs), a.load);
+  const std::vector<TimedJob> offered = ScaleLoad(std::move(read->jobs), a.load);
   const auto t0 = std::chrono::steady_clock::now();
   auto r = Replay(*nodes, offered, options, DefaultRegistry());
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -98,7 +114,9 @@ int ReplayCommand(const ReplayArgs& a) {
   }
   if (!a.json_out.empty()) {
     nlohmann::json j = {{"trace", a.trace},
+                        {"format", a.format},
                         {"jobs", offered.size()},
+                        {"skipped", read->skipped},
                         {"nodes", nodes->size()},
                         {"gpus", r->capacity_milli / 1000},
                         {"policy", a.policy},
@@ -130,8 +148,10 @@ std::function<int()> AddReplayCommand(CLI::App& sim) {
       "replay", "Replay a job trace over time: queueing, waits, completion times, GPUs allocated (docs/replay.md)");
   cmd->add_option("--trace", args->trace, "Job list with arrival and run time (traces/philly/philly.csv)")
       ->required();
-  cmd->add_option("--format", args->format, "philly (the Philly job list) or openb (a pod list with its times)")
-      ->check(CLI::IsMember({"philly", "openb"}))
+  cmd->add_option("--format", args->format,
+                  "philly (the Philly job list), openb (a pod list with its times), sacct (sacct --parsable2 "
+                  "output) or kubectl (kubectl get pods -A -o json)")
+      ->check(CLI::IsMember({"philly", "openb", "sacct", "kubectl"}))
       ->capture_default_str();
   cmd->add_option("--cluster", args->cluster, "Servers as <GPUs>x<count>,... (ignored with --nodes)")
       ->capture_default_str();

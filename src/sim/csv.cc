@@ -7,11 +7,11 @@
 
 namespace gpupool {
 
-std::vector<std::string> SplitCsv(const std::string& line) {
+std::vector<std::string> SplitCsv(const std::string& line, char separator) {
   std::vector<std::string> out;
   std::string cur;
   for (char c : line) {
-    if (c == ',') {
+    if (c == separator) {
       out.push_back(std::move(cur));
       cur.clear();
     } else if (c != '\r') {
@@ -32,16 +32,18 @@ Result<int64_t> ParseCsvInt(const std::string& s, const char* column) {
   return v;
 }
 
-Result<CsvFile> CsvFile::Open(const std::string& path, const std::vector<std::string>& required) {
+Result<CsvFile> CsvFile::Open(const std::string& path, const std::vector<std::string>& required,
+                             char separator) {
   CsvFile f;
   f.path_ = path;
+  f.separator_ = separator;
   f.in_.open(path, std::ios::binary);
   if (!f.in_) return Status::IoError(fmt::format("{}: cannot open", path));
   if (!f.ReadLine()) {
     if (!f.error_.ok()) return f.error_;
     return Status::InvalidArgument(fmt::format("{}: empty file, no header", path));
   }
-  const auto names = SplitCsv(f.line_);
+  const auto names = SplitCsv(f.line_, separator);
   for (const auto& r : required) {
     auto it = std::find(names.begin(), names.end(), r);
     if (it == names.end()) return Status::InvalidArgument(fmt::format("{}:1: header has no column '{}'", path, r));
@@ -74,7 +76,7 @@ bool CsvFile::ReadLine() {
 bool CsvFile::Next() {
   while (ReadLine()) {
     if (!line_.empty() && line_ != "\r") {
-      fields_ = SplitCsv(line_);
+      fields_ = SplitCsv(line_, separator_);
       return true;
     }
   }

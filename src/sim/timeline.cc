@@ -39,13 +39,6 @@ Result<double> ParseNumber(const std::string& s, const char* column) {
   return v;
 }
 
-bool ValidClusterName(const std::string& s) {
-  if (s.empty() || s.size() > 63) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-  });
-}
-
 // Jobs with their absolute arrival times, in file order: sorted by arrival (ties keep file
 // order), times made relative to the first.
 using TimedRow = std::pair<int64_t, TimedJob>;
@@ -63,6 +56,13 @@ Result<std::vector<TimedJob>> FinishTimeline(std::vector<TimedRow> rows, const s
 }
 
 }  // namespace
+
+bool ValidClusterName(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
 
 Result<int64_t> ParseUtcTimestamp(const std::string& text) {
   const auto bad = [&] {

@@ -48,6 +48,9 @@ Result<std::vector<TimedJob>> ReadOpenbTimedPods(const std::string& path, const 
 // Seconds since 1970-01-01 of "YYYY-MM-DD HH:MM:SS" (UTC; years 1970..9999); InvalidArgument otherwise.
 Result<int64_t> ParseUtcTimestamp(const std::string& text);
 
+// A queue or tenant name a trace may carry: 1..63 characters of [A-Za-z0-9_-].
+bool ValidClusterName(const std::string& s);
+
 // Arrivals compressed by `load` (> 0): arrival / load, so 2.0 offers the same jobs in half the
 // time (twice the load). Durations stay.
 std::vector<TimedJob> ScaleLoad(std::vector<TimedJob> jobs, double load);
