@@ -31,6 +31,7 @@ struct ReplayArgs {
   std::string queue_series_csv;
   std::string jobs_csv;
   std::string json_out;
+  MigrationOptions migration;
 };
 
 nlohmann::json DistributionJson(const Distribution& d) {
@@ -73,6 +74,7 @@ int ReplayCommand(const ReplayArgs& a) {
   options.ordering = *ordering;
   options.sample_seconds = a.sample_seconds;
   options.seed = a.seed;
+  options.migration = a.migration;
   const std::vector<TimedJob> offered = ScaleLoad(std::move(read->jobs), a.load);
   const auto t0 = std::chrono::steady_clock::now();
   auto r = Replay(*nodes, offered, options, DefaultRegistry());
@@ -89,6 +91,12 @@ int ReplayCommand(const ReplayArgs& a) {
   fmt::print("  {} scheduling passes ({} pruned ones run again in full), {} gangs offered to placement, {} held nodes "
              "for\n",
              r->passes, r->redone_passes, r->attempts, r->reservations);
+  if (a.migration.max_moves > 0) {
+    fmt::print("  migration: {} jobs started by moving others ({} plans sought); {} tasks moved, costing {:.1f} "
+               "GPU-hours of work done again and {:.1f} GPU-hours of restarts\n",
+               r->consolidated, r->consolidation_attempts, r->migrations,
+               static_cast<double>(r->lost_milli_seconds) / 3.6e6, static_cast<double>(r->restart_milli_seconds) / 3.6e6);
+  }
   if (!a.series_csv.empty()) {
     std::ofstream out(a.series_csv, std::ios::binary | std::ios::trunc);
     out << ReplaySeriesCsv(*r);
@@ -128,6 +136,13 @@ int ReplayCommand(const ReplayArgs& a) {
                         {"utilisation", r->utilisation},
                         {"wait", DistributionJson(r->wait)},
                         {"jct", DistributionJson(r->jct)},
+                        {"migration",
+                         {{"maxMoves", a.migration.max_moves},
+                          {"consolidated", r->consolidated},
+                          {"attempts", r->consolidation_attempts},
+                          {"moves", r->migrations},
+                          {"lostGpuSeconds", static_cast<double>(r->lost_milli_seconds) / 1000.0},
+                          {"restartGpuSeconds", static_cast<double>(r->restart_milli_seconds) / 1000.0}}},
                         {"wallSeconds", wall}};
     nlohmann::json queues = nlohmann::json::object();
     for (const auto& [q, d] : r->wait_by_queue) queues[q] = DistributionJson(d);
@@ -171,6 +186,21 @@ std::function<int()> AddReplayCommand(CLI::App& sim) {
                   "Write per queue and step what its jobs asked for and held (mean GPUs) as CSV to this file");
   cmd->add_option("--jobs", args->jobs_csv, "Write each job's arrival, start and end as CSV to this file");
   cmd->add_option("--json", args->json_out, "Write the summary as JSON to this file");
+  cmd->add_option("--migrate", args->migration.max_moves,
+                  "A waiting one-task job may start by moving up to this many running one-task jobs "
+                  "(sched/consolidation.h); 0: never")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cmd->add_option("--moves-per-hour", args->migration.moves_per_hour, "Budget of moves in any hour, cluster-wide")
+      ->check(CLI::Range(1, 1'000'000))
+      ->capture_default_str();
+  cmd->add_option("--checkpoint", args->migration.checkpoint_seconds,
+                  "Seconds of work between a task's checkpoints (a move loses the work since the last one)")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400} * 365))
+      ->capture_default_str();
+  cmd->add_option("--restart", args->migration.restart_seconds, "Seconds from a move's stop to work again")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400}))
+      ->capture_default_str();
   return [cmd, args]() -> int {
     if (!*cmd) return -1;
     return ReplayCommand(*args);

@@ -12,6 +12,7 @@
 
 #include "common/rng.h"
 #include "model/ledger.h"
+#include "sched/consolidation.h"
 #include "sched/job_shape.h"
 #include "sched/profile.h"
 #include "sched/reservation.h"
@@ -55,6 +56,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   if (options.sample_seconds <= 0)
     return Status::InvalidArgument(fmt::format("sample step must be > 0 seconds, got {}", options.sample_seconds));
   if (nodes.empty()) return Status::InvalidArgument("the cluster has no nodes");
+  RETURN_IF_ERROR(ValidateMigrationOptions(options.migration));
   Ledger ledger;
   int max_node_gpus = 0;
   for (const NodeSpec& n : nodes) {
@@ -188,7 +190,89 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     return Status::Ok();
   };
 
-  while (next_arrival < jobs.size() || !ends.empty()) {
+  // Running jobs, their runs (for migration's cost model) and the budget of moves.
+  const MigrationOptions& mo = options.migration;
+  std::set<size_t> running;
+  std::vector<RunSegment> run(jobs.size());
+  MoveBudget budget(mo.moves_per_hour);
+  std::vector<size_t> consolidated;  // jobs started by a consolidation at this instant
+  const auto start_job = [&](size_t j, int64_t now) {
+    out.jobs[j].start = now;
+    out.jobs[j].end = now + jobs[j].duration;
+    ends.push({out.jobs[j].end, j});
+    held_milli[queue_of[j]] += demand[j].gpu;
+    ++out.started;
+    run[j] = {now, 0, jobs[j].duration, false};
+    running.insert(j);
+  };
+  // After a pass: plans for waiting one-task jobs (see replay.h).
+  std::vector<MovableTask> movable;
+  std::unordered_map<AllocationId, size_t> job_of;
+  std::vector<size_t> pass_failed;  // the jobs the last pass could not place, in its order
+  const auto migrate = [&](int64_t now) -> Status {
+    int attempts = 0;
+    std::set<uint32_t> failed;  // shapes no plan was found for at this instant
+    consolidated.clear();
+    for (size_t j : pass_failed) {
+      if (attempts >= mo.plans_per_event) break;
+      const Job& job = jobs[j].job;
+      if (job.groups.size() != 1 || job.groups[0].replicas != 1) continue;
+      const TaskRequest& task = job.groups[0].request;
+      if (!task.wants_gpu() || task.wants_mig() || failed.count(shape[j])) continue;
+      if (out.capacity_milli - ledger.used_gpu_share() < demand[j].gpu) continue;  // no move adds room
+      const int left = budget.Left(now);
+      if (left == 0) break;
+      ++attempts;
+      ++out.consolidation_attempts;
+      movable.clear();
+      job_of.clear();
+      for (size_t r : running) {
+        if (held[r].size() != 1 || !MayMove(run[r], now, mo)) continue;
+        movable.push_back({held[r][0], &jobs[r].job.groups[0].request});
+        job_of[held[r][0]] = r;
+      }
+      ConsolidationOptions co;
+      co.max_moves = std::min(mo.max_moves, left);
+      co.max_candidates = mo.max_candidates;
+      co.mask = reserved && *reserved != j ? &held_mask : nullptr;
+      ConsolidationResult c = Consolidate(*scheduler, task, movable, co);
+      scheduler->SetNodeMask(nullptr);
+      if (!c.error.ok()) return c.error.WithContext(fmt::format("consolidating for job {} ({})", j, jobs[j].name));
+      for (const auto& [from, to] : c.renamed) held[job_of.at(from)] = {to};
+      if (!c.placed) {
+        failed.insert(shape[j]);
+        continue;
+      }
+      for (const TaskMove& m : c.moves) {
+        const size_t r = job_of.at(m.from);
+        held[r] = {m.to};
+        const MoveCost cost = MoveTask(run[r], now, mo);
+        out.lost_milli_seconds += cost.lost_seconds * demand[r].gpu;
+        out.restart_milli_seconds += cost.restart_seconds * demand[r].gpu;
+        if (run[r].End() != out.jobs[r].end) {
+          out.jobs[r].end = run[r].End();
+          ends.push({out.jobs[r].end, r});
+        }
+        ++out.migrations;
+        out.move_times.push_back(now);
+      }
+      budget.Spend(now, static_cast<int>(c.moves.size()));
+      if (reserved == j) reserved.reset();
+      held[j] = {c.allocation};
+      usage[{job.tenant, job.queue}] += demand[j];
+      pending_milli -= demand[j].gpu;
+      start_job(j, now);
+      ++out.consolidated;
+      consolidated.push_back(j);
+    }
+    if (!consolidated.empty()) std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
+    return Status::Ok();
+  };
+  // A moved job's earlier end stays in the heap: it is stale when it is not the job's end.
+  const auto drop_stale = [&] {
+    while (!ends.empty() && out.jobs[ends.top().job].end != ends.top().time) ends.pop();
+  };
+  while (drop_stale(), next_arrival < jobs.size() || !ends.empty()) {
     int64_t now = next_arrival < jobs.size() ? jobs[next_arrival].arrival : ends.top().time;
     if (!ends.empty()) now = std::min(now, ends.top().time);
     // The state is constant between events: the integral, and the samples that fall before `now`.
@@ -199,14 +283,15 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
         return Status::ResourceExhausted(fmt::format(
             "the series would pass {} samples at {} s: choose a longer sample step than {} s", kMaxSeriesCells,
             next_sample, options.sample_seconds));
-      out.samples.push_back({next_sample, ledger.used_gpu_share(), static_cast<int64_t>(ends.size()),
+      out.samples.push_back({next_sample, ledger.used_gpu_share(), static_cast<int64_t>(running.size()),
                              static_cast<int64_t>(pending.size()), pending_milli});
       next_sample += options.sample_seconds;
     }
     last_time = now;
-    while (!ends.empty() && ends.top().time == now) {
+    while (drop_stale(), !ends.empty() && ends.top().time == now) {
       const size_t j = ends.top().job;
       ends.pop();
+      running.erase(j);
       for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
       held[j].clear();
       usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
@@ -233,6 +318,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     const std::vector<uint8_t> mask_before = held_mask.reason;
     const int64_t reservations_before = out.reservations, attempts_before = out.attempts;
     for (bool prune : {options.prune_pass, false}) {
+      pass_failed.clear();
       const int64_t free_milli = out.capacity_milli - ledger.used_gpu_share();
       std::vector<PendingEntry> entries;
       std::vector<size_t> entry_job;
@@ -279,6 +365,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
         scheduler->SetNodeMask(reserved && !holder ? &held_mask : nullptr);
         JobResult r = scheduler->ScheduleJob(jobs[j].job);
         if (!r.placed) {
+          pass_failed.push_back(j);
           if (!holder) failed_shapes.insert(shape[j]);
           epoch_undo.emplace_back(j, failed_epoch[j]);
           failed_epoch[j] = epoch;
@@ -314,16 +401,11 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
         continue;
       }
       ++out.passes;
-      for (size_t j : placed) {
-        out.jobs[j].start = now;
-        out.jobs[j].end = now + jobs[j].duration;
-        ends.push({out.jobs[j].end, j});
-        held_milli[queue_of[j]] += demand[j].gpu;
-        ++out.started;
-      }
+      for (size_t j : placed) start_job(j, now);
       if (!placed.empty()) std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
       break;
     }
+    if (mo.max_moves > 0 && !pass_failed.empty()) RETURN_IF_ERROR(migrate(now));
   }
   out.makespan = last_time;
   out.samples.push_back({last_time, ledger.used_gpu_share(), 0, static_cast<int64_t>(pending.size()), pending_milli});

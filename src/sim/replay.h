@@ -10,7 +10,15 @@
 // later job may go ahead of one that does not fit (backfill). A job shape that failed is not tried
 // again until something ends. A job that has waited reserve_after_seconds gets nodes held for it
 // (sched/reservation.h, as the server's reserveAfterSeconds), one job at a time, until it starts, so
-// that backfill cannot starve a large gang. Not modelled yet: preemption, node failures, migration.
+// that backfill cannot starve a large gang.
+//
+// Migration (options.migration.max_moves > 0): after each pass, for the first plans_per_event jobs
+// the pass tried and could not place, in the pass's (the queue's) order, that have one task and
+// whose GPU share is free in the cluster in total, sched/consolidation.h looks for a plan that
+// moves running one-task jobs (those that may move: sim/replay_migration.h) so the job fits; a
+// plan is taken whole or not at all, within the cluster's budget of moves an hour. A moved job
+// ends later by the work it lost and its restart.
+// Not modelled yet: preemption, node failures.
 //
 // No I/O here; deterministic for the same inputs.
 #pragma once
@@ -24,6 +32,7 @@
 #include "model/node.h"
 #include "sched/queueing.h"
 #include "sched/registry.h"
+#include "sim/replay_migration.h"
 #include "sim/timeline.h"
 
 namespace gpupool {
@@ -41,6 +50,9 @@ struct ReplayOptions {
   // matter is undone and run again in full). Off offers every pending job, which decides the same,
   // only slower: ReplayTest.PruningThePassNeverChangesADecision.
   bool prune_pass = true;
+  // Defragmentation by migration (sim/replay_migration.h, sched/consolidation.h); off while
+  // migration.max_moves is 0.
+  MigrationOptions migration;
 };
 
 // What happened to one job.
@@ -98,6 +110,14 @@ struct ReplayResult {
   int64_t attempts = 0;     // gangs offered to the pipeline
   int64_t reservations = 0; // jobs nodes were held for
   int64_t redone_passes = 0; // pruned passes undone and run again in full (see replay.cc)
+  // Migration: jobs started by a consolidation, tasks moved, and what the moves cost in
+  // milli-GPU-seconds (work since the last checkpoint done again; restarts).
+  int64_t consolidated = 0;
+  int64_t consolidation_attempts = 0;
+  int64_t migrations = 0;
+  int64_t lost_milli_seconds = 0;
+  int64_t restart_milli_seconds = 0;
+  std::vector<int64_t> move_times;  // when each move was made
 };
 
 // Replays `jobs` (sorted by arrival; each with its tenant and queue) on `nodes`. InvalidArgument
