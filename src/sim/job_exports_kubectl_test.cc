@@ -12,34 +12,13 @@
 #include <thread>
 
 #include "sim/job_exports.h"
+#include "sim/test_files.h"
 
 namespace gpupool {
 namespace {
 
-// A file that is gone when the test ends; the pid keeps tests running in parallel apart.
-class TempFile {
- public:
-  TempFile(const std::string& name, const std::string& text)
-      : path_(::testing::TempDir() + std::to_string(::getpid()) + "-" + name) {
-    std::ofstream(path_, std::ios::binary) << text;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string DataFile(const std::string& name) {
-  return std::string(GPUPOOL_DATA_DIR) + "/exports/" + name;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testutil::TempFile;
+using testutil::ReadAll;
 
 TEST(KubectlExportTest, ParsesRfc3339) {
   const int64_t base = *ParseUtcTimestamp("2024-01-02 03:04:05") * 1000;
@@ -86,7 +65,7 @@ std::string PodList(const std::vector<json>& pods, const char* kind = "List") {
 // data/exports/kubectl-pods.json, written by make_kubectl_pods.py beside it with the Kubernetes
 // Python client.
 TEST(KubectlExportTest, ReadsThePodListTheKubernetesClientWrites) {
-  auto read = ReadKubectlPods(DataFile("kubectl-pods.json"));
+  auto read = ReadKubectlPods(testutil::ExportFile("kubectl-pods.json"));
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   EXPECT_EQ(read->skipped,
             (std::map<std::string, int64_t>{
@@ -127,8 +106,8 @@ TEST(KubectlExportTest, TheFixtureIsWhatItsGeneratorWrites) {
   }
   if (python.empty()) GTEST_SKIP() << "no python3-kubernetes here";
   const std::string out = ::testing::TempDir() + std::to_string(::getpid()) + "-generated.json";
-  ASSERT_EQ(std::system((python + " " + DataFile("make_kubectl_pods.py") + " --stdout > " + out).c_str()), 0);
-  EXPECT_EQ(ReadAll(out), ReadAll(DataFile("kubectl-pods.json")));
+  ASSERT_EQ(std::system((python + " " + testutil::ExportFile("make_kubectl_pods.py") + " --stdout > " + out).c_str()), 0);
+  EXPECT_EQ(ReadAll(out), ReadAll(testutil::ExportFile("kubectl-pods.json")));
   std::remove(out.c_str());
 }
 
@@ -264,7 +243,7 @@ TEST(KubectlExportTest, WrongTypesAndValuesAreRefusedNamingPodAndField) {
 }
 
 TEST(KubectlExportTest, HostileDocumentsAreRefusedNeverThrown) {
-  const std::string fixture = ReadAll(DataFile("kubectl-pods.json"));
+  const std::string fixture = ReadAll(testutil::ExportFile("kubectl-pods.json"));
   const std::pair<std::string, std::string> cases[] = {
       {"", ": not JSON: [json.exception.parse_error"},
       {"\xff\xfe{", ": not JSON: "},
@@ -322,16 +301,16 @@ TEST(KubectlExportTest, RefusesFilesPastTheLimits) {
             huge + ": 2147483648 bytes, more than the 1073741824 a job export may have");
   ExportLimits limits;
   limits.max_file_bytes = 1000;
-  EXPECT_FALSE(ReadKubectlPods(DataFile("kubectl-pods.json"), limits).ok());
+  EXPECT_FALSE(ReadKubectlPods(testutil::ExportFile("kubectl-pods.json"), limits).ok());
   limits = {};
   limits.max_jobs = 6;  // the fixture has 7 pods
-  read = ReadKubectlPods(DataFile("kubectl-pods.json"), limits);
+  read = ReadKubectlPods(testutil::ExportFile("kubectl-pods.json"), limits);
   EXPECT_EQ(read.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(read.status().message().find("more than 6 pods"), std::string::npos) << read.status().message();
   limits.max_jobs = 7;
-  EXPECT_TRUE(ReadKubectlPods(DataFile("kubectl-pods.json"), limits).ok());
+  EXPECT_TRUE(ReadKubectlPods(testutil::ExportFile("kubectl-pods.json"), limits).ok());
   limits.max_json_depth = 8;  // the fixture nests 9 levels (managedFields)
-  EXPECT_NE(ReadKubectlPods(DataFile("kubectl-pods.json"), limits).status().message().find("deeper than 8"),
+  EXPECT_NE(ReadKubectlPods(testutil::ExportFile("kubectl-pods.json"), limits).status().message().find("deeper than 8"),
             std::string::npos);
   EXPECT_EQ(ReadKubectlPods("/no/such/file").status().code(), StatusCode::kIoError);
   // A pipe has no size to check first: it is read up to the limit, not past it. (One write, under

@@ -9,34 +9,13 @@
 #include <sstream>
 
 #include "sim/csv.h"
+#include "sim/test_files.h"
 
 namespace gpupool {
 namespace {
 
-// A file that is gone when the test ends; the pid keeps tests running in parallel apart.
-class TempFile {
- public:
-  TempFile(const std::string& name, const std::string& text)
-      : path_(::testing::TempDir() + std::to_string(::getpid()) + "-" + name) {
-    std::ofstream(path_, std::ios::binary) << text;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string DataFile(const std::string& name) {
-  return std::string(GPUPOOL_DATA_DIR) + "/exports/" + name;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testutil::TempFile;
+using testutil::ReadAll;
 
 // The GPUs of each group: "2x8+1x4".
 std::string Shape(const Job& job) {
@@ -89,7 +68,7 @@ TEST(SacctExportTest, CountsGpusOfATresList) {
 // steps, typed and untyped GPU requests, an array, a failed job, a heterogeneous job cancelled while
 // pending, a job still running and one cancelled while running.
 TEST(SacctExportTest, ReadsARecordedExport) {
-  auto read = ReadSacctJobs(DataFile("sacct-recorded.txt"));
+  auto read = ReadSacctJobs(testutil::ExportFile("sacct-recorded.txt"));
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   const std::map<std::string, int64_t> skipped = {
       {kSkipStep, 11}, {kSkipNeverStarted, 2}, {kSkipStillRunning, 1}, {kSkipNoGpus, 2}};
@@ -116,7 +95,7 @@ TEST(SacctExportTest, ReadsARecordedExport) {
     EXPECT_TRUE(ValidateJob(j.job).ok()) << j.name;
   }
   // The jobs of the same session that never ran (exported with -j): nothing to replay.
-  auto pending = ReadSacctJobs(DataFile("sacct-recorded-pending.txt"));
+  auto pending = ReadSacctJobs(testutil::ExportFile("sacct-recorded-pending.txt"));
   ASSERT_FALSE(pending.ok());
   EXPECT_NE(pending.status().message().find("no jobs to replay (skipped: 2 never started)"),
             std::string::npos)
@@ -259,7 +238,7 @@ TEST(SacctExportTest, HostileRowsAreRefusedNamingLineAndReason) {
     EXPECT_LT(read.status().message().size(), 512u);
   }
   // Any cut of the recorded export is read or refused, never thrown.
-  const std::string recorded = ReadAll(DataFile("sacct-recorded.txt"));
+  const std::string recorded = ReadAll(testutil::ExportFile("sacct-recorded.txt"));
   for (size_t cut = 0; cut < recorded.size(); cut += 7) {
     TempFile part("cut.txt", recorded.substr(0, cut));
     (void)ReadSacctJobs(part.path());

@@ -7,23 +7,12 @@
 #include <fstream>
 
 #include "sim/csv.h"
+#include "sim/test_files.h"
 
 namespace gpupool {
 namespace {
 
-// A file that is gone when the test ends; the pid keeps tests running in parallel apart.
-class TempFile {
- public:
-  TempFile(const std::string& name, const std::string& text)
-      : path_(::testing::TempDir() + std::to_string(::getpid()) + "-" + name) {
-    std::ofstream(path_, std::ios::binary) << text;
-  }
-  ~TempFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testutil::TempFile;
 
 const std::string kHeader = "timestamp,duration,num_gpus,gpu_time,cluster\n";
 
