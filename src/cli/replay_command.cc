@@ -32,6 +32,8 @@ struct ReplayArgs {
   std::string jobs_csv;
   std::string json_out;
   MigrationOptions migration;
+  bool exclusive = false;
+  int64_t reserve_after = 60;
 };
 
 nlohmann::json DistributionJson(const Distribution& d) {
@@ -75,6 +77,8 @@ int ReplayCommand(const ReplayArgs& a) {
   options.sample_seconds = a.sample_seconds;
   options.seed = a.seed;
   options.migration = a.migration;
+  options.exclusive = a.exclusive;
+  options.reserve_after_seconds = a.reserve_after;
   const std::vector<TimedJob> offered = ScaleLoad(std::move(read->jobs), a.load);
   const auto t0 = std::chrono::steady_clock::now();
   auto r = Replay(*nodes, offered, options, DefaultRegistry());
@@ -85,6 +89,13 @@ int ReplayCommand(const ReplayArgs& a) {
              nodes->size(), r->capacity_milli / 1000, a.policy, a.ordering, a.load, wall);
   fmt::print("  started {} of {}; makespan {:.1f} days; GPUs allocated {:.1f} % of capacity over it\n", r->started,
              offered.size(), days, 100.0 * r->utilisation);
+  if (r->window > 0) {
+    const double cap = static_cast<double>(r->capacity_milli) * static_cast<double>(r->window);
+    fmt::print("  over the arrivals' {:.1f} days: GPUs allocated {:.1f} %, asked for by running jobs {:.1f} %; {} jobs "
+               "ended in it\n",
+               static_cast<double>(r->window) / 86400.0, 100.0 * static_cast<double>(r->window_allocated_milli_seconds) / cap,
+               100.0 * static_cast<double>(r->window_asked_milli_seconds) / cap, r->completed_in_window);
+  }
   fmt::print("  wait (s): mean {:.0f}, p50 {}, p95 {}, p99 {}, max {}\n", r->wait.mean, r->wait.p50, r->wait.p95,
              r->wait.p99, r->wait.max);
   fmt::print("  JCT (s):  mean {:.0f}, p50 {}, p95 {}, p99 {}\n", r->jct.mean, r->jct.p50, r->jct.p95, r->jct.p99);
@@ -136,6 +147,12 @@ int ReplayCommand(const ReplayArgs& a) {
                         {"utilisation", r->utilisation},
                         {"wait", DistributionJson(r->wait)},
                         {"jct", DistributionJson(r->jct)},
+                        {"exclusive", a.exclusive},
+                        {"window",
+                         {{"seconds", r->window},
+                          {"allocatedGpuSeconds", static_cast<double>(r->window_allocated_milli_seconds) / 1000.0},
+                          {"askedGpuSeconds", static_cast<double>(r->window_asked_milli_seconds) / 1000.0},
+                          {"jobsEnded", r->completed_in_window}}},
                         {"migration",
                          {{"maxMoves", a.migration.max_moves},
                           {"consolidated", r->consolidated},
@@ -186,6 +203,12 @@ std::function<int()> AddReplayCommand(CLI::App& sim) {
                   "Write per queue and step what its jobs asked for and held (mean GPUs) as CSV to this file");
   cmd->add_option("--jobs", args->jobs_csv, "Write each job's arrival, start and end as CSV to this file");
   cmd->add_option("--json", args->json_out, "Write the summary as JSON to this file");
+ cmd->add_option("--reserve-after", args->reserve_after,
+                  "Seconds a job waits before nodes are held for it (the server's reserveAfterSeconds); -1: never")
+      ->check(CLI::Range(int64_t{-1}, int64_t{86400} * 365))
+      ->capture_default_str();
+  cmd->add_flag("--exclusive", args->exclusive,
+                "Every share of a GPU takes the whole GPU (no pooling), to measure what pooling gains");
   cmd->add_option("--migrate", args->migration.max_moves,
                   "A waiting one-task job may start by moving up to this many running one-task jobs "
                   "(sched/consolidation.h); 0: never")

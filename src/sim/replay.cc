@@ -51,8 +51,23 @@ Distribution Summarize(std::vector<int64_t> values) {
   return d;
 }
 
-Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vector<TimedJob>& jobs,
+Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vector<TimedJob>& input,
                             const ReplayOptions& options, const PluginRegistry& registry) {
+  // Exclusive: every share of a GPU asks for the whole GPU instead (the no-pooling counterfactual).
+  std::vector<TimedJob> whole;
+  if (options.exclusive) {
+    whole = input;
+    for (TimedJob& t : whole) {
+      for (TaskGroup& g : t.job.groups) {
+        if (g.request.wants_gpu() && !g.request.wants_mig() && g.request.gpu_share < kWholeGpu) {
+          g.request.gpu_share = kWholeGpu;
+          g.request.gpu_memory = MiB(0);
+          g.exec.isolation = IsolationMode::kExclusive;
+        }
+      }
+    }
+  }
+  const std::vector<TimedJob>& jobs = options.exclusive ? whole : input;
   if (options.sample_seconds <= 0)
     return Status::InvalidArgument(fmt::format("sample step must be > 0 seconds, got {}", options.sample_seconds));
   if (nodes.empty()) return Status::InvalidArgument("the cluster has no nodes");
@@ -110,6 +125,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
 
   out.jobs.resize(jobs.size());
   std::vector<Resources> demand(jobs.size());
+  std::vector<int64_t> asked(jobs.size());  // GPU share as the trace asked for it (before exclusive)
   // Per job: its shape, and its group: the jobs of one queue, tenant, priority and shape, which
   // every queue order offers among themselves by arrival (seq).
   std::vector<uint32_t> shape(jobs.size());
@@ -120,6 +136,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   for (size_t i = 0; i < jobs.size(); ++i) {
     out.jobs[i].arrival = jobs[i].arrival;
     demand[i] = JobDemand(jobs[i].job);
+    asked[i] = JobDemand(input[i].job).gpu;
     out.jobs[i].gpu_milli = demand[i].gpu;
     // A job of no shared shape (affinity) gets one of its own.
     std::string key = JobShapeKey(jobs[i].job);
@@ -193,6 +210,8 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   // Running jobs, their runs (for migration's cost model) and the budget of moves.
   const MigrationOptions& mo = options.migration;
   std::set<size_t> running;
+  int64_t asked_running = 0;  // Σ asked over the running jobs
+  out.window = jobs.empty() ? 0 : jobs.back().arrival;
   std::vector<RunSegment> run(jobs.size());
   MoveBudget budget(mo.moves_per_hour);
   std::vector<size_t> consolidated;  // jobs started by a consolidation at this instant
@@ -204,6 +223,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     ++out.started;
     run[j] = {now, 0, jobs[j].duration, false};
     running.insert(j);
+    asked_running += asked[j];
   };
   // After a pass: plans for waiting one-task jobs (see replay.h).
   std::vector<MovableTask> movable;
@@ -277,6 +297,10 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     if (!ends.empty()) now = std::min(now, ends.top().time);
     // The state is constant between events: the integral, and the samples that fall before `now`.
     out.allocated_milli_seconds += ledger.used_gpu_share() * (now - last_time);
+    if (const int64_t until = std::min(now, out.window); until > last_time) {
+      out.window_allocated_milli_seconds += ledger.used_gpu_share() * (until - last_time);
+      out.window_asked_milli_seconds += asked_running * (until - last_time);
+    }
     RETURN_IF_ERROR(integrate(last_time, now));
     while (next_sample < now) {
       if (out.samples.size() >= kMaxSeriesCells)
@@ -292,6 +316,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
       const size_t j = ends.top().job;
       ends.pop();
       running.erase(j);
+      asked_running -= asked[j];
       for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
       held[j].clear();
       usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
@@ -421,6 +446,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     jcts.push_back(r.end - r.arrival);
     by_queue[jobs[i].job.queue].push_back(r.start - r.arrival);
   }
+  for (const ReplayJob& r : out.jobs) out.completed_in_window += r.end >= 0 && r.end <= out.window ? 1 : 0;
   out.wait = Summarize(std::move(waits));
   out.jct = Summarize(std::move(jcts));
   for (auto& [q, v] : by_queue) out.wait_by_queue[q] = Summarize(std::move(v));

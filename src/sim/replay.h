@@ -50,6 +50,9 @@ struct ReplayOptions {
   // matter is undone and run again in full). Off offers every pending job, which decides the same,
   // only slower: ReplayTest.PruningThePassNeverChangesADecision.
   bool prune_pass = true;
+  // Every share of a GPU takes the whole GPU (no pooling): the status quo pooling is measured
+  // against. The result's window_asked_milli_seconds still counts what the jobs asked for.
+  bool exclusive = false;
   // Defragmentation by migration (sim/replay_migration.h, sched/consolidation.h); off while
   // migration.max_moves is 0.
   MigrationOptions migration;
@@ -110,6 +113,14 @@ struct ReplayResult {
   int64_t attempts = 0;     // gangs offered to the pipeline
   int64_t reservations = 0; // jobs nodes were held for
   int64_t redone_passes = 0; // pruned passes undone and run again in full (see replay.cc)
+  // Over the window the trace covers, [0, last arrival] (a long job's tail past it would weigh on
+  // any measure over the makespan): GPU share allocated, the share the running jobs asked for
+  // (with exclusive, before it was rounded up to whole GPUs) — in milli-GPU-seconds — and the jobs
+  // that ended in it.
+  int64_t window = 0;
+  int64_t window_allocated_milli_seconds = 0;
+  int64_t window_asked_milli_seconds = 0;
+  int64_t completed_in_window = 0;
   // Migration: jobs started by a consolidation, tasks moved, and what the moves cost in
   // milli-GPU-seconds (work since the last checkpoint done again; restarts).
   int64_t consolidated = 0;

@@ -166,6 +166,39 @@ TEST(ReplayTest, SharesOfAGpuRunTogether) {
   EXPECT_EQ(whole.wait.max, 300);
 }
 
+// Exclusive (the no-pooling counterfactual) rounds each share up to the whole GPU, and the window
+// measures count what the jobs asked for, not what exclusive gave them. Worked by hand: four
+// quarter-GPU jobs on one GPU, arriving at 0, 0, 0 and 300, each running 100 s; the window is
+// [0, 300]. Pooled: the first three run together over [0, 100), the fourth over [300, 400).
+// Exclusive: one at a time, 0..100, 100..200, 200..300, 300..400.
+TEST(ReplayTest, ExclusiveRoundsSharesUpAndTheWindowCountsWhatWasAsked) {
+  std::vector<TimedJob> jobs;
+  for (int i = 0; i < 4; ++i) {
+    TimedJob t = MakeJob("quarter" + std::to_string(i), i == 3 ? 300 : 0, 100, 1);
+    t.job.groups[0].request.gpu_share = MilliGpu(250);
+    t.job.groups[0].exec.isolation = IsolationMode::kTimeslice;
+    jobs.push_back(t);
+  }
+  const ReplayResult pooled = MustReplay(Cluster("1x1"), jobs);
+  EXPECT_EQ(pooled.window, 300);
+  EXPECT_EQ(pooled.window_allocated_milli_seconds, 750 * 100);
+  EXPECT_EQ(pooled.window_asked_milli_seconds, 750 * 100);
+  EXPECT_EQ(pooled.completed_in_window, 3);
+  EXPECT_EQ(pooled.wait.max, 0);
+  ReplayOptions options;
+  options.exclusive = true;
+  const ReplayResult whole = MustReplay(Cluster("1x1"), jobs, options);
+  EXPECT_EQ(whole.jobs[2].start, 200);
+  EXPECT_EQ(whole.jobs[3].start, 300);
+  EXPECT_EQ(whole.window_allocated_milli_seconds, 1000 * 300);
+  EXPECT_EQ(whole.window_asked_milli_seconds, 250 * 300);
+  EXPECT_EQ(whole.completed_in_window, 3);  // the third ends at 300, in the window
+  EXPECT_EQ(whole.wait.max, 200);
+  EXPECT_EQ(whole.jobs[0].gpu_milli, 1000);  // what it held
+  // The input is not changed.
+  EXPECT_EQ(jobs[0].job.groups[0].request.gpu_share, MilliGpu(250));
+}
+
 // The shape a failure makes others skip is the server's (sched/job_shape.h): GPU models are in it,
 // so a job that asks for a model the cluster lacks does not hold back one of the same size.
 TEST(ReplayTest, AFailedShapeIsTheServersShape) {
