@@ -10,6 +10,7 @@
 
 #include "sim/job_exports.h"
 #include "sim/replay.h"
+#include "sim/replay_report.h"
 #include "sim/trace.h"
 
 namespace gpupool {
@@ -31,6 +32,7 @@ struct ReplayArgs {
   std::string queue_series_csv;
   std::string jobs_csv;
   std::string json_out;
+  std::string html_out;
   MigrationOptions migration;
   bool exclusive = false;
   int64_t reserve_after = 60;
@@ -131,6 +133,24 @@ int ReplayCommand(const ReplayArgs& a) {
     if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.jobs_csv)));
     fmt::print("wrote {}\n", a.jobs_csv);
   }
+  if (!a.html_out.empty()) {
+    ReplayReportInfo info;
+    info.title = a.trace;
+    info.settings = {fmt::format("format {}", a.format),
+                     a.nodes_csv.empty() ? fmt::format("cluster {} ({})", a.cluster, a.model)
+                                         : fmt::format("nodes {}", a.nodes_csv),
+                     fmt::format("policy {}", a.policy), fmt::format("{} order", a.ordering),
+                     fmt::format("load x{}", a.load)};
+    if (a.exclusive) info.settings.push_back("exclusive GPUs");
+    if (a.migration.max_moves > 0)
+      info.settings.push_back(fmt::format("migration: {} moves a plan, {} an hour, checkpoints every {} s, {} s restarts",
+                                          a.migration.max_moves, a.migration.moves_per_hour,
+                                          a.migration.checkpoint_seconds, a.migration.restart_seconds));
+    std::ofstream out(a.html_out, std::ios::binary | std::ios::trunc);
+    out << RenderReplayHtml(*r, info, a.sample_seconds);
+    if (!out.flush()) return fail(Status::IoError(fmt::format("{}: cannot write", a.html_out)));
+    fmt::print("wrote {}\n", a.html_out);
+  }
   if (!a.json_out.empty()) {
     nlohmann::json j = {{"trace", a.trace},
                         {"format", a.format},
@@ -203,6 +223,8 @@ std::function<int()> AddReplayCommand(CLI::App& sim) {
                   "Write per queue and step what its jobs asked for and held (mean GPUs) as CSV to this file");
   cmd->add_option("--jobs", args->jobs_csv, "Write each job's arrival, start and end as CSV to this file");
   cmd->add_option("--json", args->json_out, "Write the summary as JSON to this file");
+  cmd->add_option("--html", args->html_out,
+                  "Write a self-contained HTML report (GPUs over time, per queue, waits, migrations) to this file");
  cmd->add_option("--reserve-after", args->reserve_after,
                   "Seconds a job waits before nodes are held for it (the server's reserveAfterSeconds); -1: never")
       ->check(CLI::Range(int64_t{-1}, int64_t{86400} * 365))

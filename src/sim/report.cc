@@ -9,6 +9,8 @@
 #include <set>
 #include <vector>
 
+#include "sim/svg_chart.h"
+
 namespace gpupool {
 
 namespace {
@@ -52,127 +54,26 @@ Curves SeedMeans(const DiscreteTable& table, const std::string& workload) {
   return out;
 }
 
-// 1, 2 or 5 times a power of ten, at least `raw`.
-double NiceStep(double raw) {
-  if (!(raw > 0)) return 1;
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0, 10.0}) {
-    if (m * p >= raw) return m * p;
-  }
-  return 10 * p;
-}
-
-const char* Color(size_t i) {
-  static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  return kColors[i % (sizeof(kColors) / sizeof(kColors[0]))];
-}
-
 std::string LineChart(const std::string& title, const std::string& y_label, const Curves& curves,
                       bool percent_axis_to_100) {
-  constexpr double kW = 720, kH = 400, kLeft = 60, kRight = 180, kTop = 40, kBottom = 50;
-  const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
-  double y_max = 0;
+  ChartSpec spec;
+  spec.title = title;
+  spec.x_label = "Arrived GPU demand (% of GPU capacity)";
+  spec.y_label = y_label;
+  spec.x_min = 0;
+  spec.x_max = kDemandBins - 1;
+  spec.y_to_100 = percent_axis_to_100;
+  std::vector<ChartLine> lines;
   for (const auto& [policy, values] : curves) {
-    for (double v : values) {
-      if (!std::isnan(v)) y_max = std::max(y_max, v);
-    }
+    ChartLine line;
+    line.name = policy;
+    for (size_t c = 0; c < kDemandBins; ++c) line.xy.emplace_back(static_cast<double>(c), values[c]);
+    lines.push_back(std::move(line));
   }
-  double step = 10;
-  if (percent_axis_to_100 && y_max <= 100) {
-    y_max = 100;
-  } else {
-    step = NiceStep(std::max(y_max, 1.0) / 5);
-    y_max = std::ceil(std::max(y_max, 1.0) / step) * step;
-  }
-  auto x_of = [&](double c) { return kLeft + pw * c / (kDemandBins - 1); };
-  auto y_of = [&](double v) { return kTop + ph * (1 - v / y_max); };
-
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "role=\"img\" aria-label=\"{2}\">\n",
-      kW, kH, HtmlEscape(title));
-  svg += fmt::format("<title>{}</title>\n", HtmlEscape(title));
-  svg += fmt::format(
-      "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
-      kLeft + pw / 2, HtmlEscape(title));
-  // Grid, ticks and tick labels.
-  for (int c = 0; c <= kDemandBins - 1; c += 10) {
-    const double x = x_of(c);
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#e5e5e5\"/>\n", x,
-                       kTop, kTop + ph);
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#333\"/>\n", x,
-                       kTop + ph, kTop + ph + 5);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{}</text>\n", x,
-                       kTop + ph + 18, c);
-  }
-  for (int i = 0; i * step <= y_max + 1e-9; ++i) {
-    const double v = i * step;
-    const double y = y_of(v);
-    svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e5e5e5\"/>\n", kLeft,
-                       y, kLeft + pw, y);
-    svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#333\"/>\n", kLeft - 5,
-                       y, kLeft, y);
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" font-size=\"11\">{:g}</text>\n",
-                       kLeft - 8, y + 4, v);
-  }
-  // Axes and their labels.
-  svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#333\"/>\n", kLeft, kTop,
-                     kTop + ph);
-  svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#333\"/>\n", kLeft,
-                     kTop + ph, kLeft + pw);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\">{}</text>\n",
-                     kLeft + pw / 2, kH - 10, "Arrived GPU demand (% of GPU capacity)");
-  svg += fmt::format(
-      "<text x=\"16\" y=\"{0}\" text-anchor=\"middle\" font-size=\"12\" transform=\"rotate(-90 16 "
-      "{0})\">{1}</text>\n",
-      kTop + ph / 2, HtmlEscape(y_label));
-  // One line per policy, and the legend.
-  size_t i = 0;
-  for (const auto& [policy, values] : curves) {
-    std::string points;
-    for (size_t c = 0; c < kDemandBins; ++c) {
-      if (std::isnan(values[c])) continue;
-      points += fmt::format("{}{:.2f},{:.2f}", points.empty() ? "" : " ", x_of(static_cast<double>(c)),
-                            y_of(values[c]));
-    }
-    svg += fmt::format(
-        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" "
-        "points=\"{}\"><title>{}</title></polyline>\n",
-        Color(i), points, HtmlEscape(policy));
-    const double ly = kTop + 10 + 20 * static_cast<double>(i);
-    svg +=
-        fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"3\"/>\n",
-                    kLeft + pw + 15, ly, kLeft + pw + 40, Color(i));
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n", kLeft + pw + 46, ly + 4,
-                       HtmlEscape(policy));
-    ++i;
-  }
-  if (curves.empty()) {
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\">no data</text>\n",
-                       kLeft + pw / 2, kTop + ph / 2);
-  }
-  svg += "</svg>\n";
-  return svg;
+  return SvgLineChart(spec, lines);
 }
 
 }  // namespace
-
-std::string HtmlEscape(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 Result<std::string> RenderReportHtml(const DiscreteTable& alloc, const DiscreteTable& frag,
                                      const std::string& trace) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "sim/svg_chart.h"
 #include "sim/sweep.h"
 
 namespace gpupool {
@@ -17,8 +18,5 @@ Result<std::string> RenderReportHtml(const DiscreteTable& alloc, const DiscreteT
                                      const std::string& trace = "");
 Status WriteReportHtml(const DiscreteTable& alloc, const DiscreteTable& frag, const std::string& trace,
                        const std::string& out_path);
-
-// &, <, >, " and ' as character references.
-std::string HtmlEscape(const std::string& text);
 
 }  // namespace gpupool
