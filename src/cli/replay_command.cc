@@ -36,6 +36,7 @@ struct ReplayArgs {
   MigrationOptions migration;
   bool exclusive = false;
   int64_t reserve_after = 60;
+  FailureOptions failures;
 };
 
 nlohmann::json DistributionJson(const Distribution& d) {
@@ -81,6 +82,7 @@ int ReplayCommand(const ReplayArgs& a) {
   options.migration = a.migration;
   options.exclusive = a.exclusive;
   options.reserve_after_seconds = a.reserve_after;
+  options.failures = a.failures;
   const std::vector<TimedJob> offered = ScaleLoad(std::move(read->jobs), a.load);
   const auto t0 = std::chrono::steady_clock::now();
   auto r = Replay(*nodes, offered, options, DefaultRegistry());
@@ -104,6 +106,11 @@ int ReplayCommand(const ReplayArgs& a) {
   fmt::print("  {} scheduling passes ({} pruned ones run again in full), {} gangs offered to placement, {} held nodes "
              "for\n",
              r->passes, r->redone_passes, r->attempts, r->reservations);
+  if (r->node_failures > 0 || a.failures.node_mtbf_hours > 0) {
+    fmt::print("  node failures: {}, stopping jobs {} times; {:.1f} GPU-hours of work done again, {:.1f} of restarts\n",
+               r->node_failures, r->interruptions, static_cast<double>(r->failure_lost_milli_seconds) / 3.6e6,
+               static_cast<double>(r->failure_restart_milli_seconds) / 3.6e6);
+  }
   if (a.migration.max_moves > 0) {
     fmt::print("  migration: {} jobs started by moving others ({} plans sought); {} tasks moved, costing {:.1f} "
                "GPU-hours of work done again and {:.1f} GPU-hours of restarts\n",
@@ -142,6 +149,9 @@ int ReplayCommand(const ReplayArgs& a) {
                      fmt::format("policy {}", a.policy), fmt::format("{} order", a.ordering),
                      fmt::format("load x{}", a.load)};
     if (a.exclusive) info.settings.push_back("exclusive GPUs");
+    if (a.failures.node_mtbf_hours > 0)
+      info.settings.push_back(fmt::format("node failures: mean {} h up, {} s down", a.failures.node_mtbf_hours,
+                                          a.failures.repair_seconds));
     if (a.migration.max_moves > 0)
       info.settings.push_back(fmt::format("migration: {} moves a plan, {} an hour, checkpoints every {} s, {} s restarts",
                                           a.migration.max_moves, a.migration.moves_per_hour,
@@ -168,6 +178,13 @@ int ReplayCommand(const ReplayArgs& a) {
                         {"wait", DistributionJson(r->wait)},
                         {"jct", DistributionJson(r->jct)},
                         {"exclusive", a.exclusive},
+                        {"failures",
+                         {{"nodeMtbfHours", a.failures.node_mtbf_hours},
+                          {"repairSeconds", a.failures.repair_seconds},
+                          {"nodeFailures", r->node_failures},
+                          {"interruptions", r->interruptions},
+                          {"lostGpuSeconds", static_cast<double>(r->failure_lost_milli_seconds) / 1000.0},
+                          {"restartGpuSeconds", static_cast<double>(r->failure_restart_milli_seconds) / 1000.0}}},
                         {"window",
                          {{"seconds", r->window},
                           {"allocatedGpuSeconds", static_cast<double>(r->window_allocated_milli_seconds) / 1000.0},
@@ -225,7 +242,15 @@ std::function<int()> AddReplayCommand(CLI::App& sim) {
   cmd->add_option("--json", args->json_out, "Write the summary as JSON to this file");
   cmd->add_option("--html", args->html_out,
                   "Write a self-contained HTML report (GPUs over time, per queue, waits, migrations) to this file");
- cmd->add_option("--reserve-after", args->reserve_after,
+  cmd->add_option("--node-mtbf", args->failures.node_mtbf_hours,
+                  "Each node fails after an exponential time up with this mean, in hours (0: never); its jobs stop "
+                  "and restart from their last checkpoint (--checkpoint, --restart)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--repair", args->failures.repair_seconds, "Seconds a failed node stays down")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400} * 365))
+      ->capture_default_str();
+  cmd->add_option("--reserve-after", args->reserve_after,
                   "Seconds a job waits before nodes are held for it (the server's reserveAfterSeconds); -1: never")
       ->check(CLI::Range(int64_t{-1}, int64_t{86400} * 365))
       ->capture_default_str();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <queue>
 #include <set>
@@ -26,6 +27,7 @@ namespace {
 struct End {
   int64_t time;
   size_t job;
+  uint32_t generation;  // the job's end generation it was pushed under; stale once that moves on
   bool operator>(const End& o) const { return time != o.time ? time > o.time : job > o.job; }
 };
 
@@ -72,6 +74,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     return Status::InvalidArgument(fmt::format("sample step must be > 0 seconds, got {}", options.sample_seconds));
   if (nodes.empty()) return Status::InvalidArgument("the cluster has no nodes");
   RETURN_IF_ERROR(ValidateMigrationOptions(options.migration));
+  RETURN_IF_ERROR(ValidateFailureOptions(options.failures));
   Ledger ledger;
   int max_node_gpus = 0;
   for (const NodeSpec& n : nodes) {
@@ -215,13 +218,25 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   std::vector<RunSegment> run(jobs.size());
   MoveBudget budget(mo.moves_per_hour);
   std::vector<size_t> consolidated;  // jobs started by a consolidation at this instant
+  std::vector<uint32_t> end_generation(jobs.size(), 0);
+  const auto set_end = [&](size_t j, int64_t end) {
+    out.jobs[j].end = end;
+    ++end_generation[j];
+    if (end >= 0) ends.push({end, j, end_generation[j]});
+  };
+  std::vector<uint8_t> resumed(jobs.size(), 0);  // stopped by a failure: run[j] holds what is left
   const auto start_job = [&](size_t j, int64_t now) {
-    out.jobs[j].start = now;
-    out.jobs[j].end = now + jobs[j].duration;
-    ends.push({out.jobs[j].end, j});
+    if (resumed[j]) {  // again, from its last checkpoint
+      run[j].start = now;
+      run[j].restart = mo.restart_seconds;
+      out.failure_restart_milli_seconds += mo.restart_seconds * demand[j].gpu;
+    } else {
+      out.jobs[j].start = now;
+      ++out.started;
+      run[j] = {now, 0, jobs[j].duration, false};
+    }
+    set_end(j, run[j].End());
     held_milli[queue_of[j]] += demand[j].gpu;
-    ++out.started;
-    run[j] = {now, 0, jobs[j].duration, false};
     running.insert(j);
     asked_running += asked[j];
   };
@@ -269,10 +284,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
         const MoveCost cost = MoveTask(run[r], now, mo);
         out.lost_milli_seconds += cost.lost_seconds * demand[r].gpu;
         out.restart_milli_seconds += cost.restart_seconds * demand[r].gpu;
-        if (run[r].End() != out.jobs[r].end) {
-          out.jobs[r].end = run[r].End();
-          ends.push({out.jobs[r].end, r});
-        }
+        if (run[r].End() != out.jobs[r].end) set_end(r, run[r].End());
         ++out.migrations;
         out.move_times.push_back(now);
       }
@@ -285,16 +297,53 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
       ++out.consolidated;
       consolidated.push_back(j);
     }
-    if (!consolidated.empty()) std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
+    if (!consolidated.empty()) std::erase_if(pending, [&](size_t j) { return running.count(j) != 0; });
     return Status::Ok();
   };
   // A moved job's earlier end stays in the heap: it is stale when it is not the job's end.
   const auto drop_stale = [&] {
-    while (!ends.empty() && out.jobs[ends.top().job].end != ends.top().time) ends.pop();
+    while (!ends.empty() && end_generation[ends.top().job] != ends.top().generation) ends.pop();
   };
-  while (drop_stale(), next_arrival < jobs.size() || !ends.empty()) {
-    int64_t now = next_arrival < jobs.size() ? jobs[next_arrival].arrival : ends.top().time;
+  NodeFailures failures(options.failures, static_cast<uint32_t>(ledger.node_count()));
+  // A node fails: it takes nothing until its repair, and its jobs stop whole and wait again.
+  const auto fail_node = [&](NodeIndex n, int64_t now) -> Status {
+    RETURN_IF_ERROR(ledger.SetNodeHealthy(n, false));
+    ++out.node_failures;
+    std::vector<size_t> stopped;
+    for (size_t j : running) {
+      for (AllocationId id : held[j]) {
+        const Placement* p = ledger.Find(id);
+        if (p != nullptr && p->node == n) {
+          stopped.push_back(j);
+          break;
+        }
+      }
+    }
+    for (size_t j : stopped) {
+      for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
+      held[j].clear();
+      const int64_t done = run[j].WorkDone(now);
+      const int64_t saved = done / mo.checkpoint_seconds * mo.checkpoint_seconds;
+      out.failure_lost_milli_seconds += (done - saved) * demand[j].gpu;
+      run[j].work_left -= saved;
+      resumed[j] = 1;
+      ++out.jobs[j].interrupted;
+      ++out.interruptions;
+      set_end(j, -1);
+      running.erase(j);
+      asked_running -= asked[j];
+      usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
+      held_milli[queue_of[j]] -= demand[j].gpu;
+      pending_milli += demand[j].gpu;
+      failed_epoch[j] = ~uint64_t{0};
+      pending.insert(std::lower_bound(pending.begin(), pending.end(), j), j);  // arrival order is index order
+    }
+    return Status::Ok();
+  };
+  while (drop_stale(), next_arrival < jobs.size() || !ends.empty() || failures.down() > 0) {
+    int64_t now = next_arrival < jobs.size() ? jobs[next_arrival].arrival : std::numeric_limits<int64_t>::max();
     if (!ends.empty()) now = std::min(now, ends.top().time);
+    if (const NodeEvent* e = failures.Next()) now = std::min(now, e->time);
     // The state is constant between events: the integral, and the samples that fall before `now`.
     out.allocated_milli_seconds += ledger.used_gpu_share() * (now - last_time);
     if (const int64_t until = std::min(now, out.window); until > last_time) {
@@ -315,6 +364,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     while (drop_stale(), !ends.empty() && ends.top().time == now) {
       const size_t j = ends.top().job;
       ends.pop();
+      ++end_generation[j];
       running.erase(j);
       asked_running -= asked[j];
       for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
@@ -323,6 +373,20 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
       asked_milli[queue_of[j]] -= demand[j].gpu;
       held_milli[queue_of[j]] -= demand[j].gpu;
       ++epoch;
+    }
+    // Idle (no work a failure could stop, judged as the instant begins): failures pass over, so
+    // that the repairs run out and the replay ends.
+    const bool idle = next_arrival >= jobs.size() && running.empty();
+    while (const NodeEvent* e = failures.Next()) {
+      if (e->time != now) break;
+      const std::optional<NodeEvent> ev = failures.Pop(idle);
+      if (!ev) continue;
+      if (ev->fails) {
+        RETURN_IF_ERROR(fail_node(ev->node, now));
+      } else {
+        RETURN_IF_ERROR(ledger.SetNodeHealthy(ev->node, true));
+        ++epoch;  // capacity grew
+      }
     }
     while (next_arrival < jobs.size() && jobs[next_arrival].arrival == now) {
       pending.push_back(next_arrival);
@@ -427,7 +491,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
       }
       ++out.passes;
       for (size_t j : placed) start_job(j, now);
-      if (!placed.empty()) std::erase_if(pending, [&](size_t j) { return out.jobs[j].start >= 0; });
+      if (!placed.empty()) std::erase_if(pending, [&](size_t j) { return running.count(j) != 0; });
       break;
     }
     if (mo.max_moves > 0 && !pass_failed.empty()) RETURN_IF_ERROR(migrate(now));

@@ -18,7 +18,11 @@
 // moves running one-task jobs (those that may move: sim/replay_migration.h) so the job fits; a
 // plan is taken whole or not at all, within the cluster's budget of moves an hour. A moved job
 // ends later by the work it lost and its restart.
-// Not modelled yet: preemption, node failures.
+//
+// Node failures (options.failures): a failed node takes no work until its repair, and every job
+// with a task on it stops whole, loses the work since its last checkpoint and waits again in its
+// place in the queue (its arrival). Its wait counts to its first start; its JCT to its last end.
+// Not modelled yet: preemption.
 //
 // No I/O here; deterministic for the same inputs.
 #pragma once
@@ -32,6 +36,7 @@
 #include "model/node.h"
 #include "sched/queueing.h"
 #include "sched/registry.h"
+#include "sim/replay_failures.h"
 #include "sim/replay_migration.h"
 #include "sim/timeline.h"
 
@@ -56,6 +61,11 @@ struct ReplayOptions {
   // Defragmentation by migration (sim/replay_migration.h, sched/consolidation.h); off while
   // migration.max_moves is 0.
   MigrationOptions migration;
+  // Node failures (sim/replay_failures.h); off while node_mtbf_hours is 0 and none are scripted.
+  // A job with a task on a failed node stops whole and waits again; placed again, it restarts
+  // from its last checkpoint (migration.checkpoint_seconds of work apart) after
+  // migration.restart_seconds.
+  FailureOptions failures;
 };
 
 // What happened to one job.
@@ -64,6 +74,7 @@ struct ReplayJob {
   int64_t start = -1;  // -1: never started
   int64_t end = -1;
   int64_t gpu_milli = 0;  // GPU share over all its tasks (1000: one whole GPU)
+  int interrupted = 0;    // times a node failure stopped it
 };
 
 struct ReplaySample {
@@ -129,6 +140,12 @@ struct ReplayResult {
   int64_t lost_milli_seconds = 0;
   int64_t restart_milli_seconds = 0;
   std::vector<int64_t> move_times;  // when each move was made
+  // Node failures: how many, the jobs they stopped (each stop counted), and the work those jobs
+  // lost since their last checkpoint and their restarts, in milli-GPU-seconds.
+  int64_t node_failures = 0;
+  int64_t interruptions = 0;
+  int64_t failure_lost_milli_seconds = 0;
+  int64_t failure_restart_milli_seconds = 0;
 };
 
 // Replays `jobs` (sorted by arrival; each with its tenant and queue) on `nodes`. InvalidArgument
