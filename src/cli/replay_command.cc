@@ -107,9 +107,17 @@ int ReplayCommand(const ReplayArgs& a) {
              "for\n",
              r->passes, r->redone_passes, r->attempts, r->reservations);
   if (r->node_failures > 0 || a.failures.node_mtbf_hours > 0) {
-    fmt::print("  node failures: {}, stopping jobs {} times; {:.1f} GPU-hours of work done again, {:.1f} of restarts\n",
-               r->node_failures, r->interruptions, static_cast<double>(r->failure_lost_milli_seconds) / 3.6e6,
-               static_cast<double>(r->failure_restart_milli_seconds) / 3.6e6);
+    fmt::print("  node failures: {}, stopping jobs {} times; {:.1f} GPU-hours of work done again\n", r->node_failures,
+               r->interruptions, static_cast<double>(r->failure_lost_milli_seconds) / 3.6e6);
+  }
+  if (r->preemptions > 0) {
+    fmt::print("  preemption: {} jobs started by evicting best-effort work, {} evictions; {:.1f} GPU-hours of work done "
+               "again\n",
+               r->preemptors, r->preemptions, static_cast<double>(r->preempted_lost_milli_seconds) / 3.6e6);
+  }
+  if (r->resume_restart_milli_seconds > 0) {
+    fmt::print("  restarts of stopped jobs placed again: {:.1f} GPU-hours\n",
+               static_cast<double>(r->resume_restart_milli_seconds) / 3.6e6);
   }
   if (a.migration.max_moves > 0) {
     fmt::print("  migration: {} jobs started by moving others ({} plans sought); {} tasks moved, costing {:.1f} "
@@ -178,13 +186,17 @@ int ReplayCommand(const ReplayArgs& a) {
                         {"wait", DistributionJson(r->wait)},
                         {"jct", DistributionJson(r->jct)},
                         {"exclusive", a.exclusive},
+                        {"preemption",
+                         {{"preemptors", r->preemptors},
+                          {"evictions", r->preemptions},
+                          {"lostGpuSeconds", static_cast<double>(r->preempted_lost_milli_seconds) / 1000.0}}},
+                        {"resumeRestartGpuSeconds", static_cast<double>(r->resume_restart_milli_seconds) / 1000.0},
                         {"failures",
                          {{"nodeMtbfHours", a.failures.node_mtbf_hours},
                           {"repairSeconds", a.failures.repair_seconds},
                           {"nodeFailures", r->node_failures},
                           {"interruptions", r->interruptions},
-                          {"lostGpuSeconds", static_cast<double>(r->failure_lost_milli_seconds) / 1000.0},
-                          {"restartGpuSeconds", static_cast<double>(r->failure_restart_milli_seconds) / 1000.0}}},
+                          {"lostGpuSeconds", static_cast<double>(r->failure_lost_milli_seconds) / 1000.0}}},
                         {"window",
                          {{"seconds", r->window},
                           {"allocatedGpuSeconds", static_cast<double>(r->window_allocated_milli_seconds) / 1000.0},

@@ -15,6 +15,7 @@
 #include "model/ledger.h"
 #include "sched/consolidation.h"
 #include "sched/job_shape.h"
+#include "sched/preemption.h"
 #include "sched/profile.h"
 #include "sched/reservation.h"
 #include "sched/scheduler.h"
@@ -229,7 +230,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     if (resumed[j]) {  // again, from its last checkpoint
       run[j].start = now;
       run[j].restart = mo.restart_seconds;
-      out.failure_restart_milli_seconds += mo.restart_seconds * demand[j].gpu;
+      out.resume_restart_milli_seconds += mo.restart_seconds * demand[j].gpu;
     } else {
       out.jobs[j].start = now;
       ++out.started;
@@ -250,6 +251,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     consolidated.clear();
     for (size_t j : pass_failed) {
       if (attempts >= mo.plans_per_event) break;
+      if (running.count(j) != 0) continue;  // started by a preemption
       const Job& job = jobs[j].job;
       if (job.groups.size() != 1 || job.groups[0].replicas != 1) continue;
       const TaskRequest& task = job.groups[0].request;
@@ -306,6 +308,25 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   };
   NodeFailures failures(options.failures, static_cast<uint32_t>(ledger.node_count()));
   // A node fails: it takes nothing until its repair, and its jobs stop whole and wait again.
+  // Stops running job j, whose allocations are released: it keeps the work up to its last
+  // checkpoint (the rest adds to `lost`) and waits again in its place (arrival order).
+  const auto stop_job = [&](size_t j, int64_t now, int64_t& lost) {
+    held[j].clear();
+    const int64_t done = run[j].WorkDone(now);
+    const int64_t saved = done / mo.checkpoint_seconds * mo.checkpoint_seconds;
+    lost += (done - saved) * demand[j].gpu;
+    run[j].work_left -= saved;
+    resumed[j] = 1;
+    ++out.jobs[j].interrupted;
+    set_end(j, -1);
+    running.erase(j);
+    asked_running -= asked[j];
+    usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
+    held_milli[queue_of[j]] -= demand[j].gpu;
+    pending_milli += demand[j].gpu;
+    failed_epoch[j] = ~uint64_t{0};
+    pending.insert(std::lower_bound(pending.begin(), pending.end(), j), j);  // arrival order is index order
+  };
   const auto fail_node = [&](NodeIndex n, int64_t now) -> Status {
     RETURN_IF_ERROR(ledger.SetNodeHealthy(n, false));
     ++out.node_failures;
@@ -321,23 +342,75 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
     }
     for (size_t j : stopped) {
       for (AllocationId id : held[j]) RETURN_IF_ERROR(ledger.Release(id));
-      held[j].clear();
-      const int64_t done = run[j].WorkDone(now);
-      const int64_t saved = done / mo.checkpoint_seconds * mo.checkpoint_seconds;
-      out.failure_lost_milli_seconds += (done - saved) * demand[j].gpu;
-      run[j].work_left -= saved;
-      resumed[j] = 1;
-      ++out.jobs[j].interrupted;
+      stop_job(j, now, out.failure_lost_milli_seconds);
       ++out.interruptions;
-      set_end(j, -1);
-      running.erase(j);
-      asked_running -= asked[j];
-      usage[{jobs[j].job.tenant, jobs[j].job.queue}] -= demand[j];
-      held_milli[queue_of[j]] -= demand[j].gpu;
-      pending_milli += demand[j].gpu;
-      failed_epoch[j] = ~uint64_t{0};
-      pending.insert(std::lower_bound(pending.begin(), pending.end(), j), j);  // arrival order is index order
     }
+    return Status::Ok();
+  };
+  // After a pass: the server's preemption for the jobs it could not place (see replay.h).
+  const auto preempt = [&](int64_t now) -> Status {
+    if (std::none_of(running.begin(), running.end(),
+                     [&](size_t r) { return jobs[r].job.qos == QosClass::kBestEffort; }))
+      return Status::Ok();
+    int tries = 0;
+    bool started_any = false;
+    for (size_t j : pass_failed) {
+      if (tries >= mo.plans_per_event) break;
+      if (running.count(j) != 0) continue;
+      ++tries;
+      std::vector<RunningEntry> entries;
+      std::vector<size_t> entry_job;
+      for (size_t r : running) {
+        entries.push_back({r, jobs[r].job.tenant, jobs[r].job.queue, jobs[r].job.priority, jobs[r].job.qos, demand[r],
+                           run[r].start * 1000});
+        entry_job.push_back(r);
+      }
+      std::vector<UsageEntry> used;
+      for (const auto& [key, res] : usage) used.push_back({key.first, key.second, res});
+      const PendingEntry entry{j, jobs[j].job.tenant, jobs[j].job.queue, jobs[j].job.priority, demand[j]};
+      const std::vector<PreemptionCandidate> candidates =
+          PreemptionCandidates(order, entry, jobs[j].job.qos, entries, used);
+      if (candidates.empty()) continue;
+      // What-if: release victims in order until the job fits; put them back if it never does.
+      std::vector<std::pair<size_t, std::vector<Placement>>> released;
+      JobResult trial;
+      for (const PreemptionCandidate& c : candidates) {
+        const size_t v = entry_job[c.index];
+        std::vector<Placement> placements;
+        for (AllocationId id : held[v]) {
+          placements.push_back(*ledger.Find(id));
+          RETURN_IF_ERROR(ledger.Release(id));
+        }
+        released.emplace_back(v, std::move(placements));
+        scheduler->SetNodeMask(reserved && *reserved != j ? &held_mask : nullptr);
+        trial = scheduler->ScheduleJob(jobs[j].job);
+        scheduler->SetNodeMask(nullptr);
+        if (trial.placed) break;
+      }
+      if (!trial.placed) {
+        for (auto& [v, placements] : released) {
+          held[v].clear();
+          for (const Placement& p : placements) {
+            auto id = ledger.Commit(p);
+            if (!id.ok()) return id.status().WithContext("restoring a job after a preemption what-if");
+            held[v].push_back(*id);
+          }
+        }
+        continue;
+      }
+      for (auto& [v, placements] : released) {
+        stop_job(v, now, out.preempted_lost_milli_seconds);
+        ++out.preemptions;
+      }
+      if (reserved == j) reserved.reset();
+      held[j] = std::move(trial.allocations);
+      usage[{jobs[j].job.tenant, jobs[j].job.queue}] += demand[j];
+      pending_milli -= demand[j].gpu;
+      start_job(j, now);
+      ++out.preemptors;
+      started_any = true;
+    }
+    if (started_any) std::erase_if(pending, [&](size_t j) { return running.count(j) != 0; });
     return Status::Ok();
   };
   while (drop_stale(), next_arrival < jobs.size() || !ends.empty() || failures.down() > 0) {
@@ -494,6 +567,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
       if (!placed.empty()) std::erase_if(pending, [&](size_t j) { return running.count(j) != 0; });
       break;
     }
+    if (!pass_failed.empty()) RETURN_IF_ERROR(preempt(now));
     if (mo.max_moves > 0 && !pass_failed.empty()) RETURN_IF_ERROR(migrate(now));
   }
   out.makespan = last_time;

@@ -22,7 +22,14 @@
 // Node failures (options.failures): a failed node takes no work until its repair, and every job
 // with a task on it stops whole, loses the work since its last checkpoint and waits again in its
 // place in the queue (its arrival). Its wait counts to its first start; its JCT to its last end.
-// Not modelled yet: preemption.
+//
+// Preemption, as the server's (sched/preemption.h): after each pass, for the first jobs it could
+// not place (in its order, up to migration.plans_per_event an instant), the running jobs that may
+// be evicted for it (best-effort only, by priority or to reclaim a queue's guarantee) are
+// released in the server's eviction order until the job fits; it starts, and they stop as a
+// failure stops a job (work since the last checkpoint lost, waiting again in their place). When
+// even all of them would not make room, nothing is evicted. The server gives victims a grace
+// period to checkpoint and the preemptor waits for it; the replay stops them at once.
 //
 // No I/O here; deterministic for the same inputs.
 #pragma once
@@ -74,7 +81,7 @@ struct ReplayJob {
   int64_t start = -1;  // -1: never started
   int64_t end = -1;
   int64_t gpu_milli = 0;  // GPU share over all its tasks (1000: one whole GPU)
-  int interrupted = 0;    // times a node failure stopped it
+  int interrupted = 0;    // times a node failure or a preemption stopped it
 };
 
 struct ReplaySample {
@@ -141,11 +148,17 @@ struct ReplayResult {
   int64_t restart_milli_seconds = 0;
   std::vector<int64_t> move_times;  // when each move was made
   // Node failures: how many, the jobs they stopped (each stop counted), and the work those jobs
-  // lost since their last checkpoint and their restarts, in milli-GPU-seconds.
+  // lost since their last checkpoint, in milli-GPU-seconds.
   int64_t node_failures = 0;
   int64_t interruptions = 0;
   int64_t failure_lost_milli_seconds = 0;
-  int64_t failure_restart_milli_seconds = 0;
+  // Preemption: jobs stopped for another (each stop counted), the jobs that started by it, and
+  // the work the stopped ones lost since their last checkpoint.
+  int64_t preemptions = 0;
+  int64_t preemptors = 0;
+  int64_t preempted_lost_milli_seconds = 0;
+  // The restarts of jobs stopped by a failure or a preemption, placed again.
+  int64_t resume_restart_milli_seconds = 0;
 };
 
 // Replays `jobs` (sorted by arrival; each with its tenant and queue) on `nodes`. InvalidArgument

@@ -1,6 +1,6 @@
-// Node failures in the replay: the drawn failures, a failure worked by hand (the job stops, loses
-// the work since its checkpoint, waits for the repair, restarts), and accounting under every
-// policy with many failures.
+// Jobs stopped in the replay. Node failures: the drawn failures, a failure worked by hand (the job
+// stops, loses the work since its checkpoint, waits for the repair, restarts), and accounting
+// under every policy with many failures. Preemption, the server's: worked by hand.
 #include "sim/replay_failures.h"
 
 #include <gtest/gtest.h>
@@ -99,7 +99,7 @@ TEST(ReplayFailures, AFailedNodesJobRestartsFromItsCheckpointWorkedByHand) {
   EXPECT_EQ(r->jobs[1].start, 1360);
   EXPECT_EQ(r->jobs[1].end, 1460);
   EXPECT_EQ(r->failure_lost_milli_seconds, 200 * 1000);
-  EXPECT_EQ(r->failure_restart_milli_seconds, 60 * 1000);
+  EXPECT_EQ(r->resume_restart_milli_seconds, 60 * 1000);
   EXPECT_EQ(r->started, 2);
   EXPECT_EQ(r->makespan, 1460);
   // Held: [0,500) and [600,1360) by A, [1360,1460) by B.
@@ -178,6 +178,77 @@ TEST(ReplayFailures, PropertyEveryJobEndsUnderEveryPolicy) {
     for (size_t i = 0; i < jobs.size(); ++i) ASSERT_EQ(again->jobs[i].end, r->jobs[i].end);
   }
   EXPECT_GT(interruptions, 20);  // the property means something only if jobs were stopped
+}
+
+}  // namespace
+}  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+TimedJob Prioritised(const std::string& name, int64_t arrival, int64_t duration, int gpus, int priority, QosClass qos) {
+  TimedJob t = Whole(name, arrival, duration, gpus);
+  t.job.priority = priority;
+  t.job.qos = qos;
+  return t;
+}
+
+// Worked by hand: one server of one GPU. A best-effort job (priority 0, 1,000 s) runs from 0; a
+// burstable one of priority 5 (200 s) arrives at 100 and preempts it, as the server would. The
+// victim has done 100 s, kept 60 (checkpoints every 60 s), lost 40; it waits, and once the GPU is
+// free at 300 restarts (10 s) and works its 940 s left: it ends at 1,250.
+TEST(ReplayPreemption, AHigherPriorityJobEvictsBestEffortWorkWorkedByHand) {
+  auto nodes = ServerCluster("1x1", "V100-16GB", GpuCatalog::Builtin());
+  ASSERT_TRUE(nodes.ok());
+  ReplayOptions options;
+  options.migration.checkpoint_seconds = 60;
+  options.migration.restart_seconds = 10;
+  auto r = Replay(*nodes,
+                  {Prioritised("be", 0, 1000, 1, 0, QosClass::kBestEffort),
+                   Prioritised("urgent", 100, 200, 1, 5, QosClass::kBurstable)},
+                  options, DefaultRegistry());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->preemptions, 1);
+  EXPECT_EQ(r->preemptors, 1);
+  EXPECT_EQ(r->jobs[1].start, 100);
+  EXPECT_EQ(r->jobs[1].end, 300);
+  EXPECT_EQ(r->jobs[0].start, 0);
+  EXPECT_EQ(r->jobs[0].end, 1250);
+  EXPECT_EQ(r->jobs[0].interrupted, 1);
+  EXPECT_EQ(r->preempted_lost_milli_seconds, 40 * 1000);
+  EXPECT_EQ(r->resume_restart_milli_seconds, 10 * 1000);
+  EXPECT_EQ(r->allocated_milli_seconds, 1000 * (100 + 200 + 950));
+  // Without the priority, nobody is evicted: the second job waits.
+  auto fifo = Replay(*nodes,
+                     {Prioritised("be", 0, 1000, 1, 0, QosClass::kBestEffort),
+                      Prioritised("urgent", 100, 200, 1, 0, QosClass::kBurstable)},
+                     options, DefaultRegistry());
+  ASSERT_TRUE(fifo.ok());
+  EXPECT_EQ(fifo->preemptions, 0);
+  EXPECT_EQ(fifo->jobs[1].start, 1000);
+}
+
+// Only best-effort work is evicted, and only when evicting it makes room: a 2-GPU job of high
+// priority on a 2-GPU server where one GPU holds burstable work evicts nothing while that work
+// runs (100..500); once it ends, evicting the best-effort job makes room, and it is evicted then.
+// Default checkpoints (1,800 s) and restarts (60 s): the victim loses its 500 s, restarts at 600
+// when the big job ends, and runs its whole 1,000 s again.
+TEST(ReplayPreemption, NothingIsEvictedWhileEvictingWouldNotMakeRoom) {
+  auto nodes = ServerCluster("2x1", "V100-16GB", GpuCatalog::Builtin());
+  ASSERT_TRUE(nodes.ok());
+  auto r = Replay(*nodes,
+                  {Prioritised("be", 0, 1000, 1, 0, QosClass::kBestEffort),
+                   Prioritised("steady", 0, 500, 1, 0, QosClass::kBurstable),
+                   Prioritised("big", 100, 100, 2, 9, QosClass::kBurstable)},
+                  {}, DefaultRegistry());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->jobs[1].end, 500);  // the burstable job is never a victim
+  EXPECT_EQ(r->jobs[1].interrupted, 0);
+  EXPECT_EQ(r->jobs[2].start, 500);
+  EXPECT_EQ(r->preemptions, 1);
+  EXPECT_EQ(r->jobs[0].interrupted, 1);
+  EXPECT_EQ(r->preempted_lost_milli_seconds, 500 * 1000);
+  EXPECT_EQ(r->jobs[0].end, 600 + 60 + 1000);
 }
 
 }  // namespace
