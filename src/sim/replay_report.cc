@@ -62,6 +62,14 @@ std::string RenderReplayHtml(const ReplayResult& r, const ReplayReportInfo& info
       "it.</p>\n",
       r.jobs.size(), r.started, cap, days, 100.0 * r.utilisation);
 
+  if (r.node_failures > 0 || r.preemptions > 0) {
+    html += fmt::format(
+        "<p>{} node failures stopped jobs {} times ({:.1f} GPU-hours of work done again); {} evictions started {} "
+        "jobs ({:.1f} GPU-hours done again); restarts {:.1f} GPU-hours.</p>\n",
+        r.node_failures, r.interruptions, static_cast<double>(r.failure_lost_milli_seconds) / 3.6e6, r.preemptions,
+        r.preemptors, static_cast<double>(r.preempted_lost_milli_seconds) / 3.6e6,
+        static_cast<double>(r.resume_restart_milli_seconds) / 3.6e6);
+  }
   // GPUs over time.
   {
     std::vector<double> allocated, pending;

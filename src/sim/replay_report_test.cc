@@ -56,6 +56,20 @@ TEST(ReplayReportTest, ChartsTablesAndEscaping) {
   EXPECT_NE(html.find("1 tasks moved"), std::string::npos);
 }
 
+TEST(ReplayReportTest, SaysWhatFailuresAndPreemptionCost) {
+  ReplayResult r;
+  r.capacity_milli = 1000;
+  r.node_failures = 3;
+  r.interruptions = 2;
+  r.failure_lost_milli_seconds = 7'200'000;  // 2 GPU-hours
+  r.preemptions = 4;
+  r.preemptors = 1;
+  const std::string html = RenderReplayHtml(r, {"t", {}}, 60);
+  EXPECT_NE(html.find("3 node failures stopped jobs 2 times (2.0 GPU-hours"), std::string::npos);
+  EXPECT_NE(html.find("4 evictions started 1 jobs"), std::string::npos);
+  EXPECT_EQ(RenderReplayHtml(ReplayResult{}, {"t", {}}, 60).find("node failures"), std::string::npos);
+}
+
 // A long series is averaged into at most kMaxChartPoints points a line, and many queues share
 // lines past kMaxQueueLines.
 TEST(ReplayReportTest, LongSeriesAndManyQueuesStayBounded) {
