@@ -9,26 +9,13 @@
 
 #include "common/rng.h"
 #include "sim/replay.h"
+#include "sim/replay_test_util.h"
 
 namespace gpupool {
 namespace {
 
-TimedJob Whole(const std::string& name, int64_t arrival, int64_t duration, int gpus, int tasks = 1) {
-  TimedJob t;
-  t.name = name;
-  t.arrival = arrival;
-  t.duration = duration;
-  t.job.name = name;
-  t.job.tenant = "q";
-  t.job.queue = "q";
-  TaskGroup g;
-  g.name = "t";
-  g.replicas = tasks;
-  g.request.gpu_count = gpus;
-  g.request.gpu_share = kWholeGpu;
-  t.job.groups.push_back(g);
-  return t;
-}
+using testutil::GpuJob;
+using testutil::kReplayPolicies;
 
 TEST(ReplayFailures, DrawnFailuresAreRepairedAndDeterministic) {
   FailureOptions o;
@@ -89,7 +76,7 @@ TEST(ReplayFailures, AFailedNodesJobRestartsFromItsCheckpointWorkedByHand) {
   options.migration.restart_seconds = 60;
   options.failures.scripted = {{500, 0}};
   options.failures.repair_seconds = 100;
-  auto r = Replay(*nodes, {Whole("A", 0, 1000, 1), Whole("B", 550, 100, 1)}, options, DefaultRegistry());
+  auto r = Replay(*nodes, {GpuJob("A", 0, 1000, 1), GpuJob("B", 550, 100, 1)}, options, DefaultRegistry());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->node_failures, 1);
   EXPECT_EQ(r->interruptions, 1);
@@ -120,10 +107,10 @@ TEST(ReplayFailures, AGangStopsWholeAndAnIdleNodeStopsNothing) {
   options.migration.restart_seconds = 0;
   options.failures.repair_seconds = 50;
   // The gang takes two of the three servers; find which one it left free and fail that one too.
-  auto base = Replay(*nodes, {Whole("G", 0, 400, 1, 2)}, options, DefaultRegistry());
+  auto base = Replay(*nodes, {GpuJob("G", 0, 400, 1, "q", 2)}, options, DefaultRegistry());
   ASSERT_TRUE(base.ok());
   options.failures.scripted = {{100, 0}, {100, 1}, {100, 2}};
-  auto r = Replay(*nodes, {Whole("G", 0, 400, 1, 2)}, options, DefaultRegistry());
+  auto r = Replay(*nodes, {GpuJob("G", 0, 400, 1, "q", 2)}, options, DefaultRegistry());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->node_failures, 3);
   EXPECT_EQ(r->interruptions, 1);  // one gang, stopped once, though two of its nodes failed
@@ -134,12 +121,10 @@ TEST(ReplayFailures, AGangStopsWholeAndAnIdleNodeStopsNothing) {
 // Random traces and failures under every policy: every job ends, each has run its whole duration
 // (what it lost done again), GPUs are never over capacity, and the same inputs replay the same.
 TEST(ReplayFailures, PropertyEveryJobEndsUnderEveryPolicy) {
-  static constexpr const char* kPolicies[] = {"bestfit", "fgd",    "balanced",      "spread", "random",
-                                              "topology", "gpupacking", "dotprod", "gpuclustering", "binpack"};
   auto nodes = ServerCluster("8x2,2x4,4x2", "V100-16GB", GpuCatalog::Builtin());
   ASSERT_TRUE(nodes.ok());
   int64_t interruptions = 0;
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kReplayPolicies) {
     SCOPED_TRACE(policy);
     SeededRng rng(31);
     std::vector<TimedJob> jobs;
@@ -148,8 +133,8 @@ TEST(ReplayFailures, PropertyEveryJobEndsUnderEveryPolicy) {
     for (int i = 0; i < 200; ++i) {
       t += static_cast<int64_t>(rng.Uniform(100));
       const int gpus = kGpus[rng.Uniform(5)];
-      jobs.push_back(Whole("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(2000)), gpus,
-                           gpus == 8 && rng.Uniform(3) == 0 ? 2 : 1));
+      jobs.push_back(GpuJob("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(2000)), gpus,
+                           "q", gpus == 8 && rng.Uniform(3) == 0 ? 2 : 1));
     }
     ReplayOptions options;
     options.policy = policy;
@@ -187,7 +172,7 @@ namespace gpupool {
 namespace {
 
 TimedJob Prioritised(const std::string& name, int64_t arrival, int64_t duration, int gpus, int priority, QosClass qos) {
-  TimedJob t = Whole(name, arrival, duration, gpus);
+  TimedJob t = GpuJob(name, arrival, duration, gpus);
   t.job.priority = priority;
   t.job.qos = qos;
   return t;

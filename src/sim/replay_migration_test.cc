@@ -6,9 +6,13 @@
 
 #include "common/rng.h"
 #include "sim/replay.h"
+#include "sim/replay_test_util.h"
 
 namespace gpupool {
 namespace {
+
+using testutil::GpuJob;
+using testutil::kReplayPolicies;
 
 MigrationOptions Model(int64_t checkpoint, int64_t restart) {
   MigrationOptions o;
@@ -106,22 +110,6 @@ TEST(ReplayMigration, BadOptionsAreRefused) {
   EXPECT_EQ(Replay(*nodes, {j}, r, DefaultRegistry()).status().code(), StatusCode::kInvalidArgument);
 }
 
-TimedJob WholeGpus(const std::string& name, int64_t arrival, int64_t duration, int gpus) {
-  TimedJob t;
-  t.name = name;
-  t.arrival = arrival;
-  t.duration = duration;
-  t.job.name = name;
-  t.job.tenant = "q";
-  t.job.queue = "q";
-  TaskGroup g;
-  g.name = "t";
-  g.request.gpu_count = gpus;
-  g.request.gpu_share = kWholeGpu;
-  t.job.groups.push_back(g);
-  return t;
-}
-
 // Worked by hand: two servers of 2 GPUs, `spread` placement. A and B (1 GPU, 10,000 s) take one
 // GPU of each server at 0; C (2 GPUs, 500 s) arrives at 100 and fits no server. Without migration
 // it waits for A or B: 10,000..10,500. With one move allowed (checkpoints every 60 s, 30 s
@@ -130,8 +118,8 @@ TimedJob WholeGpus(const std::string& name, int64_t arrival, int64_t duration, i
 TEST(ReplayMigration, AWaitingJobStartsByMovingAnotherWorkedByHand) {
   auto nodes = ServerCluster("2x2", "V100-16GB", GpuCatalog::Builtin());
   ASSERT_TRUE(nodes.ok());
-  const std::vector<TimedJob> jobs = {WholeGpus("A", 0, 10000, 1), WholeGpus("B", 0, 10000, 1),
-                                      WholeGpus("C", 100, 500, 2)};
+  const std::vector<TimedJob> jobs = {GpuJob("A", 0, 10000, 1), GpuJob("B", 0, 10000, 1),
+                                      GpuJob("C", 100, 500, 2)};
   ReplayOptions options;
   options.policy = "spread";
   options.reserve_after_seconds = -1;
@@ -166,12 +154,10 @@ TEST(ReplayMigration, AWaitingJobStartsByMovingAnotherWorkedByHand) {
 // its moves cost, the GPUs held integrate to exactly that, no hour has more moves than the budget,
 // and the same inputs give the same replay.
 TEST(ReplayMigration, PropertyAccountingAndBudgetHoldUnderEveryPolicy) {
-  static constexpr const char* kPolicies[] = {"bestfit", "fgd",    "balanced",      "spread", "random",
-                                              "topology", "gpupacking", "dotprod", "gpuclustering", "binpack"};
   auto nodes = ServerCluster("8x2,2x4,4x2", "V100-16GB", GpuCatalog::Builtin());
   ASSERT_TRUE(nodes.ok());
   int64_t moves = 0;
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kReplayPolicies) {
     SCOPED_TRACE(policy);
     SeededRng rng(23);
     std::vector<TimedJob> jobs;
@@ -179,7 +165,7 @@ TEST(ReplayMigration, PropertyAccountingAndBudgetHoldUnderEveryPolicy) {
     static constexpr int kGpus[] = {1, 1, 1, 1, 2, 4, 8};
     for (int i = 0; i < 300; ++i) {
       t += static_cast<int64_t>(rng.Uniform(60));
-      jobs.push_back(WholeGpus("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(3000)),
+      jobs.push_back(GpuJob("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(3000)),
                                kGpus[rng.Uniform(7)]));
     }
     ReplayOptions options;

@@ -1,32 +1,20 @@
 // The replay's HTML report: its charts, its tables, escaping, and bounded size however long the
 // series.
 #include "sim/replay_report.h"
+#include "sim/replay_test_util.h"
 
 #include <gtest/gtest.h>
 
 namespace gpupool {
 namespace {
 
+using testutil::GpuJob;
+using testutil::kReplayPolicies;
+
 size_t Count(const std::string& text, const std::string& needle) {
   size_t n = 0;
   for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++n;
   return n;
-}
-
-TimedJob Job(const std::string& name, int64_t arrival, int64_t duration, int gpus, const std::string& queue) {
-  TimedJob t;
-  t.name = name;
-  t.arrival = arrival;
-  t.duration = duration;
-  t.job.name = name;
-  t.job.tenant = queue;
-  t.job.queue = queue;
-  TaskGroup g;
-  g.name = "t";
-  g.request.gpu_count = gpus;
-  g.request.gpu_share = kWholeGpu;
-  t.job.groups.push_back(g);
-  return t;
 }
 
 TEST(ReplayReportTest, ChartsTablesAndEscaping) {
@@ -37,8 +25,8 @@ TEST(ReplayReportTest, ChartsTablesAndEscaping) {
   options.migration.max_moves = 1;
   options.policy = "spread";
   options.reserve_after_seconds = -1;
-  const std::vector<TimedJob> jobs = {Job("a", 0, 1000, 1, "team-a"), Job("b", 0, 1000, 1, "team-b"),
-                                      Job("c", 100, 500, 2, "team-a")};
+  const std::vector<TimedJob> jobs = {GpuJob("a", 0, 1000, 1, "team-a"), GpuJob("b", 0, 1000, 1, "team-b"),
+                                      GpuJob("c", 100, 500, 2, "team-a")};
   auto r = Replay(*nodes, jobs, options, DefaultRegistry());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->migrations, 1);

@@ -3,36 +3,19 @@
 #include <gtest/gtest.h>
 
 #include "common/rng.h"
+#include "sim/replay_test_util.h"
 
 namespace gpupool {
 namespace {
 
-constexpr const char* kPolicies[] = {"bestfit", "fgd", "balanced", "spread", "random", "topology",
-                                     "gpupacking", "dotprod", "gpuclustering", "binpack"};
+using testutil::GpuJob;
+using testutil::kReplayPolicies;
+
 
 std::vector<NodeSpec> Cluster(const std::string& shape) {
   auto nodes = ServerCluster(shape, "V100-16GB", GpuCatalog::Builtin());
   EXPECT_TRUE(nodes.ok()) << nodes.status().ToString();
   return nodes.ok() ? *nodes : std::vector<NodeSpec>{};
-}
-
-// A job of `tasks` tasks of `gpus` whole GPUs each.
-TimedJob MakeJob(const std::string& name, int64_t arrival, int64_t duration, int gpus, const std::string& queue = "q",
-                 int tasks = 1) {
-  TimedJob t;
-  t.name = name;
-  t.arrival = arrival;
-  t.duration = duration;
-  t.job.name = name;
-  t.job.tenant = queue;
-  t.job.queue = queue;
-  TaskGroup g;
-  g.name = "t";
-  g.replicas = tasks;
-  g.request.gpu_count = gpus;
-  g.request.gpu_share = kWholeGpu;
-  t.job.groups.push_back(g);
-  return t;
 }
 
 ReplayResult MustReplay(const std::vector<NodeSpec>& nodes, const std::vector<TimedJob>& jobs,
@@ -45,7 +28,7 @@ ReplayResult MustReplay(const std::vector<NodeSpec>& nodes, const std::vector<Ti
 // Worked by hand: one server of 2 GPUs. A (1 GPU, 0..10) runs at once; B (2 GPUs) waits for all
 // of it; C (1 GPU, arriving at 1) goes ahead of B into the free GPU (1..4); B runs 10..15.
 TEST(ReplayTest, AHandWorkedTraceWaitsBackfillsAndAccounts) {
-  const std::vector<TimedJob> jobs = {MakeJob("A", 0, 10, 1), MakeJob("B", 0, 5, 2), MakeJob("C", 1, 3, 1)};
+  const std::vector<TimedJob> jobs = {GpuJob("A", 0, 10, 1), GpuJob("B", 0, 5, 2), GpuJob("C", 1, 3, 1)};
   ReplayOptions options;
   options.sample_seconds = 5;
   const ReplayResult r = MustReplay(Cluster("2x1"), jobs, options);
@@ -86,7 +69,7 @@ TEST(ReplayTest, AHandWorkedTraceWaitsBackfillsAndAccounts) {
 TEST(ReplayTest, ASeriesPastItsBoundIsRefused) {
   ReplayOptions fine;
   fine.sample_seconds = 1;
-  auto r = Replay(Cluster("1x1"), {MakeJob("long", 0, 100'000'000, 1)}, fine, DefaultRegistry());
+  auto r = Replay(Cluster("1x1"), {GpuJob("long", 0, 100'000'000, 1)}, fine, DefaultRegistry());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(r.status().message().find("choose a longer sample step than 1 s"), std::string::npos)
@@ -97,8 +80,8 @@ TEST(ReplayTest, ASeriesPastItsBoundIsRefused) {
 // wait. When a2 ends at 10, FIFO runs a3 (it came first); the server's hierarchical order runs
 // b1, whose queue uses nothing while a's uses a GPU.
 TEST(ReplayTest, TheQueueingOrderIsTheServers) {
-  const std::vector<TimedJob> jobs = {MakeJob("a1", 0, 100, 1, "a"), MakeJob("a2", 0, 10, 1, "a"),
-                                      MakeJob("a3", 0, 10, 1, "a"), MakeJob("b1", 1, 10, 1, "b")};
+  const std::vector<TimedJob> jobs = {GpuJob("a1", 0, 100, 1, "a"), GpuJob("a2", 0, 10, 1, "a"),
+                                      GpuJob("a3", 0, 10, 1, "a"), GpuJob("b1", 1, 10, 1, "b")};
   ReplayOptions fifo;
   const ReplayResult f = MustReplay(Cluster("2x1"), jobs, fifo);
   EXPECT_EQ(f.jobs[2].start, 10);
@@ -114,7 +97,7 @@ TEST(ReplayTest, TheQueueingOrderIsTheServers) {
 
 // A gang starts whole or not at all: two tasks of 8 GPUs need two 8-GPU servers at once.
 TEST(ReplayTest, AGangWaitsForAllItsTasksAndOneThatNeverFitsIsReported) {
-  std::vector<TimedJob> jobs = {MakeJob("one", 0, 50, 8), MakeJob("gang", 1, 10, 8, "q", 2)};
+  std::vector<TimedJob> jobs = {GpuJob("one", 0, 50, 8), GpuJob("gang", 1, 10, 8, "q", 2)};
   const ReplayResult r = MustReplay(Cluster("8x2"), jobs);
   EXPECT_EQ(r.jobs[1].start, 50);
   // On one 8-GPU server and eight of 2, it never fits (16 GPUs exist, but not two servers of 8).
@@ -128,8 +111,8 @@ TEST(ReplayTest, AGangWaitsForAllItsTasksAndOneThatNeverFitsIsReported) {
 // GPUs it needs and it waits for the stream to end; with them (after 60 s, the server's default)
 // its nodes are held from the first failure past 60 s, and it starts as soon as they drain.
 TEST(ReplayTest, AReservationKeepsBackfillFromStarvingAGang) {
-  std::vector<TimedJob> jobs = {MakeJob("s1", 0, 100, 1), MakeJob("gang", 1, 10, 2, "q", 2)};
-  for (int k = 0; k < 20; ++k) jobs.push_back(MakeJob("small" + std::to_string(k), 5 + 10 * k, 15, 1));
+  std::vector<TimedJob> jobs = {GpuJob("s1", 0, 100, 1), GpuJob("gang", 1, 10, 2, "q", 2)};
+  for (int k = 0; k < 20; ++k) jobs.push_back(GpuJob("small" + std::to_string(k), 5 + 10 * k, 15, 1));
   ReplayOptions none;
   none.reserve_after_seconds = -1;
   const ReplayResult starved = MustReplay(Cluster("2x2"), jobs, none);
@@ -148,7 +131,7 @@ TEST(ReplayTest, AReservationKeepsBackfillFromStarvingAGang) {
 TEST(ReplayTest, SharesOfAGpuRunTogether) {
   std::vector<TimedJob> jobs;
   for (int i = 0; i < 4; ++i) {
-    TimedJob t = MakeJob("quarter" + std::to_string(i), 0, 100, 1);
+    TimedJob t = GpuJob("quarter" + std::to_string(i), 0, 100, 1);
     t.job.groups[0].request.gpu_share = MilliGpu(250);
     t.job.groups[0].exec.isolation = IsolationMode::kTimeslice;
     jobs.push_back(t);
@@ -174,7 +157,7 @@ TEST(ReplayTest, SharesOfAGpuRunTogether) {
 TEST(ReplayTest, ExclusiveRoundsSharesUpAndTheWindowCountsWhatWasAsked) {
   std::vector<TimedJob> jobs;
   for (int i = 0; i < 4; ++i) {
-    TimedJob t = MakeJob("quarter" + std::to_string(i), i == 3 ? 300 : 0, 100, 1);
+    TimedJob t = GpuJob("quarter" + std::to_string(i), i == 3 ? 300 : 0, 100, 1);
     t.job.groups[0].request.gpu_share = MilliGpu(250);
     t.job.groups[0].exec.isolation = IsolationMode::kTimeslice;
     jobs.push_back(t);
@@ -202,31 +185,31 @@ TEST(ReplayTest, ExclusiveRoundsSharesUpAndTheWindowCountsWhatWasAsked) {
 // The shape a failure makes others skip is the server's (sched/job_shape.h): GPU models are in it,
 // so a job that asks for a model the cluster lacks does not hold back one of the same size.
 TEST(ReplayTest, AFailedShapeIsTheServersShape) {
-  TimedJob picky = MakeJob("picky", 0, 10, 1);
+  TimedJob picky = GpuJob("picky", 0, 10, 1);
   picky.job.groups[0].request.gpu_models = {"A100-80GB"};
-  const ReplayResult r = MustReplay(Cluster("1x1"), {picky, MakeJob("any", 0, 10, 1)});
+  const ReplayResult r = MustReplay(Cluster("1x1"), {picky, GpuJob("any", 0, 10, 1)});
   EXPECT_EQ(r.jobs[0].start, -1);
   EXPECT_EQ(r.jobs[1].start, 0);
 }
 
 TEST(ReplayTest, BadInputsAreRefusedNamingTheJob) {
   const auto nodes = Cluster("8x1");
-  auto too_big = Replay(nodes, {MakeJob("big", 0, 1, 16)}, {}, DefaultRegistry());
+  auto too_big = Replay(nodes, {GpuJob("big", 0, 1, 16)}, {}, DefaultRegistry());
   ASSERT_FALSE(too_big.ok());
   EXPECT_EQ(too_big.status().message(), "job 0 (big): a task of 16 GPUs, and no node has more than 8");
-  auto over = Replay(nodes, {MakeJob("wide", 0, 1, 4, "q", 3)}, {}, DefaultRegistry());
+  auto over = Replay(nodes, {GpuJob("wide", 0, 1, 4, "q", 3)}, {}, DefaultRegistry());
   EXPECT_EQ(over.status().message(), "job 0 (wide) asks for 12 GPUs, more than the cluster's 8");
-  auto order = Replay(nodes, {MakeJob("x", 5, 1, 1), MakeJob("y", 4, 1, 1)}, {}, DefaultRegistry());
+  auto order = Replay(nodes, {GpuJob("x", 5, 1, 1), GpuJob("y", 4, 1, 1)}, {}, DefaultRegistry());
   EXPECT_EQ(order.status().message(), "job 1 (y) arrives before the job listed before it");
-  auto zero = Replay(nodes, {MakeJob("z", 0, 0, 1)}, {}, DefaultRegistry());
+  auto zero = Replay(nodes, {GpuJob("z", 0, 0, 1)}, {}, DefaultRegistry());
   EXPECT_FALSE(zero.ok());
   ReplayOptions step;
   step.sample_seconds = 0;
-  EXPECT_FALSE(Replay(nodes, {MakeJob("x", 0, 1, 1)}, step, DefaultRegistry()).ok());
+  EXPECT_FALSE(Replay(nodes, {GpuJob("x", 0, 1, 1)}, step, DefaultRegistry()).ok());
   ReplayOptions policy;
   policy.policy = "no-such-policy";
-  EXPECT_FALSE(Replay(nodes, {MakeJob("x", 0, 1, 1)}, policy, DefaultRegistry()).ok());
-  EXPECT_FALSE(Replay({}, {MakeJob("x", 0, 1, 1)}, {}, DefaultRegistry()).ok());
+  EXPECT_FALSE(Replay(nodes, {GpuJob("x", 0, 1, 1)}, policy, DefaultRegistry()).ok());
+  EXPECT_FALSE(Replay({}, {GpuJob("x", 0, 1, 1)}, {}, DefaultRegistry()).ok());
 }
 
 // Random traces under every policy: no job starts before it arrives or ends other than a
@@ -234,7 +217,7 @@ TEST(ReplayTest, BadInputsAreRefusedNamingTheJob) {
 // allocated than exists; the integral matches the jobs' own GPU-seconds; the same inputs give the
 // same result.
 TEST(ReplayTest, PropertyAccountingHoldsUnderEveryPolicy) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : kReplayPolicies) {
     SCOPED_TRACE(policy);
     SeededRng rng(17);
     std::vector<TimedJob> jobs;
@@ -244,7 +227,7 @@ TEST(ReplayTest, PropertyAccountingHoldsUnderEveryPolicy) {
       t += static_cast<int64_t>(rng.Uniform(20));
       const int gpus = kGpus[rng.Uniform(6)];
       const int tasks = gpus == 8 && rng.Uniform(4) == 0 ? 2 : 1;
-      jobs.push_back(MakeJob("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(300)), gpus,
+      jobs.push_back(GpuJob("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(300)), gpus,
                              "q" + std::to_string(rng.Uniform(3)), tasks));
     }
     ReplayOptions options;
@@ -285,7 +268,7 @@ TEST(ReplayTest, PruningThePassNeverChangesADecision) {
       for (int i = 0; i < 400; ++i) {
         t += static_cast<int64_t>(rng.Uniform(6));
         const int gpus = kGpus[rng.Uniform(5)];
-        TimedJob j = MakeJob("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(400)), gpus,
+        TimedJob j = GpuJob("j" + std::to_string(i), t, 1 + static_cast<int64_t>(rng.Uniform(400)), gpus,
                              "q" + std::to_string(rng.Uniform(3)), gpus == 8 ? 1 + static_cast<int>(rng.Uniform(2)) : 1);
         j.job.priority = static_cast<int>(rng.Uniform(2));
         jobs.push_back(std::move(j));
