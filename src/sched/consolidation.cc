@@ -23,7 +23,6 @@ struct Mover {
 // A node the estimate allows, and what would leave it.
 struct Candidate {
   NodeIndex node = 0;
-  int moves = 0;
   int64_t moved_share = 0;
   std::vector<size_t> movers;  // indices into the movers list
 };
@@ -194,15 +193,14 @@ ConsolidationResult Consolidate(Scheduler& scheduler, const TaskRequest& pending
       }
     }
     for (size_t m : c.movers) chosen_mover[m] = 0;
-    c.moves = static_cast<int>(c.movers.size());
     // No move needed means something else than room refuses the task here.
-    if (c.moves == 0 || c.moves > options.max_moves) continue;
+    if (c.movers.empty() || static_cast<int>(c.movers.size()) > options.max_moves) continue;
     if (cpu < pending.cpu.units() || memory < pending.memory.units()) continue;
     candidates.push_back(std::move(c));
   }
   r.candidates = static_cast<int>(candidates.size());
   std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return a.moves != b.moves ? a.moves < b.moves : a.moved_share < b.moved_share;
+    return a.movers.size() != b.movers.size() ? a.movers.size() < b.movers.size() : a.moved_share < b.moved_share;
   });
 
   // The pending task's mask: the one candidate node only (and what the embedder masks, kept).

@@ -65,15 +65,6 @@ Result<ExportRead> Finish(std::vector<ExportRow> rows, std::map<std::string, int
   return out;
 }
 
-TaskGroup WholeGpuGroup(const char* name, int replicas, int gpus) {
-  TaskGroup g;
-  g.name = name;
-  g.replicas = replicas;
-  g.request.gpu_count = gpus;
-  g.request.gpu_share = kWholeGpu;
-  g.exec.isolation = IsolationMode::kExclusive;
-  return g;
-}
 
 }  // namespace exports_internal
 

@@ -30,7 +30,5 @@ using ExportRow = std::pair<int64_t, TimedJob>;
 // seconds (rounded down). InvalidArgument when there are none, naming what was skipped.
 Result<ExportRead> Finish(std::vector<ExportRow> rows, std::map<std::string, int64_t> skipped,
                           const std::string& path, int64_t per_second);
-// A group of `replicas` tasks of `gpus` whole GPUs each, exclusive.
-TaskGroup WholeGpuGroup(const char* name, int replicas, int gpus);
 
 }  // namespace gpupool::exports_internal

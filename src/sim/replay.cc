@@ -218,7 +218,6 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   out.window = jobs.empty() ? 0 : jobs.back().arrival;
   std::vector<RunSegment> run(jobs.size());
   MoveBudget budget(mo.moves_per_hour);
-  std::vector<size_t> consolidated;  // jobs started by a consolidation at this instant
   std::vector<uint32_t> end_generation(jobs.size(), 0);
   const auto set_end = [&](size_t j, int64_t end) {
     out.jobs[j].end = end;
@@ -248,7 +247,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   const auto migrate = [&](int64_t now) -> Status {
     int attempts = 0;
     std::set<uint32_t> failed;  // shapes no plan was found for at this instant
-    consolidated.clear();
+    bool started_any = false;
     for (size_t j : pass_failed) {
       if (attempts >= mo.plans_per_event) break;
       if (running.count(j) != 0) continue;  // started by a preemption
@@ -297,9 +296,9 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
       pending_milli -= demand[j].gpu;
       start_job(j, now);
       ++out.consolidated;
-      consolidated.push_back(j);
+      started_any = true;
     }
-    if (!consolidated.empty()) std::erase_if(pending, [&](size_t j) { return running.count(j) != 0; });
+    if (started_any) std::erase_if(pending, [&](size_t j) { return running.count(j) != 0; });
     return Status::Ok();
   };
   // A moved job's earlier end stays in the heap: it is stale when it is not the job's end.
@@ -312,10 +311,7 @@ Result<ReplayResult> Replay(const std::vector<NodeSpec>& nodes, const std::vecto
   // checkpoint (the rest adds to `lost`) and waits again in its place (arrival order).
   const auto stop_job = [&](size_t j, int64_t now, int64_t& lost) {
     held[j].clear();
-    const int64_t done = run[j].WorkDone(now);
-    const int64_t saved = done / mo.checkpoint_seconds * mo.checkpoint_seconds;
-    lost += (done - saved) * demand[j].gpu;
-    run[j].work_left -= saved;
+    lost += StopAtCheckpoint(run[j], now, mo) * demand[j].gpu;
     resumed[j] = 1;
     ++out.jobs[j].interrupted;
     set_end(j, -1);

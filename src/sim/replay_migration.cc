@@ -31,15 +31,20 @@ bool MayMove(const RunSegment& run, int64_t now, const MigrationOptions& o) {
   return !run.moved || run.WorkDone(now) >= o.checkpoint_seconds;
 }
 
-MoveCost MoveTask(RunSegment& run, int64_t now, const MigrationOptions& o) {
+int64_t StopAtCheckpoint(RunSegment& run, int64_t now, const MigrationOptions& o) {
   const int64_t done = run.WorkDone(now);
   const int64_t saved = done / o.checkpoint_seconds * o.checkpoint_seconds;
-  MoveCost cost;
-  cost.lost_seconds = done - saved;
-  // A move during the restart throws the rest of the restart away too: it starts again.
-  cost.restart_seconds = o.restart_seconds;
   run.work_left -= saved;
   run.start = now;
+  run.restart = 0;
+  return done - saved;
+}
+
+MoveCost MoveTask(RunSegment& run, int64_t now, const MigrationOptions& o) {
+  MoveCost cost;
+  cost.lost_seconds = StopAtCheckpoint(run, now, o);
+  // A move during the restart throws the rest of the restart away too: it starts again.
+  cost.restart_seconds = o.restart_seconds;
   run.restart = o.restart_seconds;
   run.moved = true;
   return cost;

@@ -50,6 +50,10 @@ struct MoveCost {
   int64_t lost_seconds = 0;     // work since the last checkpoint, done again
   int64_t restart_seconds = 0;  // the restart
 };
+// Stops the task at `now`: it keeps the work up to its last checkpoint (work_left shrinks by it)
+// and `run` is left at `now`; returns the seconds of work lost since that checkpoint.
+int64_t StopAtCheckpoint(RunSegment& run, int64_t now, const MigrationOptions& o);
+
 // Moves the task at `now`: `run` becomes the new run, and the cost is returned.
 MoveCost MoveTask(RunSegment& run, int64_t now, const MigrationOptions& o);
 

@@ -128,13 +128,7 @@ Result<std::vector<TimedJob>> ReadPhillyJobs(const std::string& path, int gpus_p
     t.job.tenant = cluster;
     t.job.queue = cluster;
     const auto add_group = [&](const char* name, int replicas, int count) {
-      TaskGroup g;
-      g.name = name;
-      g.replicas = replicas;
-      g.request.gpu_count = count;
-      g.request.gpu_share = kWholeGpu;
-      g.exec.isolation = IsolationMode::kExclusive;
-      t.job.groups.push_back(std::move(g));
+      t.job.groups.push_back(WholeGpuGroup(name, replicas, count));
     };
     const int total = static_cast<int>(*gpus);
     if (total <= gpus_per_task) {
@@ -185,6 +179,16 @@ Result<std::vector<TimedJob>> ReadOpenbTimedPods(const std::string& path, const 
   }
   RETURN_IF_ERROR(f.error());
   return FinishTimeline(std::move(rows), path);
+}
+
+TaskGroup WholeGpuGroup(const char* name, int replicas, int gpus) {
+  TaskGroup g;
+  g.name = name;
+  g.replicas = replicas;
+  g.request.gpu_count = gpus;
+  g.request.gpu_share = kWholeGpu;
+  g.exec.isolation = IsolationMode::kExclusive;
+  return g;
 }
 
 std::vector<TimedJob> ScaleLoad(std::vector<TimedJob> jobs, double load) {

@@ -45,6 +45,10 @@ Result<std::vector<TimedJob>> ReadPhillyJobs(const std::string& path, int gpus_p
 // "default". qos, pod_phase and scheduled_time are not read. Sorted by arrival, then by line.
 Result<std::vector<TimedJob>> ReadOpenbTimedPods(const std::string& path, const TimedTraceLimits& limits = {});
 
+// A task group of `replicas` tasks of `gpus` whole GPUs each, exclusive: what the job lists
+// without shares of GPUs (Philly, Slurm, Kubernetes' nvidia.com/gpu) ask for.
+TaskGroup WholeGpuGroup(const char* name, int replicas, int gpus);
+
 // Seconds since 1970-01-01 of "YYYY-MM-DD HH:MM:SS" (UTC; years 1970..9999); InvalidArgument otherwise.
 Result<int64_t> ParseUtcTimestamp(const std::string& text);
 
